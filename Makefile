@@ -1,0 +1,27 @@
+# The two README commands: `make run` and `make test`. Both set themselves up first.
+.PHONY: setup run demo test test-fast lint bench clean
+
+setup:
+	@scripts/setup.sh
+
+run: setup
+	.venv/bin/ovsproxy run $(ARGS)
+
+demo: setup
+	.venv/bin/ovsproxy demo $(ARGS)
+
+test: setup
+	.venv/bin/python -m pytest $(ARGS)
+
+test-fast: setup
+	.venv/bin/python -m pytest -m "not slow" $(ARGS)
+
+lint: setup
+	.venv/bin/ruff check src tests bench
+	.venv/bin/ruff format --check src tests bench
+
+bench: setup
+	.venv/bin/python -m bench all $(ARGS)
+
+clean:
+	rm -rf .venv build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench SCENARIO [--quick] [--json]`` (see bench/README.md)."""

@@ -1,0 +1,101 @@
+"""Benchmark entry point: ``python -m bench SCENARIO|all [--quick] [--json]``.
+
+Every scenario measures its baseline in the same invocation and reports ratios, because
+absolute times on shared machines drift. Results go to ``bench/results/<date>-<scenario>.json``
+plus a Markdown summary next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import pkgutil
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import bench.scenarios as scenarios_pkg
+
+RESULTS = Path(__file__).parent / "results"
+ORDER = ["encode", "load", "full-sync", "incremental", "routes", "memory"]
+
+
+def available() -> dict[str, Any]:
+    found = {}
+    for info in pkgutil.iter_modules(scenarios_pkg.__path__):
+        module = importlib.import_module(f"bench.scenarios.{info.name}")
+        if hasattr(module, "NAME") and hasattr(module, "run"):
+            found[module.NAME] = module
+    return dict(sorted(found.items(), key=lambda kv: [*ORDER, kv[0]].index(kv[0])))
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+    }
+
+
+def to_markdown(name: str, result: dict[str, Any]) -> str:
+    lines = [f"## {name}", "", "| figure | value |", "|---|---|"]
+    for key, value in result.items():
+        if isinstance(value, float):
+            value = f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+        elif isinstance(value, int):
+            value = f"{value:,}"
+        elif isinstance(value, (dict, list)):
+            value = "`" + json.dumps(value)[:200] + "`"
+        lines.append(f"| {key} | {value} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    found = available()
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("scenario", choices=[*found, "all"])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for CI and smoke runs")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    args = parser.parse_args(argv)
+
+    names = list(found) if args.scenario == "all" else [args.scenario]
+    today = dt.date.today().isoformat()
+    report: dict[str, Any] = {"date": today, "quick": args.quick, "machine": machine()}
+    failed = False
+    for name in names:
+        started = time.perf_counter()
+        if not args.json:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        try:
+            result = found[name].run(quick=args.quick)
+        except Exception as exc:  # one broken scenario must not hide the others' figures
+            failed = True
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        result["wall_s"] = round(time.perf_counter() - started, 3)
+        report[name] = result
+        if not args.no_save:
+            RESULTS.mkdir(exist_ok=True)
+            suffix = "-quick" if args.quick else ""
+            stem = RESULTS / f"{today}-{name}{suffix}"
+            payload = {"date": today, "quick": args.quick, "machine": report["machine"]}
+            payload[name] = result
+            stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+            stem.with_suffix(".md").write_text(to_markdown(name, result))
+        if not args.json:
+            print(to_markdown(name, result))
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

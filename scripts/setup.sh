@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One idempotent set-up path for both README commands (make run / make test):
+# installs the Debian packages that are missing, creates .venv and installs ovsproxy into it.
+# Re-running it does nothing that is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+EXTRAS="${OVSPROXY_EXTRAS:-test,bench}"
+
+# command -> Debian package that provides it
+declare -A PROVIDER=(
+  [ovs-vswitchd]=openvswitch-switch
+  [ovsdb-server]=openvswitch-switch
+  [ovs-ofctl]=openvswitch-switch
+  [ethtool]=ethtool
+  [ip]=iproute2
+  [curl]=curl
+)
+missing=()
+for cmd in "${!PROVIDER[@]}"; do
+  if ! command -v "$cmd" >/dev/null 2>&1 && ! [ -x "/usr/sbin/$cmd" ]; then
+    pkg="${PROVIDER[$cmd]}"
+    [[ " ${missing[*]} " == *" $pkg "* ]] || missing+=("$pkg")
+  fi
+done
+
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: need Python >= 3.11 as '$PY' (set PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
+if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  missing+=("python3-venv")
+fi
+
+if ((${#missing[@]})); then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing Debian packages: ${missing[*]}" >&2
+    echo "setup: run as root, or first: sudo apt-get install -y ${missing[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  }
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup: note: the OVS sandbox, network namespaces and routes need root (CAP_NET_ADMIN)." >&2
+fi
+
+# Reinstall only when the project metadata changed since the last install.
+stamp=".venv/.ovsproxy-installed"
+want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) $EXTRAS"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setup: installing ovsproxy[$EXTRAS] into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+  log=".venv/pip-install.log"
+  if ! .venv/bin/python -m pip install -q -e ".[$EXTRAS]" >"$log" 2>&1; then
+    grep -v "is ignored: it is neither a file nor a directory" "$log" >&2
+    echo "setup: pip install failed (full log: $log)" >&2
+    exit 1
+  fi
+  echo "$want" > "$stamp"
+fi

@@ -1,0 +1,22 @@
+"""The code base stays ruff-clean: a lint regression fails the suite, not just a pre-commit hook."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ruff() -> list[str]:
+    exe = Path(sys.executable).with_name("ruff")
+    return [str(exe)] if exe.exists() else [shutil.which("ruff") or "ruff"]
+
+
+def test_ruff_check_is_clean() -> None:
+    result = subprocess.run(
+        [*_ruff(), "check", "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
