@@ -1,3 +1,33 @@
 """Shared fixtures. Live tests use a real private OVS sandbox (see ovsproxy.ovs.sandbox)."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from ovsproxy.ovs.sandbox import NETNS_PREFIX, Sandbox, list_records
+
+
+def _our_netns() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith(NETNS_PREFIX)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leftovers() -> Iterator[None]:
+    """Every test cleans up: no sandbox of this test run may outlive the session."""
+    before = _our_netns()
+    yield
+    mine = [r for r in list_records() if r.owner_pid == os.getpid()]
+    leaked_ns = _our_netns() - before
+    assert not mine and not leaked_ns, f"leftover sandboxes {mine} namespaces {leaked_ns}"
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    """A fresh private OVS: bridge br0 (netdev, OpenFlow15, fail_mode secure) and gw0."""
+    with Sandbox() as sb:
+        yield sb

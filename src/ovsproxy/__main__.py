@@ -1,0 +1,3 @@
+from ovsproxy.cli import main
+
+main()

@@ -1,0 +1,160 @@
+"""OVSDB access through ovsdbapp: bridge bootstrap and reading pod ports.
+
+ovsdbapp is blocking and runs one background thread per connection; asyncio callers go through
+``asyncio.to_thread``. Always ``close()`` (or use as a context manager): the IDL thread would
+otherwise outlive the caller.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from ovsproxy.model import IPAddress
+
+log = logging.getLogger(__name__)
+
+# external_ids keys a CNI writes on a pod's OVS Interface (the names Antrea uses).
+EXT_POD_NAME = "pod-name"
+EXT_POD_NAMESPACE = "pod-namespace"
+EXT_POD_IPS = "ip"  # comma-separated
+EXT_POD_MAC = "attached-mac"
+
+
+class OVSDBError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PodPort:
+    """A pod attached to the bridge, as the CNI recorded it in the Interface's external_ids."""
+
+    interface: str
+    ofport: int
+    name: str
+    namespace: str
+    ips: tuple[IPAddress, ...]
+    mac: str
+
+
+@dataclass(frozen=True, slots=True)
+class BridgeSpec:
+    name: str = "br0"
+    datapath_type: str = "netdev"
+    datapath_id: int = 0x1
+    protocols: tuple[str, ...] = ("OpenFlow15",)
+    fail_mode: str = "secure"
+    internal_ports: tuple[str, ...] = ("gw0",)
+    external_ids: dict[str, str] = field(default_factory=dict)
+
+
+class OVSDB:
+    """A connection to ovsdb-server's Open_vSwitch database."""
+
+    def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        with warnings.catch_warnings():
+            # The `ovs` package probes for eventlet (pulled in by test-only os-ken) at import.
+            warnings.simplefilter("ignore")
+            from ovsdbapp.backend.ovs_idl import connection
+            from ovsdbapp.schema.open_vswitch import impl_idl
+        try:
+            idl = connection.OvsdbIdl.from_server(endpoint, "Open_vSwitch")
+            self._conn = connection.Connection(idl=idl, timeout=timeout)
+            # ovsdbapp keeps the connection in a class attribute (a process-wide singleton):
+            # a private subclass per instance lets two sandboxes, or a sandbox and the agent,
+            # talk to different ovsdb-servers from one process.
+            private_api = type("PrivateOvsdbIdl", (impl_idl.OvsdbIdl,), {"_ovsdb_connection": None})
+            self.api = private_api(self._conn)
+        except Exception as exc:
+            raise OVSDBError(f"cannot connect to OVSDB at {endpoint}: {exc}") from exc
+
+    def close(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.stop(timeout=self.timeout)
+            self._conn = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ensure_bridge(self, spec: BridgeSpec) -> None:
+        """Create (or correct) the bridge and its internal ports in one transaction."""
+        other_config = {"datapath-id": f"{spec.datapath_id:016x}"}
+        api = self.api
+        with api.transaction(check_error=True) as txn:
+            txn.add(api.add_br(spec.name, may_exist=True, datapath_type=spec.datapath_type))
+            txn.add(
+                api.db_set(
+                    "Bridge",
+                    spec.name,
+                    ("protocols", list(spec.protocols)),
+                    ("fail_mode", spec.fail_mode),
+                    ("other_config", other_config),
+                    ("external_ids", dict(spec.external_ids)),
+                )
+            )
+            for port in spec.internal_ports:
+                txn.add(api.add_port(spec.name, port, may_exist=True))
+                txn.add(api.db_set("Interface", port, ("type", "internal")))
+
+    def add_port(self, bridge: str, interface: str, external_ids: dict[str, str]) -> None:
+        api = self.api
+        with api.transaction(check_error=True) as txn:
+            txn.add(api.add_port(bridge, interface, may_exist=True))
+            txn.add(api.db_set("Interface", interface, ("external_ids", external_ids)))
+
+    def del_port(self, bridge: str, interface: str) -> None:
+        self.api.del_port(interface, bridge=bridge, if_exists=True).execute(check_error=True)
+
+    def ofport(self, interface: str) -> int:
+        value = self.api.db_get("Interface", interface, "ofport").execute(check_error=True)
+        if isinstance(value, list):  # an unset optional column reads as []
+            value = value[0] if value else -1
+        return int(value)
+
+    def bridge_ports(self, bridge: str) -> list[str]:
+        return list(self.api.list_ports(bridge).execute(check_error=True))
+
+    def interfaces(self) -> list[dict[str, Any]]:
+        rows = self.api.db_list(
+            "Interface", columns=["name", "ofport", "external_ids", "type"]
+        ).execute(check_error=True)
+        return list(rows)
+
+    def pod_ports(self, bridge: str) -> list[PodPort]:
+        """Interfaces on the bridge that a CNI recorded as pods (they carry ip + attached-mac)."""
+        on_bridge = set(self.bridge_ports(bridge))
+        pods = []
+        for row in self.interfaces():
+            ext = row.get("external_ids") or {}
+            ofport = row.get("ofport")
+            if isinstance(ofport, list):
+                ofport = ofport[0] if ofport else -1
+            if row["name"] not in on_bridge or EXT_POD_IPS not in ext or EXT_POD_MAC not in ext:
+                continue
+            if not isinstance(ofport, int) or ofport <= 0:
+                continue
+            try:
+                ips = tuple(ipaddress.ip_address(s) for s in ext[EXT_POD_IPS].split(",") if s)
+            except ValueError:
+                log.warning("interface %s: bad external_ids:ip %r", row["name"], ext[EXT_POD_IPS])
+                continue
+            pods.append(
+                PodPort(
+                    interface=row["name"],
+                    ofport=ofport,
+                    name=ext.get(EXT_POD_NAME, row["name"]),
+                    namespace=ext.get(EXT_POD_NAMESPACE, ""),
+                    ips=ips,
+                    mac=ext[EXT_POD_MAC],
+                )
+            )
+        return sorted(pods, key=lambda p: p.ofport)

@@ -1,0 +1,185 @@
+"""Real clients for tests and the demo, run inside a network namespace.
+
+``python -m ovsproxy.ovs.traffic http URL --count 60`` opens a new TCP connection per request
+(so every request is a new conntrack entry and a new select-group choice) and prints one JSON
+object: counts per answering pod, failures by kind, and latencies. ``--duration`` sends
+continuously instead (for restart tests). ``udp HOST PORT`` does the same with datagrams, on one
+socket (one conntrack entry) unless ``--new-socket``.
+
+From Python, :func:`run_in_netns` runs it in a namespace and returns the parsed result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import errno
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from typing import Any
+
+
+def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timeout"
+    if isinstance(exc, ConnectionResetError):
+        return "reset"
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "unreachable"
+    return type(exc).__name__
+
+
+def http_once(url: str, timeout: float) -> tuple[str, str]:
+    """One request on a new connection: (pod name, served port)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parts.path or "/")
+        response = conn.getresponse()
+        body = response.read().decode().strip()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}")
+        return body, response.getheader("X-Served-Port", "")
+    finally:
+        conn.close()
+
+
+def http_load(
+    url: str, *, count: int = 0, duration: float = 0.0, timeout: float = 2.0, interval: float = 0.0
+) -> dict[str, Any]:
+    counts: collections.Counter[str] = collections.Counter()
+    ports: collections.Counter[str] = collections.Counter()
+    failures: collections.Counter[str] = collections.Counter()
+    failure_times: list[float] = []
+    latencies: list[float] = []
+    started = time.monotonic()
+    sent = 0
+    while (sent < count) if count else (time.monotonic() - started < duration):
+        sent += 1
+        t0 = time.monotonic()
+        try:
+            name, port = http_once(url, timeout)
+            counts[name] += 1
+            ports[port] += 1
+            latencies.append(time.monotonic() - t0)
+        except Exception as exc:
+            failures[_error_kind(exc)] += 1
+            failure_times.append(round(time.monotonic() - started, 3))
+            latencies.append(time.monotonic() - t0)
+        if interval:
+            time.sleep(interval)
+    return {
+        "url": url,
+        "sent": sent,
+        "counts": dict(counts),
+        "ports": dict(ports),
+        "failed": sum(failures.values()),
+        "failures": dict(failures),
+        "failure_times": failure_times[:50],
+        "max_latency_s": round(max(latencies, default=0.0), 4),
+        "elapsed_s": round(time.monotonic() - started, 3),
+    }
+
+
+def udp_load(
+    host: str,
+    port: int,
+    *,
+    count: int,
+    timeout: float = 1.0,
+    new_socket: bool = False,
+    interval: float = 0.0,
+) -> dict[str, Any]:
+    counts: collections.Counter[str] = collections.Counter()
+    failures: collections.Counter[str] = collections.Counter()
+    answers: list[str] = []
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = None
+    for _ in range(count):
+        if sock is None or new_socket:
+            if sock is not None:
+                sock.close()
+            sock = socket.socket(family, socket.SOCK_DGRAM)
+            sock.settimeout(timeout)
+            sock.connect((host, port))
+        try:
+            sock.send(b"ping")
+            answer = sock.recv(2048).decode()
+            counts[answer.split(":")[0]] += 1
+            answers.append(answer)
+        except Exception as exc:
+            failures[_error_kind(exc)] += 1
+            answers.append("")
+        if interval:
+            time.sleep(interval)
+    if sock is not None:
+        sock.close()
+    return {
+        "counts": dict(counts),
+        "failed": sum(failures.values()),
+        "failures": dict(failures),
+        "answers": answers,
+    }
+
+
+def run_in_netns(netns: str | None, *args: str, timeout: float = 120) -> dict[str, Any]:
+    """Run this module's CLI in a namespace (None: this one) and parse its JSON result."""
+    cmd = [sys.executable, "-m", "ovsproxy.ovs.traffic", *args]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise RuntimeError(f"traffic client failed: {result.stderr.strip()}")
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    return parsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ovsproxy.ovs.traffic")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    http_p = sub.add_parser("http")
+    http_p.add_argument("url")
+    http_p.add_argument("--count", type=int, default=0)
+    http_p.add_argument("--duration", type=float, default=0.0)
+    http_p.add_argument("--timeout", type=float, default=2.0)
+    http_p.add_argument("--interval", type=float, default=0.0)
+    udp_p = sub.add_parser("udp")
+    udp_p.add_argument("host")
+    udp_p.add_argument("port", type=int)
+    udp_p.add_argument("--count", type=int, default=1)
+    udp_p.add_argument("--timeout", type=float, default=1.0)
+    udp_p.add_argument("--new-socket", action="store_true")
+    udp_p.add_argument("--interval", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    if args.mode == "http":
+        if not args.count and not args.duration:
+            args.count = 1
+        result = http_load(
+            args.url,
+            count=args.count,
+            duration=args.duration,
+            timeout=args.timeout,
+            interval=args.interval,
+        )
+    else:
+        result = udp_load(
+            args.host,
+            args.port,
+            count=args.count,
+            timeout=args.timeout,
+            new_socket=args.new_socket,
+            interval=args.interval,
+        )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
