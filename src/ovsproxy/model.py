@@ -100,6 +100,38 @@ class ServicePort:
     def cluster_ips_of(self, family: IPFamily) -> tuple[IPAddress, ...]:
         return tuple(ip for ip in self.cluster_ips if ip.version == family)
 
+    @property
+    def families(self) -> frozenset[IPFamily]:
+        """The IP families this port is served in: those of its ClusterIPs."""
+        return frozenset(IPFamily.of(ip) for ip in self.cluster_ips)
+
+    # The four predicates below are kube-proxy's (pkg/proxy/serviceport.go), so that
+    # endpoint categorisation decides exactly as kube-proxy does.
+
+    @property
+    def externally_accessible(self) -> bool:
+        """Reachable from outside the cluster: a NodePort, a load-balancer IP or an external IP."""
+        return self.node_port != 0 or bool(self.load_balancer_ips) or bool(self.external_ips)
+
+    @property
+    def internal_policy_local(self) -> bool:
+        return self.internal_traffic_policy is TrafficPolicy.LOCAL
+
+    @property
+    def external_policy_local(self) -> bool:
+        # externalTrafficPolicy only means something for traffic that can come from outside.
+        return self.external_traffic_policy is TrafficPolicy.LOCAL and self.externally_accessible
+
+    @property
+    def uses_cluster_endpoints(self) -> bool:
+        # External traffic needs the cluster set even with externalTrafficPolicy Local
+        # (kube-proxy short-circuits in-cluster clients to the whole cluster).
+        return not self.internal_policy_local or self.externally_accessible
+
+    @property
+    def uses_local_endpoints(self) -> bool:
+        return self.internal_policy_local or self.external_policy_local
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -118,6 +150,10 @@ class Endpoint:
     @property
     def family(self) -> IPFamily:
         return IPFamily.of(self.ip)
+
+    def is_local(self, node_name: str) -> bool:
+        """On the node called ``node_name`` (never when the node name is unknown)."""
+        return bool(node_name) and self.node_name == node_name
 
     @property
     def sort_key(self) -> tuple[int, int, int]:
@@ -140,3 +176,42 @@ class ServiceState:
     @property
     def name(self) -> ServicePortName:
         return self.port.name
+
+    def endpoints_of(self, family: IPFamily) -> tuple[Endpoint, ...]:
+        return tuple(ep for ep in self.endpoints if ep.ip.version == family)
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """A Service as the proxy sees it: its ports, already validated.
+
+    ``ports`` is empty for a Service the proxy ignores (headless, ExternalName, or one
+    that names another proxy), so an update that makes a Service ignorable removes it.
+    """
+
+    namespace: str
+    name: str
+    ports: tuple[ServicePort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePort:
+    """One port of an EndpointSlice with the endpoints it gives, one ``Endpoint`` per address."""
+
+    name: str  # matches ServicePortName.port
+    protocol: Protocol
+    endpoints: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSlice:
+    """The part of a discovery.k8s.io/v1 EndpointSlice the proxy uses.
+
+    A Service's endpoints are the merge of all its slices (``service`` names it), matched
+    to its ports by port name and protocol. ``ports`` is empty for an FQDN slice.
+    """
+
+    namespace: str
+    name: str
+    service: str
+    ports: tuple[SlicePort, ...] = ()

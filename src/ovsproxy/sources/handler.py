@@ -1,0 +1,40 @@
+"""The one interface every source delivers to (the change tracker implements it).
+
+Sources convert and validate before calling it, so a handler only ever sees model values:
+no Kubernetes object crosses this line. Add and update carry the whole new value; delete
+carries the key, because the last value may have been invalid and never delivered.
+
+An object that fails validation is reported through ``on_error`` and nothing else: the
+handler keeps whatever it had for that object (nothing, or its last valid version).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ovsproxy.model import EndpointSlice, Service
+from ovsproxy.sources.problems import Problem
+
+# The names sources pass to ``on_synced``: one per kind of object they have fully listed.
+SYNC_SERVICES = "Service"
+SYNC_ENDPOINT_SLICES = "EndpointSlice"
+
+
+class SourceHandler(Protocol):
+    def on_service_add(self, service: Service) -> None: ...
+
+    def on_service_update(self, service: Service) -> None: ...
+
+    def on_service_delete(self, namespace: str, name: str) -> None: ...
+
+    def on_endpoint_slice_add(self, endpoint_slice: EndpointSlice) -> None: ...
+
+    def on_endpoint_slice_update(self, endpoint_slice: EndpointSlice) -> None: ...
+
+    def on_endpoint_slice_delete(self, namespace: str, name: str) -> None: ...
+
+    def on_synced(self, kind: str) -> None:
+        """The source has delivered its complete initial list of ``kind`` objects."""
+
+    def on_error(self, problem: Problem) -> None:
+        """An invalid object, an unparsable file, a lost connection: counted and logged."""

@@ -1,0 +1,98 @@
+"""What can go wrong in a source, as plain values a person can read.
+
+A ``ValidationError`` names one bad field of one object; a ``SourceError`` is a problem of a
+whole source (a file that does not parse, an API server that does not answer). Both may
+carry a ``SourceLocation`` when they come from a file. Neither stops the other objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# A field path as a tuple: ("spec", "ports", 1, "port") renders as spec.ports[1].port.
+FieldPath = tuple[str | int, ...]
+
+
+def render_path(path: FieldPath) -> str:
+    """Kubernetes' own notation: ``spec.ports[1].port``, ``metadata.labels[a.b/c]``."""
+    out: list[str] = []
+    for part in path:
+        if isinstance(part, int) or "." in part or "/" in part:
+            out.append(f"[{part}]")
+        else:
+            out.append(f".{part}" if out else part)
+    return "".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceLocation:
+    """Where an object or a problem is in a manifest file (line and document are 1-based)."""
+
+    file: str
+    line: int | None = None
+    document: int | None = None  # which YAML document of the file
+    item: int | None = None  # index in the document's ``items`` when it is a List
+
+    def __str__(self) -> str:
+        text = self.file if self.line is None else f"{self.file}:{self.line}"
+        where = []
+        if self.document is not None:
+            where.append(f"document {self.document}")
+        if self.item is not None:
+            where.append(f"item {self.item}")
+        return f"{text} ({', '.join(where)})" if where else text
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationError:
+    """One bad field of one object: which object, which field, which value, and why."""
+
+    kind: str  # "Service", "EndpointSlice"
+    namespace: str
+    name: str
+    path: FieldPath
+    value: Any = field(hash=False)  # the offending value as found (None when missing)
+    message: str
+    location: SourceLocation | None = None
+
+    @property
+    def field(self) -> str:
+        return render_path(self.path)
+
+    @property
+    def object(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+    def __str__(self) -> str:
+        value = "" if self.value is None else f" (got {_short(self.value)})"
+        text = f"{self.object}: {self.field}: {self.message}{value}"
+        return f"{self.location}: {text}" if self.location else text
+
+
+@dataclass(frozen=True, slots=True)
+class SourceError:
+    """A problem of a whole source: an unparsable file, an unreachable API server."""
+
+    source: str  # "manifests", "kubernetes/services", ...
+    message: str
+    location: SourceLocation | None = None
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}" if self.location else self.message
+
+
+Problem = ValidationError | SourceError
+
+
+class InvalidObjectError(ValueError):
+    """An object failed validation; ``errors`` lists every bad field, not only the first."""
+
+    def __init__(self, errors: tuple[ValidationError, ...]) -> None:
+        super().__init__("; ".join(str(e) for e in errors))
+        self.errors = errors
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
