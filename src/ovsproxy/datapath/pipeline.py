@@ -1,0 +1,202 @@
+"""The OVS pipeline: the one place that names tables, priorities, registers, marks, zones and
+cookies. Everything else imports these; no other module writes a table number.
+
+Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns the whole bridge::
+
+    table  name              what it does
+    -----  ----------------  ----------------------------------------------------------------
+      0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL; everything else ->
+                             ConntrackZone
+     10    ConntrackZone     IP: ct(zone=Z, nat, table=ConntrackState) — un-NATs replies and
+                             re-applies DNAT to established Service connections
+     11    ConntrackState    +inv -> drop; established/related -> Forwarding (skip Service
+                             selection); new -> SessionAffinity
+     12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
+                             it used last (reg3/xxreg3, reg4); miss: mark "endpoint to select"
+     13    ServiceLB         one flow per (ClusterIP, protocol, port) -> group:G; with affinity
+                             a second flow learns into SessionAffinity; no endpoints -> reject
+     14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
+                             Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
+     20    L3Forwarding      local pod IP -> set eth_dst to the pod MAC, output to its port
+                             (standalone only); other -> NORMAL
+
+Integrated mode — another controller (a CNI) manages the bridge: ovsproxy owns only the five
+tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends packets there
+(``goto_table``/``resubmit``), and ovsproxy hands every packet it is done with to
+``next_table`` (the CNI's forwarding). No Classifier or L3Forwarding flows are installed, and
+only groups in ``[group_id_min, group_id_max]`` are ours.
+
+Registers (Antrea's layout)::
+
+    reg3          endpoint IPv4 address
+    xxreg3        endpoint IPv6 address (= reg12..reg15)
+    reg4[0..15]   endpoint port
+    reg4[16..18]  selection state: 1 = endpoint to select, 2 = endpoint selected,
+                  3 = endpoint selected, learn it (session affinity)
+    ct_mark       bit 4 (0x10): connection was load-balanced by a Service
+
+Cookies: ``app (16 bits) | generation (16) | category (8) | unused (24)``. A restarted agent
+installs with a new generation and then deletes the flows of older ones; generation 0 is for
+learned flows, which must survive an agent restart (session affinity state).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ovsproxy.model import IPFamily
+
+# -- conntrack ----------------------------------------------------------------------------
+CT_ZONE_V4 = 0xFFF0  # Antrea's SNAT-free Service zones; distinct per family
+CT_ZONE_V6 = 0xFFE6
+CT_MARK_SERVICE = 0x10
+CT_MARK_SERVICE_MASK = 0x10
+
+
+def ct_zone(family: IPFamily) -> int:
+    return CT_ZONE_V4 if family == IPFamily.IPv4 else CT_ZONE_V6
+
+
+# -- registers ----------------------------------------------------------------------------
+ENDPOINT_IP_REG = "reg3"
+ENDPOINT_IP6_REG = "xxreg3"
+ENDPOINT_PORT_REG = "reg4"
+ENDPOINT_PORT_MASK = 0x0000FFFF
+SELECTION_REG = "reg4"
+SELECTION_SHIFT = 16
+SELECTION_MASK = 0x7 << SELECTION_SHIFT
+
+
+class Selection(enum.IntEnum):
+    """reg4[16..18]: where the endpoint selection of a new connection stands."""
+
+    TO_SELECT = 0b001
+    SELECTED = 0b010
+    TO_LEARN = 0b011
+
+    @property
+    def value_bits(self) -> int:
+        return int(self) << SELECTION_SHIFT
+
+
+def endpoint_ip_reg(family: IPFamily) -> str:
+    return ENDPOINT_IP_REG if family == IPFamily.IPv4 else ENDPOINT_IP6_REG
+
+
+# -- priorities ---------------------------------------------------------------------------
+PRIORITY_HIGH = 210
+PRIORITY_NORMAL = 200
+PRIORITY_LOW = 190
+PRIORITY_MISS = 0
+
+# -- cookies ------------------------------------------------------------------------------
+COOKIE_APP = 0x5E71  # "service": marks every flow ovsproxy installs
+COOKIE_APP_SHIFT = 48
+COOKIE_GENERATION_SHIFT = 32
+COOKIE_CATEGORY_SHIFT = 24
+COOKIE_APP_MASK = 0xFFFF << COOKIE_APP_SHIFT
+COOKIE_GENERATION_MASK = 0xFFFF << COOKIE_GENERATION_SHIFT
+COOKIE_APP_GENERATION_MASK = COOKIE_APP_MASK | COOKIE_GENERATION_MASK
+LEARNED_GENERATION = 0  # learned (affinity) flows: kept across agent restarts
+
+
+class Category(enum.IntEnum):
+    PIPELINE = 1  # table-miss and fixed flows
+    SERVICE = 2  # ServiceLB flows
+    ENDPOINT = 3  # EndpointDNAT flows
+    FORWARDING = 4  # L3Forwarding flows for local pods (standalone)
+    LEARNED = 5  # session-affinity flows created by learn actions
+
+
+def cookie(generation: int, category: Category) -> int:
+    if not 0 < generation <= 0xFFFF:
+        raise ValueError(f"generation must be 1..65535, not {generation}")
+    return (
+        (COOKIE_APP << COOKIE_APP_SHIFT)
+        | (generation << COOKIE_GENERATION_SHIFT)
+        | (int(category) << COOKIE_CATEGORY_SHIFT)
+    )
+
+
+def learned_cookie() -> int:
+    return (COOKIE_APP << COOKIE_APP_SHIFT) | (int(Category.LEARNED) << COOKIE_CATEGORY_SHIFT)
+
+
+def cookie_generation(value: int) -> int | None:
+    """The generation of one of our cookies; None for a cookie that is not ours."""
+    if value >> COOKIE_APP_SHIFT != COOKIE_APP:
+        return None
+    return (value >> COOKIE_GENERATION_SHIFT) & 0xFFFF
+
+
+# -- tables -------------------------------------------------------------------------------
+class Mode(enum.StrEnum):
+    STANDALONE = "standalone"
+    INTEGRATED = "integrated"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    mode: Mode = Mode.STANDALONE
+    first_table: int = 10
+    # Integrated: the CNI's table that takes every packet we are done with. Standalone: our
+    # L3Forwarding table.
+    next_table: int = 20
+    group_id_min: int = 1
+    group_id_max: int = 0xFFFFFF00 - 1  # OFPG_MAX
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.first_table <= 254 - 4:
+            raise ValueError(f"first_table {self.first_table}: needs 5 tables below 255")
+        own = range(self.first_table, self.first_table + 5)
+        if self.next_table in own or not 0 <= self.next_table <= 254:
+            raise ValueError(f"next_table {self.next_table} must be a table outside {own}")
+        if self.mode == Mode.STANDALONE and (self.first_table == 0 or self.next_table == 0):
+            raise ValueError("standalone mode uses table 0 as its Classifier")
+        if not 1 <= self.group_id_min <= self.group_id_max <= 0xFFFFFF00:
+            raise ValueError("group id range must lie in 1..0xffffff00")
+
+
+@dataclass(frozen=True, slots=True)
+class Tables:
+    classifier: int | None
+    conntrack_zone: int
+    conntrack_state: int
+    session_affinity: int
+    service_lb: int
+    endpoint_dnat: int
+    forwarding: int  # next_table: our L3Forwarding (standalone) or the CNI's (integrated)
+    owned: tuple[int, ...] = field(default=())
+
+    @classmethod
+    def for_config(cls, config: PipelineConfig) -> Tables:
+        first = config.first_table
+        standalone = config.mode == Mode.STANDALONE
+        owned = tuple(range(first, first + 5))
+        if standalone:
+            owned = (0, *owned, config.next_table)
+        return cls(
+            classifier=0 if standalone else None,
+            conntrack_zone=first,
+            conntrack_state=first + 1,
+            session_affinity=first + 2,
+            service_lb=first + 3,
+            endpoint_dnat=first + 4,
+            forwarding=config.next_table,
+            owned=owned,
+        )
+
+    def name_of(self, table: int) -> str:
+        for name in (
+            "classifier",
+            "conntrack_zone",
+            "conntrack_state",
+            "session_affinity",
+            "service_lb",
+            "endpoint_dnat",
+            "forwarding",
+        ):
+            if getattr(self, name) == table:
+                return name
+        return f"table{table}"
