@@ -1,0 +1,196 @@
+"""Prometheus metrics and the /healthz + /metrics HTTP endpoint.
+
+Counters that other packages keep as plain dicts (OpenFlow wire counters, route operations,
+source events) are read at scrape time by collectors, so those packages never import
+prometheus_client and their hot paths stay a dict increment.
+
+Each agent has its own registry: several agents (tests) can run in one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+# (metric name, help, label names, reader returning {label values tuple: value})
+CounterSource = tuple[str, str, tuple[str, ...], Callable[[], Mapping[tuple[str, ...], float]]]
+
+
+class DictCollector(Collector):
+    """Exposes counters kept elsewhere as plain dicts."""
+
+    def __init__(self) -> None:
+        self.counters: list[CounterSource] = []
+        self.gauges: list[CounterSource] = []
+
+    def collect(self) -> Iterable[Any]:
+        for kind, sources in (("counter", self.counters), ("gauge", self.gauges)):
+            for name, help_text, labels, read in sources:
+                family: CounterMetricFamily | GaugeMetricFamily
+                if kind == "counter":
+                    family = CounterMetricFamily(name, help_text, labels=list(labels))
+                else:
+                    family = GaugeMetricFamily(name, help_text, labels=list(labels))
+                try:
+                    values = read()
+                except Exception:  # a scrape must never take the agent down
+                    log.exception("metrics: reading %s failed", name)
+                    continue
+                for label_values, value in values.items():
+                    family.add_metric(list(label_values), value)
+                yield family
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry = field(
+        default_factory=lambda: CollectorRegistry(auto_describe=True)
+    )
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.sync_duration = Histogram(
+            "ovsproxy_sync_duration_seconds",
+            "Time of one proxier sync (diff + OVS + routes).",
+            ["kind"],
+            registry=r,
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.syncs = Counter("ovsproxy_syncs", "Proxier syncs by result.", ["result"], registry=r)
+        self.services = Gauge("ovsproxy_services_installed", "Service ports installed.", registry=r)
+        self.endpoints = Gauge(
+            "ovsproxy_endpoints_installed",
+            "Endpoints installed in select groups (all Service ports).",
+            registry=r,
+        )
+        self.groups = Gauge("ovsproxy_groups_installed", "Select groups installed.", registry=r)
+        self.flows = Gauge("ovsproxy_flows_installed", "Flows installed.", registry=r)
+        self.openflow_connected = Gauge(
+            "ovsproxy_openflow_connected", "1 while the OpenFlow channel is up.", registry=r
+        )
+        self.last_sync_success = Gauge(
+            "ovsproxy_last_sync_success_timestamp_seconds",
+            "Unix time of the last successful sync.",
+            registry=r,
+        )
+        self.dicts = DictCollector()
+        r.register(self.dicts)
+
+    def add_counter(
+        self,
+        name: str,
+        help_text: str,
+        labels: tuple[str, ...],
+        read: Callable[[], Mapping[tuple[str, ...], float]],
+    ) -> None:
+        self.dicts.counters.append((name, help_text, labels, read))
+
+    def add_gauge(
+        self,
+        name: str,
+        help_text: str,
+        labels: tuple[str, ...],
+        read: Callable[[], Mapping[tuple[str, ...], float]],
+    ) -> None:
+        self.dicts.gauges.append((name, help_text, labels, read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class HealthState:
+    """What /healthz answers: 200 when the last sync succeeded recently and OVS is connected."""
+
+    def __init__(self, max_sync_age: float = 120.0) -> None:
+        self.max_sync_age = max_sync_age
+        self.last_sync_ok: float | None = None  # time.monotonic()
+        self.last_sync_error: str | None = None
+        self.connected: Callable[[], bool] = lambda: False
+
+    def sync_result(self, ok: bool, error: str | None = None) -> None:
+        if ok:
+            self.last_sync_ok = time.monotonic()
+            self.last_sync_error = None
+        else:
+            self.last_sync_error = error
+
+    def check(self) -> tuple[bool, dict[str, Any]]:
+        now = time.monotonic()
+        age = None if self.last_sync_ok is None else now - self.last_sync_ok
+        connected = self.connected()
+        healthy = connected and age is not None and age <= self.max_sync_age
+        return healthy, {
+            "healthy": healthy,
+            "openflow_connected": connected,
+            "last_sync_age_s": None if age is None else round(age, 3),
+            "last_sync_error": self.last_sync_error,
+        }
+
+
+class HTTPEndpoint:
+    """A tiny asyncio HTTP/1.0 server for /healthz and /metrics (kube-proxy uses :10256)."""
+
+    def __init__(self, metrics: Metrics, health: HealthState, host: str, port: int) -> None:
+        self.metrics = metrics
+        self.health = health
+        self.host = host
+        self.port = port
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import json
+
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=5)
+            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b""):
+                pass
+            parts = request.decode("latin-1").split()
+            path = parts[1] if len(parts) >= 2 else "/"
+            path = path.split("?", 1)[0]
+            if path in ("/healthz", "/livez", "/readyz"):
+                healthy, body = self.health.check()
+                status = "200 OK" if healthy else "503 Service Unavailable"
+                payload = json.dumps(body).encode()
+                ctype = "application/json"
+            elif path == "/metrics":
+                status, payload = "200 OK", self.metrics.render()
+                ctype = "text/plain; version=0.0.4; charset=utf-8"
+            else:
+                status, payload, ctype = "404 Not Found", b"not found\n", "text/plain"
+            head = (
+                f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+            )
+            writer.write(head.encode() + payload)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
