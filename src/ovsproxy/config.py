@@ -1,0 +1,166 @@
+"""Agent configuration: a YAML file and command-line flags (flags win), validated up front.
+
+Every key of the file is the flag's name with '_' for '-'. A bad value fails start-up with the
+key and the value named; nothing half-configured runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ovsproxy.datapath.pipeline import Mode, PipelineConfig
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    # source
+    manifests: tuple[str, ...] = ()
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    # OVS; when none of these is given the agent runs its embedded private sandbox
+    ovsdb: str | None = None
+    openflow: str | None = None
+    bridge: str = "br0"
+    gateway: str = "gw0"
+    netns: str | None = None  # the node's network namespace for routes (None: this one)
+    # pipeline
+    mode: Mode = Mode.STANDALONE
+    first_table: int = 10
+    next_table: int = 20
+    group_id_min: int = 1
+    group_id_max: int = 0xFFFFFEFF
+    # node
+    node_name: str = field(default_factory=socket.gethostname)
+    zone: str | None = None
+    # routes
+    service_cidr: tuple[str, ...] = ()
+    manage_routes: bool = True
+    route_sync_interval: float = 60.0
+    # runner
+    min_sync_interval: float = 1.0
+    full_resync_interval: float = 3600.0
+    # observability
+    metrics_address: str = "127.0.0.1:10256"
+    log_level: str = "info"
+    log_format: str = "text"
+    # shutdown
+    cleanup: bool = False
+
+    @property
+    def embedded(self) -> bool:
+        """No OVS and no source given: run the private sandbox with the bundled examples."""
+        return self.ovsdb is None and self.openflow is None
+
+    @property
+    def pipeline(self) -> PipelineConfig:
+        return PipelineConfig(
+            mode=self.mode,
+            first_table=self.first_table,
+            next_table=self.next_table,
+            group_id_min=self.group_id_min,
+            group_id_max=self.group_id_max,
+        )
+
+    @property
+    def metrics_host_port(self) -> tuple[str, int]:
+        host, _, port = self.metrics_address.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+    def service_cidrs(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        return [ipaddress.ip_network(c, strict=False) for c in self.service_cidr]
+
+
+_TUPLE_FIELDS = {"manifests", "service_cidr"}
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    if name in _TUPLE_FIELDS:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {value!r}")
+        return tuple(str(v) for v in value)
+    if name == "mode":
+        try:
+            return Mode(str(value))
+        except ValueError:
+            raise ConfigError(f"mode: {value!r} is not one of standalone, integrated") from None
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        return value
+    if isinstance(default, int) and not isinstance(default, bool):
+        try:
+            return int(value, 0) if isinstance(value, str) else int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    return None if value is None else str(value)
+
+
+def validate(config: AgentConfig) -> AgentConfig:
+    for cidr in config.service_cidr:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError(f"service_cidr: {cidr!r} is not an IP network") from None
+    try:
+        config.pipeline  # noqa: B018 - validates tables and group range
+    except ValueError as exc:
+        raise ConfigError(f"pipeline: {exc}") from None
+    try:
+        config.metrics_host_port  # noqa: B018
+    except ValueError:
+        raise ConfigError(f"metrics_address: {config.metrics_address!r} is not HOST:PORT") from None
+    if config.log_format not in ("text", "json"):
+        raise ConfigError(f"log_format: {config.log_format!r} is not text or json")
+    if config.log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
+    if config.min_sync_interval < 0 or config.full_resync_interval <= 0:
+        raise ConfigError("min_sync_interval must be >= 0 and full_resync_interval > 0")
+    if (config.ovsdb is None) != (config.openflow is None):
+        raise ConfigError("ovsdb and openflow: give both (a real OVS) or neither (the sandbox)")
+    if config.manifests and (config.kubeconfig or config.in_cluster):
+        raise ConfigError("manifests and kubeconfig/in_cluster: choose one source")
+    return config
+
+
+def load(path: str | Path | None = None, **overrides: Any) -> AgentConfig:
+    """File values, then overrides (flags; None means not given)."""
+    defaults = AgentConfig()
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config file {path}: expected a mapping of keys to values")
+        if data.get("source") == "kubernetes" and "kubeconfig" not in data:
+            data.setdefault("in_cluster", True)
+        data.pop("source", None)
+        values.update(data)
+    values.update({k: v for k, v in overrides.items() if v is not None and v != ()})
+    known = {f.name: f for f in dataclasses.fields(AgentConfig)}
+    kwargs = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"unknown configuration key {key!r}")
+        kwargs[name] = _coerce(name, value, getattr(defaults, name))
+    return validate(AgentConfig(**kwargs))
