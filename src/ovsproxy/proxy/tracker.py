@@ -1,0 +1,280 @@
+"""Change tracking in kube-proxy's manner (ServiceChangeTracker + EndpointSliceCache).
+
+Event handlers only record: the new ports of a Service, the new content of a slice, and
+which Services became dirty. Nothing is merged or compared across Services there, so an
+event costs in proportion to the object it carries.
+
+``checkpoint()`` consumes the recorded changes: for each dirty Service it merges that
+Service's slices, joins them to its ports and compares with what the previous checkpoint
+handed out. It returns ``{ServicePortName: ServiceChange(previous, current)}`` for the ports
+whose state really changed, so changes that cancel out (added then deleted, updated back)
+vanish. Its cost follows the number of changed Services, not the number of Services.
+
+Model values only: the sources convert Kubernetes objects before they get here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ovsproxy.model import (
+    Endpoint,
+    EndpointSlice,
+    IPAddress,
+    Protocol,
+    Service,
+    ServicePort,
+    ServicePortName,
+    ServiceState,
+)
+from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
+from ovsproxy.sources.problems import Problem, ValidationError
+
+log = logging.getLogger(__name__)
+
+ServiceKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceChange:
+    """One Service port before and after a batch of events (None: absent)."""
+
+    previous: ServiceState | None
+    current: ServiceState | None
+
+
+@dataclass(slots=True)
+class TrackerStats:
+    """Plain counters, for the metrics the agent exports."""
+
+    events: Counter[str] = field(default_factory=Counter)  # "Service/add", "EndpointSlice/delete"
+    invalid: Counter[str] = field(default_factory=Counter)  # by object kind
+    errors: Counter[str] = field(default_factory=Counter)  # source problems, by source
+    checkpoints: int = 0
+    changes: int = 0  # ServicePortNames handed out by checkpoints
+
+
+def merge_endpoint_slices(
+    slices: Iterable[EndpointSlice],
+) -> dict[tuple[str, Protocol], dict[tuple[IPAddress, int], Endpoint]]:
+    """All endpoints of a Service's slices, per (port name, protocol), one per address:port.
+
+    An endpoint seen in two slices (it is moving between them, or a new pod reuses a
+    terminating pod's IP) resolves as kube-proxy does: a non-terminating copy wins.
+    """
+    merged: dict[tuple[str, Protocol], dict[tuple[IPAddress, int], Endpoint]] = {}
+    for endpoint_slice in slices:
+        for slice_port in endpoint_slice.ports:
+            by_address = merged.setdefault((slice_port.name, slice_port.protocol), {})
+            for endpoint in slice_port.endpoints:
+                key = (endpoint.ip, endpoint.port)
+                if key not in by_address or not endpoint.terminating:
+                    by_address[key] = endpoint
+    return merged
+
+
+def service_states(
+    ports: Iterable[ServicePort], slices: Iterable[EndpointSlice]
+) -> dict[ServicePortName, ServiceState]:
+    """The states of one Service's ports from its ports and all its slices.
+
+    A port without endpoints still has a state (empty endpoints): the datapath must reject
+    its traffic. Endpoints of a family the Service has no ClusterIP of are dropped, as
+    kube-proxy's per-family proxiers never see them.
+    """
+    # Slice order must not decide which duplicate wins; sort by slice name.
+    merged = merge_endpoint_slices(sorted(slices, key=lambda s: s.name))
+    states = {}
+    for port in ports:
+        by_address = merged.get((port.name.port, port.protocol), {})
+        families = {ip.version for ip in port.cluster_ips}
+        endpoints = sorted(
+            (ep for ep in by_address.values() if ep.ip.version in families),
+            key=_sort_key,
+        )
+        states[port.name] = ServiceState(port, tuple(endpoints))
+    return states
+
+
+def _sort_key(endpoint: Endpoint) -> tuple[int, int, int]:
+    return endpoint.sort_key
+
+
+class ChangeTracker:
+    """Implements ``SourceHandler``; the proxier reads it with ``checkpoint``/``snapshot``.
+
+    ``wait_for`` names the ``on_synced`` kinds that must all arrive before ``synced`` is
+    true; by default one full list of Services and one of EndpointSlices.
+    """
+
+    def __init__(self, *, wait_for: Iterable[str] = (SYNC_SERVICES, SYNC_ENDPOINT_SLICES)) -> None:
+        self._ports: dict[ServiceKey, tuple[ServicePort, ...]] = {}
+        self._slices: dict[ServiceKey, dict[str, EndpointSlice]] = {}
+        self._slice_owner: dict[tuple[str, str], ServiceKey] = {}  # (ns, slice) -> Service
+        # What the last checkpoint handed out, per Service, to diff the next one against.
+        self._applied: dict[ServiceKey, dict[ServicePortName, ServiceState]] = {}
+        self._dirty: set[ServiceKey] = set()
+        self._cluster_ip_refs: Counter[IPAddress] = Counter()
+        self._notify: Callable[[], None] | None = None
+        self._wait_for = frozenset(wait_for)
+        self._synced_kinds: set[str] = set()
+        self.stats = TrackerStats()
+
+    # --- the handler interface -------------------------------------------------------
+
+    def on_service_add(self, service: Service) -> None:
+        self.stats.events["Service/add"] += 1
+        self._set_service(service)
+
+    def on_service_update(self, service: Service) -> None:
+        self.stats.events["Service/update"] += 1
+        self._set_service(service)
+
+    def on_service_delete(self, namespace: str, name: str) -> None:
+        self.stats.events["Service/delete"] += 1
+        self._set_ports((namespace, name), ())
+
+    def on_endpoint_slice_add(self, endpoint_slice: EndpointSlice) -> None:
+        self.stats.events["EndpointSlice/add"] += 1
+        self._set_slice(endpoint_slice)
+
+    def on_endpoint_slice_update(self, endpoint_slice: EndpointSlice) -> None:
+        self.stats.events["EndpointSlice/update"] += 1
+        self._set_slice(endpoint_slice)
+
+    def on_endpoint_slice_delete(self, namespace: str, name: str) -> None:
+        self.stats.events["EndpointSlice/delete"] += 1
+        owner = self._slice_owner.pop((namespace, name), None)
+        if owner is not None:
+            self._remove_slice(owner, name)
+            self._mark(owner)
+
+    def on_synced(self, kind: str) -> None:
+        was = self.synced
+        self._synced_kinds.add(kind)
+        if self.synced and not was:
+            log.info("all sources synced: %s", ", ".join(sorted(self._synced_kinds)))
+            self._fire()
+
+    def on_error(self, problem: Problem) -> None:
+        if isinstance(problem, ValidationError):
+            self.stats.invalid[problem.kind] += 1
+        else:
+            self.stats.errors[problem.source] += 1
+
+    # --- what the proxier reads ------------------------------------------------------
+
+    def set_notify(self, callback: Callable[[], None] | None) -> None:
+        """Called synchronously after every recorded change; keep it cheap (schedule a sync)."""
+        self._notify = callback
+
+    @property
+    def synced(self) -> bool:
+        """Every awaited source has delivered its initial list."""
+        return self._wait_for <= self._synced_kinds
+
+    @property
+    def pending(self) -> int:
+        """How many Services have changes the next checkpoint will look at."""
+        return len(self._dirty)
+
+    def checkpoint(self) -> dict[ServicePortName, ServiceChange]:
+        """Consume the recorded changes; only ports whose state differs are returned."""
+        changes: dict[ServicePortName, ServiceChange] = {}
+        for key in self._dirty:
+            current = self._compute(key)
+            previous = self._applied.get(key, {})
+            for name in previous.keys() | current.keys():
+                before, after = previous.get(name), current.get(name)
+                if before != after:
+                    changes[name] = ServiceChange(before, after)
+            if current:
+                self._applied[key] = current
+            else:
+                self._applied.pop(key, None)
+        self._dirty.clear()
+        self.stats.checkpoints += 1
+        self.stats.changes += len(changes)
+        return changes
+
+    def snapshot(self) -> dict[ServicePortName, ServiceState]:
+        """The full current state, recorded changes included; consumes nothing."""
+        result: dict[ServicePortName, ServiceState] = {}
+        for key, states in self._applied.items():
+            if key not in self._dirty:
+                result.update(states)
+        for key in self._dirty:
+            result.update(self._compute(key))
+        return result
+
+    def cluster_ips(self) -> frozenset[IPAddress]:
+        """The ClusterIPs of every Service the tracker holds now."""
+        return frozenset(self._cluster_ip_refs)
+
+    def service_count(self) -> int:
+        return len(self._ports)
+
+    # --- internals -------------------------------------------------------------------
+
+    def _set_service(self, service: Service) -> None:
+        self._set_ports((service.namespace, service.name), service.ports)
+
+    def _set_ports(self, key: ServiceKey, ports: tuple[ServicePort, ...]) -> None:
+        old = self._ports.get(key, ())
+        if old == ports:
+            return  # a no-op update (say, a status change we do not use)
+        self._count_cluster_ips(old, -1)
+        self._count_cluster_ips(ports, +1)
+        if ports:
+            self._ports[key] = ports
+        else:
+            self._ports.pop(key, None)
+        self._mark(key)
+
+    def _count_cluster_ips(self, ports: tuple[ServicePort, ...], delta: int) -> None:
+        if not ports:
+            return
+        # All ports of a Service share its ClusterIPs; count them once per Service.
+        for ip in ports[0].cluster_ips:
+            self._cluster_ip_refs[ip] += delta
+            if self._cluster_ip_refs[ip] <= 0:
+                del self._cluster_ip_refs[ip]
+
+    def _set_slice(self, endpoint_slice: EndpointSlice) -> None:
+        slice_id = (endpoint_slice.namespace, endpoint_slice.name)
+        owner = (endpoint_slice.namespace, endpoint_slice.service)
+        previous_owner = self._slice_owner.get(slice_id)
+        if previous_owner is not None and previous_owner != owner:
+            # The slice's service label changed: it leaves the old Service.
+            self._remove_slice(previous_owner, endpoint_slice.name)
+            self._mark(previous_owner)
+        slices = self._slices.setdefault(owner, {})
+        if slices.get(endpoint_slice.name) == endpoint_slice:
+            return
+        slices[endpoint_slice.name] = endpoint_slice
+        self._slice_owner[slice_id] = owner
+        self._mark(owner)
+
+    def _remove_slice(self, owner: ServiceKey, slice_name: str) -> None:
+        slices = self._slices.get(owner)
+        if slices is not None:
+            slices.pop(slice_name, None)
+            if not slices:
+                del self._slices[owner]
+
+    def _mark(self, key: ServiceKey) -> None:
+        self._dirty.add(key)
+        self._fire()
+
+    def _fire(self) -> None:
+        if self._notify is not None:
+            self._notify()
+
+    def _compute(self, key: ServiceKey) -> dict[ServicePortName, ServiceState]:
+        ports = self._ports.get(key)
+        if not ports:
+            return {}  # endpoints without a Service produce nothing until it arrives
+        return service_states(ports, self._slices.get(key, {}).values())
