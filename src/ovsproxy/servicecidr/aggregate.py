@@ -36,11 +36,11 @@ def parse_cluster_ip(value: AddressLike | None) -> IPAddress | None:
     """
     if value is None:
         return None
+    # Interfaces first: IPv4Interface is a subclass of IPv4Address.
+    if isinstance(value, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
+        return value.ip if value.network.prefixlen == value.max_prefixlen else None
     if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):
         return None if _scoped(value) else value
-    if isinstance(value, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
-        value = value.network if value.network.num_addresses == 1 else value.ip
-        return parse_cluster_ip(value)
     if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
         return value.network_address if value.prefixlen == value.max_prefixlen else None
     if not isinstance(value, str):
@@ -70,12 +70,12 @@ def to_network(value: NetworkLike) -> IPNetwork:
     """
     if isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
         return value
+    if isinstance(value, ipaddress.IPv4Interface | ipaddress.IPv6Interface):  # before Address
+        return value.network
     if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv6Address):
         if _scoped(value):
             raise ValueError(f"scoped address is not a route destination: {value}")
         return ipaddress.ip_network(value)
-    if isinstance(value, ipaddress.IPv4Interface | ipaddress.IPv6Interface):
-        return value.network
     if isinstance(value, str):
         text = value.strip()
         if "%" in text:
