@@ -1,0 +1,492 @@
+"""Services and EndpointSlices from YAML manifest files, watched for changes.
+
+Files and directories (recursively: ``*.yaml``, ``*.yml``, ``*.json``; names starting with a
+dot are skipped, which also skips the ``..data`` links of a mounted ConfigMap) hold
+multi-document YAML; a document may be a ``List`` (or ``ServiceList``...) with ``items``.
+Documents of other kinds are ignored.
+
+Every ``poll_interval`` the files are stat()ed; a file whose (mtime, size, inode) changed is
+read and hashed, and parsed only when its bytes changed. Then the objects of the changed
+files are diffed against what the handler was given, one object at a time, so an object
+that moved from one file to another in between is not deleted and re-added.
+
+A file that stops parsing keeps its last good content in force; the parse error, with file
+and line, is reported once per broken version. An object that fails validation is reported
+(with the line of the bad field) and its last valid version stays in force. When two files
+define the same object, the first in path order wins and the other is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ovsproxy.model import EndpointSlice, Service
+from ovsproxy.sources.convert import (
+    convert_endpoint_slice,
+    convert_service,
+    object_key,
+    service_ignored_reason,
+)
+from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
+from ovsproxy.sources.problems import (
+    FieldPath,
+    InvalidObjectError,
+    Problem,
+    SourceError,
+    SourceLocation,
+    ValidationError,
+)
+
+log = logging.getLogger(__name__)
+
+SOURCE = "manifests"
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+_API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
+_CONVERTERS = {"Service": convert_service, "EndpointSlice": convert_endpoint_slice}
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
+
+ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestObject:
+    """One Service or EndpointSlice found in a file, converted or not."""
+
+    kind: str
+    key: ObjectKey | None  # None when the object has no usable namespace/name
+    location: SourceLocation
+    value: Service | EndpointSlice | None  # None when invalid
+    errors: tuple[ValidationError, ...] = ()
+    ignored: str | None = None  # why the proxy ignores this Service (headless, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedManifest:
+    """Everything one file says: its objects, or why it could not be read."""
+
+    path: str
+    objects: tuple[ManifestObject, ...] = ()
+    problems: tuple[Problem, ...] = ()  # the parse error and every validation error
+    parse_failed: bool = False
+    other_documents: int = 0  # documents of kinds the proxy does not use
+
+
+def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
+    """Parse and validate one file's content (pure: no file system access)."""
+    objects: list[ManifestObject] = []
+    problems: list[Problem] = []
+    other = 0
+    loader = _Loader(data)
+    try:
+        document = 0
+        while loader.check_node():
+            node = loader.get_node()
+            document += 1
+            obj = loader.construct_document(node)
+            if obj is None:
+                continue  # an empty document
+            where = SourceLocation(path, node.start_mark.line + 1, document)
+            if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
+                problems.append(SourceError(SOURCE, "not a Kubernetes object (no kind)", where))
+                continue
+            kind = obj["kind"]
+            if kind.endswith("List") and isinstance(obj.get("items"), list):
+                items_node = _child(node, "items")
+                for index, item in enumerate(obj["items"]):
+                    item_node = _item(items_node, index) or node
+                    item_where = SourceLocation(
+                        path, item_node.start_mark.line + 1, document, item=index
+                    )
+                    other += _add_object(item, item_node, item_where, objects, problems)
+            else:
+                other += _add_object(obj, node, where, objects, problems)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        message = f"YAML does not parse: {problem}"
+        if mark is not None:
+            message += f" (column {mark.column + 1})"
+        error = SourceError(SOURCE, message, SourceLocation(path, line))
+        return ParsedManifest(path, (), (*problems, error), parse_failed=True)
+    finally:
+        loader.dispose()
+    first: dict[ObjectKey, ManifestObject] = {}
+    for obj in objects:
+        if obj.key is not None and first.setdefault(obj.key, obj) is not obj:
+            problems.append(duplicate_problem(first[obj.key], obj))
+    return ParsedManifest(path, tuple(objects), tuple(problems), other_documents=other)
+
+
+def _add_object(
+    obj: Any,
+    node: yaml.Node,
+    where: SourceLocation,
+    objects: list[ManifestObject],
+    problems: list[Problem],
+) -> int:
+    """Convert one object into ``objects``; returns 1 for an object of another kind."""
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    if kind not in _CONVERTERS:
+        if not isinstance(kind, str):
+            problems.append(SourceError(SOURCE, "not a Kubernetes object (no kind)", where))
+        return 1
+    key = object_key(obj)
+    full_key = (kind, *key) if key else None
+    api_version = obj.get("apiVersion")
+    errors: list[ValidationError] = []
+    value = None
+    try:
+        value = _CONVERTERS[kind](obj, location=where)
+    except InvalidObjectError as exc:
+        errors.extend(exc.errors)
+    if api_version != _API_VERSIONS[kind]:
+        namespace, name = key or ("", "<unnamed>")
+        expected = _API_VERSIONS[kind]
+        errors.insert(
+            0,
+            ValidationError(
+                kind, namespace, name, ("apiVersion",), api_version, f"must be {expected}", where
+            ),
+        )
+        value = None
+    # Point each error at the line of its own field, not just the object's first line.
+    errors = [_at_field_line(error, node) for error in errors]
+    problems.extend(errors)
+    ignored = service_ignored_reason(obj) if kind == "Service" and value is not None else None
+    objects.append(ManifestObject(kind, full_key, where, value, tuple(errors), ignored))
+    return 0
+
+
+def _at_field_line(error: ValidationError, node: yaml.Node) -> ValidationError:
+    if error.location is None:
+        return error
+    line = _line_of(node, error.path)
+    location = SourceLocation(
+        error.location.file, line, error.location.document, error.location.item
+    )
+    return ValidationError(
+        error.kind, error.namespace, error.name, error.path, error.value, error.message, location
+    )
+
+
+def _line_of(node: yaml.Node, path: FieldPath) -> int:
+    """1-based line of the deepest part of ``path`` present under ``node``."""
+    line = node.start_mark.line
+    for part in path:
+        if isinstance(part, str):
+            found = _child(node, part, with_key=True)
+            if found is None:
+                break
+            key_node, node = found
+            line = key_node.start_mark.line
+        else:
+            item = _item(node, part)
+            if item is None:
+                break
+            node = item
+            line = node.start_mark.line
+    return line + 1
+
+
+def _child(node: yaml.Node | None, key: str, *, with_key: bool = False) -> Any:
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+                return (key_node, value_node) if with_key else value_node
+    return None
+
+
+def _item(node: yaml.Node | None, index: int) -> yaml.Node | None:
+    if isinstance(node, yaml.SequenceNode) and 0 <= index < len(node.value):
+        item: yaml.Node = node.value[index]
+        return item
+    return None
+
+
+def discover_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Problem]]:
+    """The manifest files under ``paths``, in a stable order, and the paths that are missing."""
+    files: list[Path] = []
+    problems: list[Problem] = []
+    seen: set[Path] = set()
+    for root in map(Path, paths):
+        if root.is_dir():
+            found = []
+            for directory, subdirs, names in os.walk(root):
+                subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+                found.extend(
+                    Path(directory, name)
+                    for name in names
+                    if name.endswith(MANIFEST_SUFFIXES) and not name.startswith(".")
+                )
+            candidates = sorted(found)
+        elif root.exists():
+            candidates = [root]
+        else:
+            problems.append(
+                SourceError(SOURCE, "no such file or directory", SourceLocation(str(root)))
+            )
+            continue
+        for path in candidates:
+            if path not in seen:
+                seen.add(path)
+                files.append(path)
+    return files, problems
+
+
+def duplicate_problem(kept: ManifestObject, dropped: ManifestObject) -> SourceError:
+    kind, namespace, name = dropped.key or (dropped.kind, "", "")
+    message = f"{kind} {namespace}/{name} is also defined at {kept.location}; that one is used"
+    return SourceError(SOURCE, message, dropped.location)
+
+
+Signature = tuple[int, int, int]  # (mtime_ns, size, inode)
+
+
+@dataclass(slots=True)
+class _FileState:
+    signature: Signature
+    digest: bytes
+    parsed: ParsedManifest
+    # The objects of the last content that parsed, valid or not, by key.
+    objects: dict[ObjectKey, ManifestObject] = field(default_factory=dict)
+
+    @property
+    def keys(self) -> set[ObjectKey]:
+        return set(self.objects)
+
+
+@dataclass(frozen=True, slots=True)
+class _FileUpdate:
+    path: Path
+    signature: Signature | None  # None: the file is gone
+    digest: bytes = b""
+    parsed: ParsedManifest | None = None  # None: bytes unchanged, nothing to parse
+
+
+class ManifestSource:
+    """Delivers the objects of manifest files to a ``SourceHandler`` and keeps them current.
+
+    ``await start()`` loads everything, reports both kinds synced, then polls in a task;
+    ``await stop()`` ends polling. ``await rescan()`` checks the files once, now.
+    Also an async context manager.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        handler: SourceHandler,
+        *,
+        poll_interval: float = 0.5,
+    ) -> None:
+        self.paths = [Path(p) for p in paths]
+        self.handler = handler
+        self.poll_interval = poll_interval
+        self._files: dict[Path, _FileState] = {}
+        self._order: dict[Path, int] = {}
+        self._definers: dict[ObjectKey, set[Path]] = {}
+        self._current: dict[ObjectKey, tuple[Path, ManifestObject]] = {}
+        self._duplicates: dict[ObjectKey, SourceError] = {}
+        self._missing: list[Problem] = []
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self.scans = 0
+        self.parses = 0
+
+    async def __aenter__(self) -> ManifestSource:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        await self.rescan()
+        self.handler.on_synced(SYNC_SERVICES)
+        self.handler.on_synced(SYNC_ENDPOINT_SLICES)
+        self._task = asyncio.create_task(self._poll(), name="manifest-source")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    @property
+    def problems(self) -> list[Problem]:
+        """Every problem in force now: missing paths, parse and validation errors, duplicates."""
+        found: list[Problem] = list(self._missing)
+        for state in self._files.values():
+            found.extend(state.parsed.problems)
+        found.extend(self._duplicates.values())
+        return found
+
+    @property
+    def object_count(self) -> int:
+        return len(self._current)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            try:
+                await self.rescan()
+            except Exception as exc:  # a scan must never end the watching
+                log.exception("manifest scan failed")
+                self.handler.on_error(SourceError(SOURCE, f"scan failed: {exc}"))
+
+    async def rescan(self) -> bool:
+        """Look at the files once; deliver what changed. True when anything was delivered."""
+        async with self._lock:
+            # Reading and parsing are pure and may take a while: off the event loop.
+            files, missing, updates = await asyncio.to_thread(self._read_changes)
+            self.scans += 1
+            if missing != self._missing:
+                for problem in missing:
+                    if problem not in self._missing:
+                        self._report(problem)
+                self._missing = missing
+            self._order = {path: index for index, path in enumerate(files)}
+            return self._apply(updates)
+
+    def _read_changes(self) -> tuple[list[Path], list[Problem], list[_FileUpdate]]:
+        files, missing = discover_files(self.paths)
+        updates: list[_FileUpdate] = []
+        for path in files:
+            try:
+                stat = path.stat()
+                signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+                state = self._files.get(path)
+                if state is not None and state.signature == signature:
+                    continue
+                data = path.read_bytes()
+            except OSError as exc:
+                # Vanished between listing and reading, or unreadable: as good as gone.
+                log.warning("cannot read %s: %s", path, exc)
+                updates.append(_FileUpdate(path, None))
+                continue
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            if state is not None and state.digest == digest:
+                updates.append(_FileUpdate(path, signature, digest))  # touched, not changed
+            else:
+                updates.append(
+                    _FileUpdate(path, signature, digest, parse_manifest(data, str(path)))
+                )
+        listed = set(files)
+        updates.extend(_FileUpdate(path, None) for path in self._files if path not in listed)
+        return files, missing, updates
+
+    def _apply(self, updates: list[_FileUpdate]) -> bool:
+        candidates: set[ObjectKey] = set()
+        for update in updates:
+            state = self._files.get(update.path)
+            if update.signature is None:
+                if state is not None:
+                    del self._files[update.path]
+                    self._set_definers(update.path, state.keys, set())
+                    candidates |= state.keys
+                continue
+            parsed = update.parsed
+            if parsed is None:
+                if state is not None:
+                    state.signature = update.signature
+                continue
+            self.parses += 1
+            for problem in parsed.problems:
+                self._report(problem)
+            if state is None:
+                state = _FileState(update.signature, update.digest, parsed)
+                self._files[update.path] = state
+            else:
+                state.signature, state.digest, state.parsed = (
+                    update.signature,
+                    update.digest,
+                    parsed,
+                )
+            if parsed.parse_failed:
+                continue  # the last good content of this file stays in force
+            objects: dict[ObjectKey, ManifestObject] = {}
+            for obj in parsed.objects:
+                if obj.key is not None:
+                    objects.setdefault(obj.key, obj)  # a duplicate in the file: first wins
+            old_keys = state.keys
+            state.objects = objects
+            self._set_definers(update.path, old_keys, state.keys)
+            candidates |= old_keys | state.keys
+        delivered = False
+        for key in sorted(candidates):
+            delivered |= self._resolve(key)
+        return delivered
+
+    def _set_definers(self, path: Path, old: set[ObjectKey], new: set[ObjectKey]) -> None:
+        for key in old - new:
+            definers = self._definers.get(key)
+            if definers is not None:
+                definers.discard(path)
+                if not definers:
+                    del self._definers[key]
+        for key in new - old:
+            self._definers.setdefault(key, set()).add(path)
+
+    def _resolve(self, key: ObjectKey) -> bool:
+        """Decide which definition of ``key`` is in force and deliver it if it changed."""
+        definers = sorted(self._definers.get(key, ()), key=lambda p: self._order.get(p, 1 << 30))
+        current = self._current.get(key)
+        chosen: tuple[Path, ManifestObject] | None = None
+        if definers:
+            winner = self._files[definers[0]].objects[key]
+            # Invalid now: its last valid version stays in force.
+            chosen = (definers[0], winner) if winner.value is not None else current
+            duplicate = None
+            if len(definers) > 1:
+                duplicate = duplicate_problem(winner, self._files[definers[1]].objects[key])
+            if duplicate != self._duplicates.get(key):
+                if duplicate is None:
+                    self._duplicates.pop(key, None)
+                else:
+                    self._duplicates[key] = duplicate
+                    self._report(duplicate)
+        else:
+            self._duplicates.pop(key, None)
+
+        old_value = current[1].value if current else None
+        new_value = chosen[1].value if chosen else None
+        if chosen is None:
+            self._current.pop(key, None)
+        else:
+            self._current[key] = chosen
+        if old_value == new_value:
+            return False
+        self._deliver(key, old_value, new_value)
+        return True
+
+    def _deliver(
+        self,
+        key: ObjectKey,
+        old: Service | EndpointSlice | None,
+        new: Service | EndpointSlice | None,
+    ) -> None:
+        kind, namespace, name = key
+        handler = self.handler
+        if isinstance(new, Service):
+            (handler.on_service_update if old else handler.on_service_add)(new)
+        elif isinstance(new, EndpointSlice):
+            (handler.on_endpoint_slice_update if old else handler.on_endpoint_slice_add)(new)
+        elif kind == "Service":
+            handler.on_service_delete(namespace, name)
+        else:
+            handler.on_endpoint_slice_delete(namespace, name)
+
+    def _report(self, problem: Problem) -> None:
+        log.warning("%s", problem)
+        self.handler.on_error(problem)
