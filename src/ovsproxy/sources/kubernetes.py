@@ -1,0 +1,489 @@
+"""Services and EndpointSlices from the Kubernetes API: an informer loop per resource.
+
+The informer speaks the list/watch protocol itself, over the HTTP client lightkube builds
+from an in-cluster service account or a kubeconfig (TLS, tokens, exec plugins). lightkube's
+own ``AsyncClient.watch`` can not ask for bookmarks, and on 410 it resumes from "now"
+without re-listing, which would lose the deletes that happened in the gap; so:
+
+* paged list (``limit`` + ``continue``); an expired continue token restarts the list;
+* watch from the list's resourceVersion with ``allowWatchBookmarks``; bookmarks and events
+  advance the resourceVersion, so a dropped watch resumes where it was;
+* 410 Gone (an HTTP 410, or an ERROR event with code 410) re-lists and diffs against the
+  store: deletes for objects that vanished during the gap, updates for changed ones;
+* any other failure reconnects after a capped exponential backoff with jitter.
+
+``Informer`` is generic over resources and delivers raw objects (dicts) to an
+``ObjectHandler``; ``KubernetesSource`` runs one for Services and one for EndpointSlices,
+converts their objects and delivers model values to a ``SourceHandler``. Both ignore objects
+labelled ``service.kubernetes.io/service-proxy-name`` (and headless slices) through the same
+label selector kube-proxy uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ovsproxy.model import EndpointSlice, Service
+from ovsproxy.sources.convert import (
+    PROXY_LABEL_SELECTOR,
+    convert_endpoint_slice,
+    convert_service,
+    object_key,
+)
+from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
+from ovsproxy.sources.problems import InvalidObjectError, SourceError
+
+try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
+    import httpx2 as httpx
+except ImportError:  # pragma: no cover - depends on the installed lightkube
+    import httpx  # type: ignore[no-redef]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+ObjKey = tuple[str, str]  # (namespace or "", name)
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """Where a kind of object lives in the API."""
+
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None) -> str:
+        base = f"/api/{self.version}" if not self.group else f"/apis/{self.group}/{self.version}"
+        if namespace and self.namespaced:
+            base += f"/namespaces/{namespace}"
+        return f"{base}/{self.plural}"
+
+
+SERVICES = Resource("", "v1", "services", "Service")
+ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+SERVICE_CIDRS = Resource("networking.k8s.io", "v1", "servicecidrs", "ServiceCIDR", namespaced=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Capped exponential backoff with jitter: attempt n waits up to initial * factor**n."""
+
+    initial: float = 0.5
+    cap: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.5  # the wait is reduced by up to this fraction, at random
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """The wait before retry ``attempt`` (0-based), for ``rand`` uniform in [0, 1)."""
+        base = min(self.cap, self.initial * self.factor ** min(attempt, 64))
+        return base * (1.0 - self.jitter * rand)
+
+
+class ResourceExpired(Exception):
+    """410 Gone: the resourceVersion (or continue token) is older than the server keeps."""
+
+
+class ApiStatusError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class ObjectHandler(Protocol):
+    """Raw events of one informer. ``on_delete`` gets the object's last known state."""
+
+    def on_add(self, obj: Obj) -> None: ...
+
+    def on_update(self, old: Obj, new: Obj) -> None: ...
+
+    def on_delete(self, obj: Obj) -> None: ...
+
+    def on_synced(self) -> None: ...
+
+    def on_error(self, problem: SourceError) -> None: ...
+
+
+@dataclass(slots=True)
+class InformerStats:
+    lists: int = 0  # complete lists, the first included
+    pages: int = 0
+    watches: int = 0  # watch requests answered with 200
+    events: int = 0
+    bookmarks: int = 0
+    expired: int = 0  # 410 Gone seen, by watch or by list
+    failures: int = 0  # other errors (each followed by a backoff)
+
+
+def _key(obj: Mapping[str, Any]) -> ObjKey:
+    meta = obj.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+def _resource_version(obj: Mapping[str, Any]) -> str | None:
+    meta = obj.get("metadata") or {}
+    rv = meta.get("resourceVersion")
+    return rv if isinstance(rv, str) else None
+
+
+class Informer:
+    """List, then watch, one resource; keeps a store of its objects by (namespace, name)."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        resource: Resource,
+        handler: ObjectHandler,
+        *,
+        label_selector: str | None = None,
+        page_size: int = 500,
+        watch_timeout: tuple[float, float] = (300.0, 600.0),
+        backoff: Backoff = Backoff(),
+        request_timeout: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.handler = handler
+        self.label_selector = label_selector
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout  # each watch asks the server to end within this
+        self.backoff = backoff
+        self.request_timeout = request_timeout
+        self.store: dict[ObjKey, Obj] = {}
+        self.resource_version: str | None = None
+        self.synced = False
+        self.stats = InformerStats()
+        self._failures = 0  # consecutive, for the backoff
+        self._synced_event = asyncio.Event()
+        self._name = f"kubernetes/{resource.plural}"
+
+    async def wait_synced(self) -> None:
+        await self._synced_event.wait()
+
+    async def run(self) -> None:
+        """Run until cancelled. Never raises for API or network trouble."""
+        while True:
+            try:
+                if self.resource_version is None:
+                    await self._relist()
+                started, events = asyncio.get_running_loop().time(), self.stats.events
+                await self._watch()
+                if events == self.stats.events and asyncio.get_running_loop().time() - started < 1:
+                    # Ended at once and empty: something between us and the server closes
+                    # watches; do not hammer it.
+                    self._failures += 1
+                    await self._sleep_backoff()
+            except asyncio.CancelledError:
+                raise
+            except ResourceExpired as exc:
+                self.stats.expired += 1
+                self.resource_version = None
+                log.info("%s: %s; re-listing", self._name, exc)
+                self._failures += 1
+                if self._failures > 1:  # the list itself expired again: do not spin
+                    await self._sleep_backoff()
+            except Exception as exc:
+                self.stats.failures += 1
+                self._failures += 1
+                message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                log.warning("%s: %s; retrying", self._name, message)
+                self.handler.on_error(SourceError(self._name, message))
+                await self._sleep_backoff()
+
+    async def _sleep_backoff(self) -> None:
+        await asyncio.sleep(self.backoff.delay(self._failures - 1, random.random()))
+
+    def _params(self) -> dict[str, str]:
+        return {"labelSelector": self.label_selector} if self.label_selector else {}
+
+    async def _relist(self) -> None:
+        items, resource_version = await self._list()
+        old, self.store = self.store, items
+        # Diff against what was known: the events the expired watch could not deliver.
+        for key, obj in items.items():
+            previous = old.get(key)
+            if previous is None:
+                self._deliver(self.handler.on_add, obj)
+            elif _resource_version(previous) != _resource_version(obj):
+                self._deliver(self.handler.on_update, previous, obj)
+        for key, previous in old.items():
+            if key not in items:
+                self._deliver(self.handler.on_delete, previous)
+        self.resource_version = resource_version
+        self.stats.lists += 1
+        self._failures = 0
+        if not self.synced:
+            self.synced = True
+            self._synced_event.set()
+            self._deliver(self.handler.on_synced)
+
+    async def _list(self) -> tuple[dict[ObjKey, Obj], str]:
+        params = {**self._params(), "limit": str(self.page_size)}
+        items: dict[ObjKey, Obj] = {}
+        resource_version = ""
+        while True:
+            response = await self.client.get(
+                self.resource.path(), params=params, timeout=self.request_timeout
+            )
+            if response.status_code != 200:
+                raise _status_error(response.status_code, response.content)
+            body = json.loads(response.content)
+            self.stats.pages += 1
+            for obj in body.get("items") or ():
+                items[_key(obj)] = obj
+            meta = body.get("metadata") or {}
+            # Every page is a view of the first page's snapshot; watch from that version.
+            resource_version = resource_version or meta.get("resourceVersion") or ""
+            token = meta.get("continue")
+            if not token:
+                return items, resource_version
+            params["continue"] = token
+
+    async def _watch(self) -> None:
+        low, high = self.watch_timeout
+        server_timeout = random.uniform(low, high)
+        params = {
+            **self._params(),
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": self.resource_version or "",
+            "timeoutSeconds": str(max(1, round(server_timeout))),
+        }
+        # No read timeout shorter than the server's own: a quiet watch is not a dead one.
+        timeout = httpx.Timeout(self.request_timeout, read=server_timeout + 30.0)
+        async with self.client.stream(
+            "GET", self.resource.path(), params=params, timeout=timeout
+        ) as response:
+            if response.status_code != 200:
+                raise _status_error(response.status_code, await response.aread())
+            self.stats.watches += 1
+            async for line in response.aiter_lines():
+                if line.strip():
+                    self._on_event(json.loads(line))
+
+    def _on_event(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            code = obj.get("code") or 0
+            message = obj.get("message") or obj.get("reason") or "watch error"
+            if code == 410:
+                raise ResourceExpired(message)
+            raise ApiStatusError(code, message)
+        resource_version = _resource_version(obj)
+        if kind == "BOOKMARK":
+            self.stats.bookmarks += 1
+        elif kind in ("ADDED", "MODIFIED"):
+            key = _key(obj)
+            previous = self.store.get(key)
+            self.store[key] = obj
+            if previous is None:
+                self._deliver(self.handler.on_add, obj)
+            else:
+                self._deliver(self.handler.on_update, previous, obj)
+        elif kind == "DELETED":
+            # Also what the server sends when an object stops matching the label selector.
+            if self.store.pop(_key(obj), None) is not None:
+                self._deliver(self.handler.on_delete, obj)
+        else:
+            log.warning("%s: unknown watch event type %r", self._name, kind)
+        self.stats.events += 1
+        if resource_version:
+            self.resource_version = resource_version
+        self._failures = 0
+
+    def _deliver(self, callback: Callable[..., None], *args: Obj) -> None:
+        # A handler bug must not stop the informer (nor lose its place in the stream).
+        try:
+            callback(*args)
+        except Exception as exc:
+            log.exception("%s: handler failed", self._name)
+            with contextlib.suppress(Exception):
+                self.handler.on_error(SourceError(self._name, f"handler failed: {exc!r}"))
+
+
+def _status_error(code: int, body: bytes) -> Exception:
+    try:
+        status = json.loads(body)
+        message = status.get("message") or status.get("reason") or ""
+    except (ValueError, AttributeError):
+        message = body[:200].decode("utf-8", "replace")
+    if code == 410:
+        return ResourceExpired(message or "410 Gone")
+    return ApiStatusError(code, message)
+
+
+def kube_http_client(
+    *,
+    kubeconfig: str | os.PathLike[str] | None = None,
+    context: str | None = None,
+    timeout: float = 10.0,
+    trust_env: bool = True,
+) -> httpx.AsyncClient:
+    """An HTTP client for the API server, configured by lightkube.
+
+    With ``kubeconfig``, that file; otherwise lightkube's order: the in-cluster service
+    account, then ``$KUBECONFIG``, then ``~/.kube/config``.
+    """
+    from lightkube.config.client_adapter import AsyncClient, ConnectionParams
+    from lightkube.config.kubeconfig import KubeConfig
+
+    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    single = config.get(context_name=context)
+    params = ConnectionParams(timeout=httpx.Timeout(timeout), trust_env=trust_env)
+    client: httpx.AsyncClient = AsyncClient(single, params)
+    client.headers["Accept"] = "application/json"
+    client.headers["User-Agent"] = "ovsproxy"
+    return client
+
+
+@dataclass(slots=True)
+class _ModelEvents:
+    """Raw objects of one kind -> validated model values -> the SourceHandler."""
+
+    handler: SourceHandler
+    sync_name: str
+    convert: Callable[[Mapping[str, Any]], Any]
+    add: Callable[[Any], None]
+    update: Callable[[Any], None]
+    delete: Callable[[str, str], None]
+
+    def on_add(self, obj: Obj) -> None:
+        value = self._convert(obj)
+        if value is not None:
+            self.add(value)
+
+    def on_update(self, old: Obj, new: Obj) -> None:
+        value = self._convert(new)
+        if value is not None:
+            self.update(value)
+
+    def on_delete(self, obj: Obj) -> None:
+        key = object_key(obj)
+        if key is not None:
+            self.delete(*key)
+
+    def on_synced(self) -> None:
+        self.handler.on_synced(self.sync_name)
+
+    def on_error(self, problem: SourceError) -> None:
+        self.handler.on_error(problem)
+
+    def _convert(self, obj: Obj) -> Service | EndpointSlice | None:
+        try:
+            return self.convert(obj)  # type: ignore[no-any-return]
+        except InvalidObjectError as exc:
+            # Skipped: the handler keeps the last valid version, if it had one.
+            for error in exc.errors:
+                log.warning("%s", error)
+                self.handler.on_error(error)
+            return None
+
+
+class KubernetesSource:
+    """Services and EndpointSlices from the API server into a ``SourceHandler``.
+
+    ``await start()`` creates the client and the two informers (running as tasks; each
+    reports its kind synced after its first list); ``await wait_synced()`` waits for both;
+    ``await stop()`` cancels them and closes the client. Also an async context manager.
+    ``informer(resource, handler)`` runs another informer on the same client (for
+    ServiceCIDRs, say), stopped with the rest.
+    """
+
+    def __init__(
+        self,
+        handler: SourceHandler,
+        *,
+        client: httpx.AsyncClient | None = None,
+        kubeconfig: str | os.PathLike[str] | None = None,
+        context: str | None = None,
+        page_size: int = 500,
+        watch_timeout: tuple[float, float] = (300.0, 600.0),
+        backoff: Backoff = Backoff(),
+    ) -> None:
+        self.handler = handler
+        self._client = client
+        self._owns_client = client is None
+        self._kubeconfig = kubeconfig
+        self._context = context
+        self._options: dict[str, Any] = {
+            "page_size": page_size,
+            "watch_timeout": watch_timeout,
+            "backoff": backoff,
+        }
+        self.informers: list[Informer] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> KubernetesSource:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("KubernetesSource is not started")
+        return self._client
+
+    async def start(self) -> None:
+        if self._client is None:
+            # Reads the kubeconfig or service-account files: small, but still blocking.
+            self._client = await asyncio.to_thread(
+                kube_http_client, kubeconfig=self._kubeconfig, context=self._context
+            )
+        handler = self.handler
+        services = _ModelEvents(
+            handler,
+            SYNC_SERVICES,
+            convert_service,
+            handler.on_service_add,
+            handler.on_service_update,
+            handler.on_service_delete,
+        )
+        slices = _ModelEvents(
+            handler,
+            SYNC_ENDPOINT_SLICES,
+            convert_endpoint_slice,
+            handler.on_endpoint_slice_add,
+            handler.on_endpoint_slice_update,
+            handler.on_endpoint_slice_delete,
+        )
+        self.services = self.informer(SERVICES, services, label_selector=PROXY_LABEL_SELECTOR)
+        self.endpoint_slices = self.informer(
+            ENDPOINT_SLICES, slices, label_selector=PROXY_LABEL_SELECTOR
+        )
+
+    def informer(
+        self, resource: Resource, handler: ObjectHandler, *, label_selector: str | None = None
+    ) -> Informer:
+        informer = Informer(
+            self.client, resource, handler, label_selector=label_selector, **self._options
+        )
+        self.informers.append(informer)
+        self._tasks.append(asyncio.create_task(informer.run(), name=f"informer-{resource.plural}"))
+        return informer
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(informer.wait_synced() for informer in self.informers))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._owns_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
