@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,12 +112,16 @@ def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
             else:
                 other += _add_object(obj, node, where, objects, problems)
     except yaml.YAMLError as exc:
+        # Where the parser stopped, and what it was in the middle of (often the real typo).
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark is not None else None
-        problem = getattr(exc, "problem", None) or str(exc)
-        message = f"YAML does not parse: {problem}"
+        message = f"YAML does not parse: {getattr(exc, 'problem', None) or exc}"
         if mark is not None:
             message += f" (column {mark.column + 1})"
+        context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and context_mark is not None and context_mark is not mark:
+            where = f"line {context_mark.line + 1}, column {context_mark.column + 1}"
+            message += f", {context} started at {where}"
         error = SourceError(SOURCE, message, SourceLocation(path, line))
         return ParsedManifest(path, (), (*problems, error), parse_failed=True)
     finally:
@@ -251,6 +256,7 @@ def duplicate_problem(kept: ManifestObject, dropped: ManifestObject) -> SourceEr
 
 
 Signature = tuple[int, int, int]  # (mtime_ns, size, inode)
+_RACY_NS = 2_000_000_000  # coarse file systems keep mtime in (up to) 2 s steps
 
 
 @dataclass(slots=True)
@@ -362,12 +368,16 @@ class ManifestSource:
     def _read_changes(self) -> tuple[list[Path], list[Problem], list[_FileUpdate]]:
         files, missing = discover_files(self.paths)
         updates: list[_FileUpdate] = []
+        # A file written within the mtime granularity of the last look can change again
+        # with the same size and mtime: until it is older than that, hash it every time.
+        racy_after = time.time_ns() - _RACY_NS
         for path in files:
             try:
                 stat = path.stat()
                 signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
                 state = self._files.get(path)
-                if state is not None and state.signature == signature:
+                unchanged = state is not None and state.signature == signature
+                if unchanged and stat.st_mtime_ns < racy_after:
                     continue
                 data = path.read_bytes()
             except OSError as exc:
