@@ -42,12 +42,18 @@ ROUTE_METRIC = 155
 POLICY_STORE = "ActiveStore"
 _FAMILY = {IPFamily.IPv4: "IPv4", IPFamily.IPv6: "IPv6"}
 _ON_LINK = {IPFamily.IPv4: "0.0.0.0", IPFamily.IPv6: "::"}
-_SAFE_ALIAS = re.compile(r"^[^\x00-\x1f`\"$]{1,256}$")
+_SAFE_ALIAS = re.compile(r"[^\x00-\x1f`\"$]{1,256}")  # fullmatch: "$" would allow a final \n
+
+
+# PowerShell also ends a single-quoted string at the typographic single quotes.
+_SINGLE_QUOTES = ("'", "\u2018", "\u2019", "\u201a", "\u201b")
 
 
 def quote(text: str) -> str:
-    """A PowerShell single-quoted literal (no expansion; a quote is doubled)."""
-    return "'" + text.replace("'", "''") + "'"
+    """A PowerShell single-quoted literal: no expansion inside; every quote is doubled."""
+    for q in _SINGLE_QUOTES:
+        text = text.replace(q, q + q)
+    return "'" + text + "'"
 
 
 def _mac(text: str) -> str:
@@ -83,7 +89,7 @@ class WindowsRouteBackend:
 
     @staticmethod
     def _alias(gateway: str) -> str:
-        if not _SAFE_ALIAS.match(gateway):
+        if not _SAFE_ALIAS.fullmatch(gateway):
             raise ValueError(f"unsafe interface alias: {gateway!r}")
         return quote(gateway)
 
