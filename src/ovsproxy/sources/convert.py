@@ -63,14 +63,18 @@ _POLICIES = {p.value: p for p in TrafficPolicy}
 _DISTRIBUTIONS = {d.value: d for d in TrafficDistribution}
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def parse_ip(text: object) -> IPAddress | None:
     """A canonical address, or None for anything Kubernetes would reject.
 
     Rejected beyond what ``ipaddress`` rejects: IPv6 scope ids (``fe80::1%eth0``) and any
     surrounding whitespace. Leading zeros in IPv4 are already rejected by ``ipaddress``.
     """
-    if not isinstance(text, str) or not text or text != text.strip() or "%" in text:
+    return _parse_ip(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=1 << 16)  # endpoint addresses repeat across ports and updates
+def _parse_ip(text: str) -> IPAddress | None:
+    if not text or text != text.strip() or "%" in text:
         return None
     try:
         return ipaddress.ip_address(text)
@@ -167,7 +171,7 @@ class _Checker:
         value = parent.get(key)
         if value is None:
             return None
-        if value not in choices:
+        if not isinstance(value, str) or value not in choices:
             allowed = ", ".join(choices)
             self.error((*path, key), value, f"must be one of {allowed}")
             return None
@@ -461,7 +465,7 @@ def convert_endpoint_slice(
     if address_type == "FQDN":
         check.raise_if_any()
         return EndpointSlice(check.namespace, check.name, service)
-    if address_type in _FAMILY_NAMES:
+    if isinstance(address_type, str) and address_type in _FAMILY_NAMES:
         family = _FAMILY_NAMES[address_type]
     else:
         check.error(("addressType",), address_type, "must be IPv4, IPv6 or FQDN")

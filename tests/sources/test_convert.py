@@ -1,0 +1,405 @@
+"""Conversion and validation of single objects (dicts as the API or YAML gives them)."""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ovsproxy.model import Protocol, ServiceType, TrafficPolicy
+from ovsproxy.sources.convert import (
+    convert_endpoint_slice,
+    convert_service,
+    parse_ip,
+    service_ignored_reason,
+)
+from ovsproxy.sources.problems import InvalidObjectError, render_path
+
+
+def service(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}
+    base.update(spec)
+    return {"metadata": {"name": "web", "namespace": "demo"}, "spec": base}
+
+
+def endpoint_slice(**fields: Any) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {
+            "name": "web-1",
+            "namespace": "demo",
+            "labels": {"kubernetes.io/service-name": "web"},
+        },
+        "addressType": "IPv4",
+        "ports": [{"name": "", "port": 8080}],
+        "endpoints": [{"addresses": ["10.244.0.1"]}],
+    }
+    obj.update(fields)
+    return obj
+
+
+def frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def errors_of(convert, obj) -> set[tuple[str, Any]]:
+    with pytest.raises(InvalidObjectError) as info:
+        convert(obj)
+    return {(e.field, frozen(e.value)) for e in info.value.errors}
+
+
+# (what, object, expected {(field, value)})
+SERVICE_ERRORS = [
+    ("no ClusterIP (nothing allocates one)", service(clusterIP=None), {("spec.clusterIP", None)}),
+    (
+        "IPv4 with a leading zero",
+        service(clusterIP="10.96.0.010"),
+        {("spec.clusterIP", "10.96.0.010")},
+    ),
+    ("IPv6 with a scope", service(clusterIP="fe80::1%eth0"), {("spec.clusterIP", "fe80::1%eth0")}),
+    (
+        "CIDR, not an address",
+        service(clusterIP="10.96.0.1/32"),
+        {("spec.clusterIP", "10.96.0.1/32")},
+    ),
+    (
+        "clusterIPs[0] differs from clusterIP",
+        service(clusterIPs=["10.96.0.11"]),
+        {("spec.clusterIPs[0]", "10.96.0.11")},
+    ),
+    (
+        "two ClusterIPs of one family",
+        service(clusterIP=None, clusterIPs=["10.96.0.1", "10.96.0.2"]),
+        {("spec.clusterIPs", ("10.96.0.1", "10.96.0.2"))},
+    ),
+    (
+        "SingleStack with two ClusterIPs",
+        service(clusterIP=None, clusterIPs=["10.96.0.1", "fd00::1"], ipFamilyPolicy="SingleStack"),
+        {("spec.ipFamilyPolicy", "SingleStack")},
+    ),
+    ("unknown family", service(ipFamilies=["IPv5"]), {("spec.ipFamilies[0]", "IPv5")}),
+    ("missing ports", service(ports=None), {("spec.ports", None)}),
+    ("port as a string", service(ports=[{"port": "80"}]), {("spec.ports[0].port", "80")}),
+    ("port as a YAML boolean", service(ports=[{"port": True}]), {("spec.ports[0].port", True)}),
+    ("port zero", service(ports=[{"port": 0}]), {("spec.ports[0].port", 0)}),
+    (
+        "protocol in lower case",
+        service(ports=[{"port": 80, "protocol": "tcp"}]),
+        {("spec.ports[0].protocol", "tcp")},
+    ),
+    (
+        "port name not a DNS label",
+        service(ports=[{"port": 80, "name": "HTTP"}]),
+        {("spec.ports[0].name", "HTTP")},
+    ),
+    (
+        "duplicate port name",
+        service(ports=[{"port": 80, "name": "a"}, {"port": 81, "name": "a"}]),
+        {("spec.ports[1].name", "a")},
+    ),
+    (
+        "bad named targetPort",
+        service(ports=[{"port": 80, "targetPort": "not_a_name"}]),
+        {("spec.ports[0].targetPort", "not_a_name")},
+    ),
+    (
+        "targetPort out of range",
+        service(ports=[{"port": 80, "targetPort": 65536}]),
+        {("spec.ports[0].targetPort", 65536)},
+    ),
+    (
+        "duplicate nodePort",
+        service(
+            type="NodePort",
+            ports=[
+                {"name": "a", "port": 80, "nodePort": 30000},
+                {"name": "b", "port": 81, "nodePort": 30000},
+            ],
+        ),
+        {("spec.ports[1].nodePort", 30000)},
+    ),
+    ("unknown type", service(type="Ingress"), {("spec.type", "Ingress")}),
+    ("unknown affinity", service(sessionAffinity="Cookie"), {("spec.sessionAffinity", "Cookie")}),
+    (
+        "affinity timeout zero",
+        service(
+            sessionAffinity="ClientIP", sessionAffinityConfig={"clientIP": {"timeoutSeconds": 0}}
+        ),
+        {("spec.sessionAffinityConfig.clientIP.timeoutSeconds", 0)},
+    ),
+    (
+        "unknown traffic policy",
+        service(externalTrafficPolicy="Global"),
+        {("spec.externalTrafficPolicy", "Global")},
+    ),
+    (
+        "unknown distribution",
+        service(trafficDistribution="Nearest"),
+        {("spec.trafficDistribution", "Nearest")},
+    ),
+    (
+        "bad external IP",
+        service(externalIPs=["192.0.2.300"]),
+        {("spec.externalIPs[0]", "192.0.2.300")},
+    ),
+    ("spec is a list", {"metadata": {"name": "web"}, "spec": []}, {("spec", ())}),
+]
+
+
+@pytest.mark.parametrize("what,obj,expected", SERVICE_ERRORS, ids=[c[0] for c in SERVICE_ERRORS])
+def test_invalid_service_names_field_and_value(what: str, obj: dict, expected: set) -> None:
+    found = {
+        (f, tuple(v) if isinstance(v, list) else v) for f, v in errors_of(convert_service, obj)
+    }
+    assert found == expected
+
+
+def test_error_names_object_and_path() -> None:
+    with pytest.raises(InvalidObjectError) as info:
+        convert_service(service(ports=[{"port": 80, "name": "a"}, {"port": 70000, "name": "b"}]))
+    [error] = info.value.errors
+    assert (error.kind, error.namespace, error.name) == ("Service", "demo", "web")
+    assert error.path == ("spec", "ports", 1, "port")
+    assert str(error) == (
+        "Service demo/web: spec.ports[1].port: must be a port number between 1 and 65535 "
+        "(got 70000)"
+    )
+
+
+def test_every_bad_field_is_reported_at_once() -> None:
+    obj = service(clusterIP="nope", ports=[{"port": -1, "protocol": "ICMP"}], sessionAffinity="X")
+    assert {f for f, _ in errors_of(convert_service, obj)} == {
+        "spec.clusterIP",
+        "spec.ports[0].port",
+        "spec.ports[0].protocol",
+        "spec.sessionAffinity",
+    }
+
+
+def test_service_defaults_follow_the_api_server() -> None:
+    [port] = convert_service(service(sessionAffinity="ClientIP")).ports
+    assert port.affinity_timeout == 10800
+    assert port.protocol is Protocol.TCP and port.type is ServiceType.CLUSTER_IP
+    assert port.internal_traffic_policy is TrafficPolicy.CLUSTER
+    assert str(port.name) == "demo/web/TCP"
+    # namespace defaults like kubectl's
+    [port] = convert_service({"metadata": {"name": "x"}, "spec": service()["spec"]}).ports
+    assert port.name.namespace == "default"
+
+
+def test_dual_stack_keeps_the_primary_family_first() -> None:
+    [port] = convert_service(
+        service(
+            clusterIP="fd00::a", clusterIPs=["fd00::a", "10.96.0.10"], ipFamilies=["IPv6", "IPv4"]
+        )
+    ).ports
+    assert port.cluster_ips == (ipaddress.ip_address("fd00::a"), ipaddress.ip_address("10.96.0.10"))
+    assert port.families == {4, 6}
+
+
+@pytest.mark.parametrize(
+    "obj,reason",
+    [
+        (service(clusterIP="None"), "headless"),
+        (service(clusterIP=None, clusterIPs=["None"]), "headless"),
+        (
+            {"metadata": {"name": "x"}, "spec": {"type": "ExternalName", "externalName": "a.b"}},
+            "ExternalName",
+        ),
+        (
+            {
+                "metadata": {
+                    "name": "x",
+                    "labels": {"service.kubernetes.io/service-proxy-name": "p"},
+                },
+                "spec": {"clusterIP": "garbage"},  # not ours: not validated either
+            },
+            "handled by proxy 'p'",
+        ),
+    ],
+)
+def test_ignored_services_convert_to_no_ports(obj: dict, reason: str) -> None:
+    assert service_ignored_reason(obj) == reason
+    assert convert_service(obj).ports == ()
+
+
+# --- EndpointSlices ----------------------------------------------------------------------
+
+SLICE_ERRORS = [
+    (
+        "no service label",
+        endpoint_slice(metadata={"name": "s", "namespace": "d"}),
+        {("metadata.labels[kubernetes.io/service-name]", None)},
+    ),
+    ("unknown address type", endpoint_slice(addressType="IPv5"), {("addressType", "IPv5")}),
+    (
+        "no addresses",
+        endpoint_slice(endpoints=[{"addresses": []}]),
+        {("endpoints[0].addresses", ())},
+    ),
+    (
+        "bad address",
+        endpoint_slice(endpoints=[{"addresses": ["10.244.0.300"]}]),
+        {("endpoints[0].addresses[0]", "10.244.0.300")},
+    ),
+    (
+        "family mismatch",
+        endpoint_slice(endpoints=[{"addresses": ["fd00::1"]}]),
+        {("endpoints[0].addresses[0]", "fd00::1")},
+    ),
+    ("port missing", endpoint_slice(ports=[{"name": "a"}]), {("ports[0].port", None)}),
+    (
+        "duplicate port name",
+        endpoint_slice(ports=[{"name": "a", "port": 1}, {"name": "a", "port": 2}]),
+        {("ports[1].name", "a")},
+    ),
+    (
+        "condition not a bool",
+        endpoint_slice(endpoints=[{"addresses": ["10.244.0.1"], "conditions": {"serving": "yes"}}]),
+        {("endpoints[0].conditions.serving", "yes")},
+    ),
+    (
+        "hint without a name",
+        endpoint_slice(endpoints=[{"addresses": ["10.244.0.1"], "hints": {"forZones": [{}]}}]),
+        {("endpoints[0].hints.forZones[0].name", None)},
+    ),
+    (
+        "node name not a string",
+        endpoint_slice(endpoints=[{"addresses": ["10.244.0.1"], "nodeName": False}]),
+        {("endpoints[0].nodeName", False)},
+    ),
+]
+
+
+@pytest.mark.parametrize("what,obj,expected", SLICE_ERRORS, ids=[c[0] for c in SLICE_ERRORS])
+def test_invalid_slice_names_field_and_value(what: str, obj: dict, expected: set) -> None:
+    found = {
+        (f, tuple(v) if isinstance(v, list) else v)
+        for f, v in errors_of(convert_endpoint_slice, obj)
+    }
+    assert found == expected
+
+
+def test_slice_gives_one_endpoint_per_port_with_conditions_and_hints() -> None:
+    converted = convert_endpoint_slice(
+        endpoint_slice(
+            ports=[{"name": "http", "port": 8080}, {"name": "dns", "port": 53, "protocol": "UDP"}],
+            endpoints=[
+                {
+                    "addresses": ["10.244.0.1", "10.244.0.99"],  # only the first counts
+                    "conditions": {"ready": False, "terminating": True},
+                    "nodeName": "node-1",
+                    "zone": "zone-a",
+                    "hints": {"forZones": [{"name": "zone-a"}], "forNodes": [{"name": "node-1"}]},
+                }
+            ],
+        )
+    )
+    assert converted.service == "web"
+    http, dns = converted.ports
+    assert (http.name, http.protocol, dns.name, dns.protocol) == (
+        "http",
+        Protocol.TCP,
+        "dns",
+        Protocol.UDP,
+    )
+    [endpoint] = http.endpoints
+    assert str(endpoint) == "10.244.0.1:8080" and str(dns.endpoints[0]) == "10.244.0.1:53"
+    # ready false, serving absent -> true (kube-proxy), terminating true
+    assert (endpoint.ready, endpoint.serving, endpoint.terminating) == (False, True, True)
+    assert (endpoint.node_name, endpoint.zone) == ("node-1", "zone-a")
+    assert endpoint.hint_zones == {"zone-a"} and endpoint.hint_nodes == {"node-1"}
+
+
+def test_fqdn_slice_converts_to_no_ports() -> None:
+    converted = convert_endpoint_slice(
+        endpoint_slice(addressType="FQDN", endpoints=[{"addresses": ["a.example.com"]}])
+    )
+    assert converted.ports == () and converted.service == "web"
+
+
+def test_render_path_uses_kubernetes_notation() -> None:
+    assert render_path(("spec", "ports", 1, "port")) == "spec.ports[1].port"
+    assert render_path(("metadata", "labels", "a.b/c")) == "metadata.labels[a.b/c]"
+
+
+# --- properties ---------------------------------------------------------------------------
+
+port_names = st.from_regex(r"[a-z][a-z0-9]{0,6}", fullmatch=True)
+service_ports = st.lists(
+    st.tuples(port_names, st.integers(1, 65535), st.sampled_from(["TCP", "UDP", "SCTP"])),
+    min_size=1,
+    max_size=5,
+    unique_by=(lambda p: p[0], lambda p: (p[1], p[2])),
+)
+v4 = st.integers(1, 2**32 - 2).map(lambda i: str(ipaddress.IPv4Address(i)))
+v6 = st.integers(1, 2**128 - 2).map(lambda i: str(ipaddress.IPv6Address(i)))
+
+
+@given(service_ports, st.one_of(st.tuples(v4), st.tuples(v6), st.tuples(v4, v6), st.tuples(v6, v4)))
+def test_valid_services_round_trip(ports, cluster_ips) -> None:
+    obj = service(
+        clusterIP=cluster_ips[0],
+        clusterIPs=list(cluster_ips),
+        ports=[{"name": n, "port": p, "protocol": proto} for n, p, proto in ports],
+    )
+    converted = convert_service(obj)
+    assert [(p.name.port, p.port, p.protocol.value) for p in converted.ports] == list(ports)
+    for port in converted.ports:
+        assert port.cluster_ips == tuple(ipaddress.ip_address(ip) for ip in cluster_ips)
+        assert (port.name.namespace, port.name.name, port.name.protocol) == (
+            "demo",
+            "web",
+            port.protocol,
+        )
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 70000) | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+service_fields = st.sampled_from(
+    [
+        "clusterIP",
+        "clusterIPs",
+        "ipFamilies",
+        "ports",
+        "type",
+        "sessionAffinity",
+        "sessionAffinityConfig",
+        "externalIPs",
+        "externalTrafficPolicy",
+        "trafficDistribution",
+    ]
+)
+slice_fields = st.sampled_from(["addressType", "ports", "endpoints", "metadata"])
+
+
+@given(st.dictionaries(service_fields, json_values, max_size=4))
+def test_garbage_service_fields_never_crash(garbage) -> None:
+    obj = service(**garbage)
+    try:
+        convert_service(copy.deepcopy(obj))
+    except InvalidObjectError as exc:
+        assert exc.errors and all(e.kind == "Service" for e in exc.errors)
+
+
+@given(st.dictionaries(slice_fields, json_values, max_size=3))
+def test_garbage_slice_fields_never_crash(garbage) -> None:
+    obj = endpoint_slice(**garbage)
+    try:
+        convert_endpoint_slice(obj)
+    except InvalidObjectError as exc:
+        assert exc.errors and all(e.kind == "EndpointSlice" for e in exc.errors)
+
+
+@given(st.one_of(v4, v6))
+def test_parse_ip_accepts_canonical_addresses(text: str) -> None:
+    assert parse_ip(text) == ipaddress.ip_address(text)
+    assert parse_ip(f" {text}") is None
