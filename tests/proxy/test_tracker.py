@@ -1,0 +1,329 @@
+"""The change tracker: what checkpoints hand out, and what they cost."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ovsproxy.model import (
+    Endpoint,
+    EndpointSlice,
+    Protocol,
+    Service,
+    ServicePort,
+    ServicePortName,
+    SlicePort,
+)
+from ovsproxy.proxy.tracker import ChangeTracker, ServiceChange, service_states
+from ovsproxy.sources.problems import SourceError, ValidationError
+
+
+def svc(name: str, *ports: tuple[str, int], cluster_ip: str = "", ns: str = "ns") -> Service:
+    ips = tuple(ipaddress.ip_address(ip) for ip in (cluster_ip or _ip_for(name)).split(","))
+    return Service(
+        ns,
+        name,
+        tuple(
+            ServicePort(ServicePortName(ns, name, port_name), ips, number)
+            for port_name, number in (ports or (("", 80),))
+        ),
+    )
+
+
+def _ip_for(name: str) -> str:
+    return f"10.96.{sum(map(ord, name)) % 250}.{len(name)}"
+
+
+def ep(ip: str, port: int = 8080, **kw) -> Endpoint:
+    return Endpoint(ipaddress.ip_address(ip), port, **kw)
+
+
+def eps(service: str, slice_name: str, *ips: str, port_name: str = "", ns: str = "ns", **kw):
+    return EndpointSlice(
+        ns,
+        slice_name,
+        service,
+        (SlicePort(port_name, Protocol.TCP, tuple(ep(ip, **kw) for ip in ips)),),
+    )
+
+
+def names(changes) -> set[str]:
+    return {str(n) for n in changes}
+
+
+def endpoints(state) -> list[str]:
+    return [str(e) for e in state.endpoints]
+
+
+def test_service_then_slice_then_nothing() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("web"))
+    changes = tracker.checkpoint()
+    [change] = changes.values()
+    assert change.previous is None and change.current.endpoints == ()  # no slice yet: empty
+
+    tracker.on_endpoint_slice_add(eps("web", "web-1", "10.244.0.2", "10.244.0.1"))
+    [change] = tracker.checkpoint().values()
+    assert endpoints(change.previous) == []
+    assert endpoints(change.current) == ["10.244.0.1:8080", "10.244.0.2:8080"]  # sorted
+    assert tracker.checkpoint() == {}
+
+
+def test_endpoints_without_a_service_wait_for_it() -> None:
+    tracker = ChangeTracker()
+    tracker.on_endpoint_slice_add(eps("web", "web-1", "10.244.0.1"))
+    assert tracker.checkpoint() == {} and tracker.snapshot() == {}
+    tracker.on_service_add(svc("web"))
+    [change] = tracker.checkpoint().values()
+    assert endpoints(change.current) == ["10.244.0.1:8080"]
+
+
+def test_changes_that_cancel_out_are_dropped() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("web"))
+    tracker.on_endpoint_slice_add(eps("web", "web-1", "10.244.0.1"))
+    tracker.on_service_delete("ns", "web")
+    tracker.on_endpoint_slice_delete("ns", "web-1")
+    assert tracker.checkpoint() == {}
+
+    tracker.on_service_add(svc("web"))
+    tracker.on_endpoint_slice_add(eps("web", "web-1", "10.244.0.1"))
+    tracker.checkpoint()
+    tracker.on_endpoint_slice_update(eps("web", "web-1", "10.244.0.1", "10.244.0.9"))
+    tracker.on_endpoint_slice_update(eps("web", "web-1", "10.244.0.1"))  # back again
+    tracker.on_service_update(svc("web", ("", 81)))
+    tracker.on_service_update(svc("web"))
+    assert tracker.checkpoint() == {}
+
+
+def test_no_op_updates_do_not_notify_or_dirty() -> None:
+    tracker = ChangeTracker()
+    calls = []
+    tracker.set_notify(lambda: calls.append(1))
+    tracker.on_service_add(svc("web"))
+    tracker.on_endpoint_slice_add(eps("web", "web-1", "10.244.0.1"))
+    assert len(calls) == 2
+    tracker.checkpoint()
+    tracker.on_service_update(svc("web"))
+    tracker.on_endpoint_slice_update(eps("web", "web-1", "10.244.0.1"))
+    tracker.on_endpoint_slice_delete("ns", "never-seen")
+    assert len(calls) == 2 and tracker.pending == 0
+
+
+def test_multi_port_service_with_slices_per_port_numbers() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("shop", ("http", 80), ("https", 443)))
+    tracker.on_endpoint_slice_add(eps("shop", "a", "10.244.0.1", port_name="http", port=8080))
+    tracker.on_endpoint_slice_add(eps("shop", "b", "10.244.0.2", port_name="http", port=8081))
+    tracker.on_endpoint_slice_add(eps("shop", "c", "10.244.0.1", port_name="https", port=8443))
+    snapshot = {str(n): endpoints(s) for n, s in tracker.snapshot().items()}
+    assert snapshot == {
+        "ns/shop:http/TCP": ["10.244.0.1:8080", "10.244.0.2:8081"],
+        "ns/shop:https/TCP": ["10.244.0.1:8443"],
+    }
+
+
+def test_an_endpoint_in_two_slices_prefers_the_non_terminating_copy() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("web"))
+    tracker.on_endpoint_slice_add(eps("web", "b", "10.244.0.1"))
+    tracker.on_endpoint_slice_add(eps("web", "a", "10.244.0.1", ready=False, terminating=True))
+    [state] = tracker.snapshot().values()
+    [endpoint] = state.endpoints
+    assert endpoint.ready and not endpoint.terminating
+
+
+def test_endpoints_of_a_family_without_cluster_ip_are_dropped() -> None:
+    v6_slice = EndpointSlice(
+        "ns", "web-v6", "web", (SlicePort("", Protocol.TCP, (ep("fd00::1"),)),)
+    )
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("web"))  # IPv4 only
+    tracker.on_endpoint_slice_add(eps("web", "web-v4", "10.244.0.1"))
+    tracker.on_endpoint_slice_add(v6_slice)
+    [state] = tracker.snapshot().values()
+    assert endpoints(state) == ["10.244.0.1:8080"]
+
+    tracker.on_service_update(svc("web", cluster_ip="10.96.0.1,fd00:96::1"))  # now dual-stack
+    [state] = tracker.snapshot().values()
+    assert endpoints(state) == ["10.244.0.1:8080", "[fd00::1]:8080"]
+
+
+def test_slice_moving_to_another_service() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("a"))
+    tracker.on_service_add(svc("b"))
+    tracker.on_endpoint_slice_add(eps("a", "s", "10.244.0.1"))
+    tracker.checkpoint()
+    tracker.on_endpoint_slice_update(eps("b", "s", "10.244.0.1"))
+    changes = {str(n): c for n, c in tracker.checkpoint().items()}
+    assert endpoints(changes["ns/a/TCP"].current) == []
+    assert endpoints(changes["ns/b/TCP"].current) == ["10.244.0.1:8080"]
+
+
+def test_service_becoming_ignored_removes_its_ports() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("web", ("http", 80), ("https", 443)))
+    tracker.checkpoint()
+    tracker.on_service_update(Service("ns", "web"))  # now headless, say
+    changes = tracker.checkpoint()
+    assert names(changes) == {"ns/web:http/TCP", "ns/web:https/TCP"}
+    assert all(c.current is None for c in changes.values())
+    assert tracker.snapshot() == {} and tracker.service_count() == 0
+
+
+def test_checkpoint_cost_follows_the_changes_not_the_services() -> None:
+    tracker = ChangeTracker()
+    for i in range(2000):
+        tracker.on_service_add(svc(f"s{i}", cluster_ip=f"10.96.{i // 250}.{i % 250 + 1}"))
+        tracker.on_endpoint_slice_add(eps(f"s{i}", f"s{i}-x", f"10.244.{i // 250}.{i % 250 + 1}"))
+    assert tracker.pending == 2000
+    assert len(tracker.checkpoint()) == 2000
+
+    tracker.on_endpoint_slice_update(eps("s7", "s7-x", "10.244.0.8", "10.244.99.1"))
+    assert tracker.pending == 1  # one Service to look at, out of 2000
+    [(name, change)] = tracker.checkpoint().items()
+    assert str(name) == "ns/s7/TCP"
+    assert endpoints(change.current) == ["10.244.0.8:8080", "10.244.99.1:8080"]
+    assert tracker.stats.checkpoints == 2 and tracker.stats.changes == 2001
+
+
+def test_cluster_ips_follow_the_services() -> None:
+    tracker = ChangeTracker()
+    tracker.on_service_add(svc("a", ("x", 1), ("y", 2), cluster_ip="10.96.0.1,fd00::1"))
+    tracker.on_service_add(svc("b", cluster_ip="10.96.0.2"))
+    assert tracker.cluster_ips() == {
+        ipaddress.ip_address(i) for i in ("10.96.0.1", "fd00::1", "10.96.0.2")
+    }
+    tracker.on_service_update(svc("a", cluster_ip="10.96.0.3"))
+    tracker.on_service_delete("ns", "b")
+    assert tracker.cluster_ips() == {ipaddress.ip_address("10.96.0.3")}
+
+
+def test_synced_needs_every_awaited_kind() -> None:
+    tracker = ChangeTracker()
+    notified = []
+    tracker.set_notify(lambda: notified.append(1))
+    tracker.on_synced("Service")
+    assert not tracker.synced
+    tracker.on_synced("EndpointSlice")
+    assert tracker.synced and notified == [1]  # becoming synced is worth a sync
+    assert ChangeTracker(wait_for=["manifests"]).synced is False
+
+
+def test_problems_are_counted_by_kind_and_source() -> None:
+    tracker = ChangeTracker()
+    tracker.on_error(ValidationError("Service", "ns", "a", ("spec",), None, "required"))
+    tracker.on_error(ValidationError("EndpointSlice", "ns", "b", ("ports",), 1, "bad"))
+    tracker.on_error(SourceError("kubernetes/services", "connection refused"))
+    assert tracker.stats.invalid == {"Service": 1, "EndpointSlice": 1}
+    assert tracker.stats.errors == {"kubernetes/services": 1}
+
+
+# --- property: any sequence of events ---------------------------------------------------
+
+SERVICES = ["a", "b", "c"]
+SLICES = ["s1", "s2", "s3", "s4"]
+ADDRESSES = ["10.244.0.1", "10.244.0.2", "10.244.0.3", "fd00::1"]
+
+service_events = st.tuples(
+    st.just("service"),
+    st.sampled_from(SERVICES),
+    st.one_of(
+        st.none(),  # delete
+        st.lists(st.sampled_from(["", "http"]), min_size=1, max_size=2, unique=True),
+    ),
+    st.sampled_from(["10.96.0.1", "10.96.0.1,fd00:96::1", "10.96.0.2"]),
+)
+slice_events = st.tuples(
+    st.just("slice"),
+    st.sampled_from(SLICES),
+    st.sampled_from(SERVICES),
+    st.one_of(
+        st.none(),
+        st.lists(
+            st.tuples(st.sampled_from(ADDRESSES), st.booleans(), st.sampled_from(["", "http"])),
+            max_size=4,
+        ),
+    ),
+)
+events = st.lists(st.one_of(service_events, slice_events, st.just(("checkpoint",))), max_size=40)
+
+
+def apply(tracker: ChangeTracker, event) -> None:
+    if event[0] == "service":
+        _, name, ports, ips = event
+        if ports is None:
+            tracker.on_service_delete("ns", name)
+        else:
+            tracker.on_service_update(
+                svc(name, *[(p, 80 + i) for i, p in enumerate(ports)], cluster_ip=ips)
+            )
+    else:
+        _, slice_name, service_name, content = event
+        if content is None:
+            tracker.on_endpoint_slice_delete("ns", slice_name)
+            return
+        by_port: dict[str, list[Endpoint]] = {}
+        for address, terminating, port_name in content:
+            by_port.setdefault(port_name, []).append(
+                ep(address, ready=not terminating, terminating=terminating)
+            )
+        tracker.on_endpoint_slice_update(
+            EndpointSlice(
+                "ns",
+                slice_name,
+                service_name,
+                tuple(SlicePort(p, Protocol.TCP, tuple(e)) for p, e in by_port.items()),
+            )
+        )
+
+
+@settings(max_examples=300)
+@given(events)
+def test_checkpoints_replay_to_the_snapshot_and_to_a_fresh_tracker(sequence) -> None:
+    tracker = ChangeTracker()
+    view: dict[ServicePortName, object] = {}  # what a proxier builds from checkpoints
+    final_services: dict[str, tuple] = {}
+    final_slices: dict[str, tuple] = {}
+    for event in sequence:
+        if event[0] == "checkpoint":
+            for name, change in tracker.checkpoint().items():
+                assert isinstance(change, ServiceChange)
+                assert change.previous != change.current
+                assert view.get(name) == change.previous
+                if change.current is None:
+                    view.pop(name)
+                else:
+                    view[name] = change.current
+            assert tracker.pending == 0
+            continue
+        apply(tracker, event)
+        if event[0] == "service":
+            final_services[event[1]] = event
+        else:
+            final_slices[event[1]] = event
+    snapshot = tracker.snapshot()
+    for name, change in tracker.checkpoint().items():
+        if change.current is None:
+            view.pop(name)
+        else:
+            view[name] = change.current
+    assert view == snapshot == tracker.snapshot()
+
+    fresh = ChangeTracker()  # only the final objects, in one go
+    for event in [*final_services.values(), *final_slices.values()]:
+        apply(fresh, event)
+    assert fresh.snapshot() == snapshot
+    for state in snapshot.values():
+        keys = [e.sort_key for e in state.endpoints]
+        assert keys == sorted(set(keys))  # sorted, one per address:port
+
+
+def test_service_states_is_independent_of_slice_order() -> None:
+    ports = svc("web").ports
+    a = eps("web", "a", "10.244.0.1", ready=False, terminating=True)
+    b = eps("web", "b", "10.244.0.1")
+    assert service_states(ports, [a, b]) == service_states(ports, [b, a])
