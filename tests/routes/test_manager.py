@@ -186,3 +186,38 @@ async def test_a_cancelled_caller_does_not_abort_its_job() -> None:
         task.cancel()
         await manager.sync()  # queued after it: by now the job has run completely
         assert net("10.96.0.0/16") in backend.table
+
+
+async def test_discoverer_subscription_with_apply_soon_from_loop_and_threads() -> None:
+    from ovsproxy.servicecidr import ServiceCIDRDiscoverer
+
+    backend = MemoryRouteBackend()
+    d = ServiceCIDRDiscoverer()
+    async with RouteManager(backend, "gw0", sync_interval=None) as manager:
+        d.subscribe(manager.apply_soon)
+        d.cluster_ips_synced()
+        await manager.reconcile(d.desired)
+        for ip in ["10.10.0.1", "10.10.0.2", "10.10.0.5"]:
+            d.add_cluster_ip(ip)  # handler runs here, on the loop
+        await asyncio.to_thread(d.add_cluster_ip, "10::1")  # and on another thread
+        await asyncio.to_thread(d.add_cluster_ips, ["10::2", "10::5"])
+    # stop() waited for the queued applies
+    assert set(backend.table) == {net("10.10.0.0/29"), net("10::/125")}
+    assert manager.count("apply", "stale") == 0
+
+
+async def test_reconcile_refuses_a_discoverer_that_is_not_ready() -> None:
+    from ovsproxy.servicecidr import ServiceCIDRDiscoverer
+
+    backend = MemoryRouteBackend()
+    backend.table[net("10.96.0.0/16")] = KernelRoute(net("10.96.0.0/16"), HOP4, ours=True)
+    d = ServiceCIDRDiscoverer()
+    d.add_cluster_ip("10.96.0.1")  # the source has not synced yet
+    async with RouteManager(backend, "gw0", sync_interval=None) as manager:
+        with pytest.raises(RuntimeError, match="not ready"):
+            await manager.reconcile(d.desired)
+        assert net("10.96.0.0/16") in backend.table  # the valid route survived
+        d.cluster_ips_synced()
+        changes = await manager.reconcile(d.desired)
+    assert changes.added == (net("10.96.0.1/32"),)
+    assert changes.deleted == (net("10.96.0.0/16"),)

@@ -47,7 +47,7 @@ from ovsproxy.servicecidr.aggregate import (
     sort_networks,
     to_network,
 )
-from ovsproxy.servicecidr.discoverer import CIDRChange
+from ovsproxy.servicecidr.discoverer import CIDRChange, ServiceCIDRDiscoverer
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class RouteManager:
 
         manager = RouteManager(LinuxRouteBackend(netns="node"), "gw0")
         await manager.start()                      # opens the backend, starts the worker
-        discoverer.subscribe(lambda c: manager.from_thread.apply(c))   # or await apply(c)
+        discoverer.subscribe(manager.apply_soon)   # events from the loop or any thread
         discoverer.cluster_ips_synced()            # after the Service source synced ...
         await manager.reconcile(discoverer.desired)  # ... converge once, delete our stale
         ...
@@ -147,6 +147,7 @@ class RouteManager:
         self._worker: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: set[asyncio.Task[Any]] = set()
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -166,6 +167,8 @@ class RouteManager:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
             self._ticker = None
+        if self._background:  # applies queued with apply_soon go in before the worker stops
+            await asyncio.gather(*self._background, return_exceptions=True)
         if self._worker is not None and self._queue is not None:
             await self._queue.put(None)
             await asyncio.gather(self._worker, return_exceptions=True)
@@ -197,6 +200,35 @@ class RouteManager:
         """Apply a discoverer event. Events older than one already applied are dropped."""
         return await self._submit("apply", lambda: self._apply(change))
 
+    def apply_soon(self, change: CIDRChange) -> None:
+        """Queue ``apply(change)`` without waiting, from the manager's loop or any thread.
+
+        Made for ``discoverer.subscribe(manager.apply_soon)``: discoverer handlers are plain
+        callables. Failures are logged; the periodic sync retries what could not be added.
+        """
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("RouteManager is not started")
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            task = loop.create_task(self.apply(change))
+            self._background.add(task)  # keep a reference until done
+            task.add_done_callback(self._background_done)
+        else:
+            future = asyncio.run_coroutine_threadsafe(self.apply(change), loop)
+            future.add_done_callback(self._background_done)
+
+    def _background_done(
+        self, future: asyncio.Future[Any] | concurrent.futures.Future[Any]
+    ) -> None:
+        if isinstance(future, asyncio.Task):
+            self._background.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.error("routes: queued apply failed: %s", future.exception())
+
     async def reconcile(self, desired: DesiredInput = ()) -> RouteChanges:
         """Start-up convergence: list the gateway's routes, keep those equal to the desired
         ones, add the missing, then delete OUR stale ones (older CIDRs, per-IP /32s, anything
@@ -207,8 +239,14 @@ class RouteManager:
         """
         getter = desired if callable(desired) else None
         nets = frozenset() if getter is not None else self._canonical(desired)  # type: ignore[arg-type]
+        # Passing discoverer.desired before the discoverer is ready would read an empty set and
+        # delete every valid route at start-up: refuse instead.
+        source = getattr(desired, "__self__", None)
+        discoverer = source if isinstance(source, ServiceCIDRDiscoverer) else None
 
         async def job() -> RouteChanges:
+            if discoverer is not None and not discoverer.ready:
+                raise RuntimeError("the Service CIDR discoverer is not ready: reconcile after sync")
             return await self._reconcile(self._canonical(getter()) if getter else nets)
 
         return await self._submit("reconcile", job)
