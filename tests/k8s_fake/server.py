@@ -16,7 +16,8 @@ list/watch protocol an informer depends on, with the API server's semantics:
 A test drives it with ``apply``/``delete`` (synchronous, so several can happen between two
 awaits, i.e. atomically for the client), ``compact`` (expire the watch window and the
 continue tokens), ``break_watches`` (end, abort or expire the open watch streams),
-``send_bookmarks`` and ``fail_next``. ``requests`` records what the client asked.
+``send_bookmarks`` and ``fail_next``. ``requests`` records what the client asked, and
+``on_request`` lets a test act at a precise point (say, between two list pages).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import copy
 import itertools
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -141,6 +143,8 @@ class FakeKubeApi:
         self.gone_as = gone_as
         self.bookmark_interval = bookmark_interval  # None: bookmarks only on send_bookmarks()
         self.requests: list[Request] = []
+        # Called with each request before it is answered: a test's hook into the timing.
+        self.on_request: Callable[[Request], None] | None = None
         self._rv = 1
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {p: {} for p in _BY_PLURAL}
         self._history: list[_Change] = []
@@ -303,7 +307,10 @@ class FakeKubeApi:
             method, target, _ = head.split(b"\r\n", 1)[0].decode().split(" ", 2)
             url = urlsplit(target)
             params = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
-            self.requests.append(Request(method, url.path, params))
+            request = Request(method, url.path, params)
+            self.requests.append(request)
+            if self.on_request is not None:
+                self.on_request(request)
             await self._handle(method, url.path, params, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
