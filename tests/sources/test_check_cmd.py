@@ -1,0 +1,71 @@
+"""``ovsproxy check``: every problem with file, line, document, object and field; exit 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from ovsproxy.cli import main
+
+MANIFESTS = Path(__file__).parent / "manifests"
+EXAMPLES = Path(__file__).parents[2] / "src" / "ovsproxy" / "examples"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["check", *args])
+
+
+def test_valid_manifests_pass_with_a_summary() -> None:
+    result = run(str(MANIFESTS / "valid"))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        "6 file(s): 6 Service(s) and 10 EndpointSlice(s) valid; 3 Service(s) ignored "
+        "(headless, ExternalName, other proxy); 1 object(s) of other kinds skipped. 0 problem(s)."
+    )
+
+
+def test_the_shipped_examples_are_valid() -> None:
+    result = run(str(EXAMPLES))
+    assert result.exit_code == 0, result.output
+
+
+def test_every_problem_is_printed_and_the_exit_status_is_1() -> None:
+    result = run(str(MANIFESTS / "broken"))
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    services = MANIFESTS / "broken" / "services.yaml"
+    assert (
+        f"{services}:18 (document 2): Service t/bad-port: spec.ports[1].port: "
+        "must be a port number between 1 and 65535 (got 70000)"
+    ) in lines
+    slices = MANIFESTS / "broken" / "slices.yaml"
+    assert any(
+        line.startswith(f"{slices}:19 (document 2): EndpointSlice t/wrong-family: ")
+        for line in lines
+    )
+    assert len(lines) == 14 + 1  # fourteen problems and the summary
+    assert lines[-1].endswith("11 invalid object(s). 14 problem(s).")
+
+
+def test_unparsable_file_and_missing_path(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: v1\nkind: Service\nmetadata:\n  name: x\n   namespace: y\n")
+    result = run(str(bad), str(tmp_path / "missing.yaml"))
+    assert result.exit_code == 1
+    assert f"{bad}:5: YAML does not parse" in result.output
+    assert f"{tmp_path / 'missing.yaml'}: no such file or directory" in result.output
+    assert "1 file(s) do not parse" in result.output
+
+
+def test_duplicates_across_files(tmp_path: Path) -> None:
+    text = (MANIFESTS / "valid" / "terminating.yaml").read_text()
+    (tmp_path / "a.yaml").write_text(text)
+    (tmp_path / "b.yaml").write_text(text)
+    result = run(str(tmp_path))
+    assert result.exit_code == 1
+    assert (
+        f"Service shop/checkout is also defined at {tmp_path / 'a.yaml'}:3 (document 1)"
+        in result.output
+    )
+    assert "2 problem(s)" in result.output  # the Service and its slice
