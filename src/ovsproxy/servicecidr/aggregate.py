@@ -148,13 +148,16 @@ def reduce_networks(networks: Iterable[IPNetwork]) -> frozenset[IPNetwork]:
 
     All Service routes share one next hop, so a contained route is redundant. Adjacent prefixes
     are NOT merged (unlike ``ipaddress.collapse_addresses``): merging would invent a range no
-    source named.
+    source named. O(n log n): prefixes are nested or disjoint, so in (start, length) order a
+    network is contained in some kept one exactly when it is inside the last one kept.
     """
-    ordered = sorted(set(networks), key=lambda n: (n.version, n.prefixlen, int(n.network_address)))
+    ordered = sorted(set(networks), key=lambda n: (n.version, int(n.network_address), n.prefixlen))
     kept: list[IPNetwork] = []
-    for net in ordered:  # widest first, so a container is always kept before its contents
-        if not covers(kept, net):
-            kept.append(net)
+    for net in ordered:
+        last = kept[-1] if kept else None
+        if last is not None and last.version == net.version and net.subnet_of(last):  # type: ignore[arg-type]
+            continue
+        kept.append(net)
     return frozenset(kept)
 
 
