@@ -1,0 +1,1094 @@
+"""Match fields (OXM/NXM), subfields and the ``Match`` value.
+
+One ``Field`` describes everything the codec needs about a packet field: its name in our
+API and in ``ovs-ofctl`` text, its OXM header in OpenFlow 1.5 messages, its NXM header in
+Nicira actions (learn, ct zone), its width, and where it goes in a canonical match.
+
+Canonical match encoding follows Open vSwitch's own OpenFlow 1.5 encoding (field order,
+registers as 64-bit ``xreg`` pairs), so our bytes equal ``ovs-ofctl``'s and a flow decoded
+from a FLOW_DESC reply equals the flow we sent.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from . import constants as c
+from ._value import Value
+from .errors import OpenFlowDecodeError, OpenFlowEncodeError
+
+# Value kinds: how a field's value is parsed from Python values and printed.
+DEC = "dec"  # decimal integer (ports, protocols)
+HEX = "hex"  # hexadecimal integer (registers, marks)
+IPV4 = "ipv4"
+IPV6 = "ipv6"
+MAC = "mac"
+PORT = "port"  # OpenFlow port number, printed with reserved-port names
+CT_STATE = "ct_state"
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class Field:
+    """One packet or metadata field. Fields are singletons: compared by identity."""
+
+    name: str  # our name (Match keyword, SetField field), e.g. "ipv4_dst"
+    mf_name: str  # Open vSwitch name, printed by set_field, e.g. "ip_dst"
+    nxm_name: str  # name in subfield syntax, e.g. "NXM_OF_IP_DST" (learn, move, ct zone)
+    n_bytes: int
+    oxm_header: int  # 32-bit header (hasmask=0) used in OF1.5 match, set_field, copy_field
+    nxm_header: int  # 32-bit header used by Nicira actions (learn, ct zone_src)
+    kind: str
+    maskable: bool
+    order: int  # position in a canonical (Open vSwitch) match encoding
+    sub_bits: int = 0  # width in subfield contexts, if not 8 * n_bytes (in_port: 16)
+    reg_index: int = -1  # for reg0..reg15: the 32-bit register number
+
+    @property
+    def n_bits(self) -> int:
+        return self.n_bytes * 8
+
+    @property
+    def subfield_bits(self) -> int:
+        return self.sub_bits or self.n_bytes * 8
+
+    def __repr__(self) -> str:
+        return f"Field({self.name})"
+
+    # -- values ------------------------------------------------------------------------
+
+    def to_int(self, value: Any) -> int:
+        """Converts a Python value (int, ipaddress object, MAC string...) to an integer."""
+        if type(value) is int:
+            result = value
+        elif isinstance(value, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+            result = int(value)
+        elif isinstance(value, str):
+            result = self._parse_text(value)
+        elif isinstance(value, (bytes, bytearray)) and len(value) == self.n_bytes:
+            result = int.from_bytes(value, "big")
+        elif isinstance(value, int) and not isinstance(value, bool):
+            result = int(value)
+        else:
+            raise OpenFlowEncodeError(f"{self.name}: cannot use {value!r} as a value")
+        if result < 0 or result >> (self.n_bytes * 8):
+            raise OpenFlowEncodeError(f"{self.name}: {value!r} does not fit in {self.n_bits} bits")
+        return result
+
+    def _parse_text(self, text: str) -> int:
+        try:
+            if self.kind == IPV4:
+                return int(ipaddress.IPv4Address(text))
+            if self.kind == IPV6:
+                return int(ipaddress.IPv6Address(text))
+            if self.kind == MAC:
+                parts = text.split(":")
+                if len(parts) != 6:
+                    raise ValueError(text)
+                return int("".join(f"{int(p, 16):02x}" for p in parts), 16)
+            return int(text, 0)
+        except ValueError as exc:
+            raise OpenFlowEncodeError(f"{self.name}: cannot parse {text!r}") from exc
+
+    def value_and_mask(self, value: Any) -> tuple[int, int | None]:
+        """Splits a match value into (value, mask or None for exact). The value is masked."""
+        if isinstance(value, tuple):
+            if len(value) != 2:
+                raise OpenFlowEncodeError(f"{self.name}: a masked value is (value, mask)")
+            v = self.to_int(value[0])
+            m: int | None = self.to_int(value[1])
+        elif isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
+            v = self.to_int(value.network_address)
+            m = self.to_int(value.netmask)
+        else:
+            return self.to_int(value), None
+        full = (1 << (self.n_bytes * 8)) - 1
+        if m == full:
+            m = None
+        elif not self.maskable and m != 0:
+            raise OpenFlowEncodeError(f"{self.name} cannot be masked")
+        else:
+            v &= m  # type: ignore[operator]
+        return v, m
+
+    def python_value(self, value: int) -> Any:
+        """The natural Python form of an integer value (ipaddress objects for addresses)."""
+        if self.kind == IPV4:
+            return ipaddress.IPv4Address(value)
+        if self.kind == IPV6:
+            return ipaddress.IPv6Address(value)
+        if self.kind == MAC:
+            return format_mac(value)
+        return value
+
+    # -- text ----------------------------------------------------------------------------
+
+    def format_value(self, value: int, mask: int | None = None) -> str:
+        """Open vSwitch's ``mf_format``: the value syntax of set_field and learn."""
+        full = (1 << (self.n_bytes * 8)) - 1
+        if mask == full:
+            mask = None
+        if mask == 0:
+            return "ANY"
+        kind = self.kind
+        if kind == IPV4:
+            return format_ipv4_masked(value, full if mask is None else mask)
+        if kind == IPV6:
+            return format_ipv6_masked(value, mask)
+        if kind == MAC:
+            text = format_mac(value)
+            return text if mask is None else f"{text}/{format_mac(mask)}"
+        if kind == CT_STATE:
+            return format_flags_masked(value, full if mask is None else mask, 0xFFFF)
+        if kind == PORT and mask is None:
+            return format_port(value)
+        text = format_hex(value, self.n_bytes) if kind == HEX else str(value)
+        if mask is not None:
+            text += "/" + format_hex(mask, self.n_bytes)
+        return text
+
+
+# -- text helpers (Open vSwitch formats) ----------------------------------------------
+
+
+def format_hex(value: int, n_bytes: int = 0) -> str:
+    """``ds_put_hex``: 0x-prefixed without leading zero bytes; zero prints as ``0``."""
+    return "0" if value == 0 else f"{value:#x}"
+
+
+def format_mac(value: int) -> str:
+    raw = value.to_bytes(6, "big")
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def format_ipv4(value: int) -> str:
+    return str(ipaddress.IPv4Address(value))
+
+
+def _cidr_len(mask: int, bits: int) -> int | None:
+    inverted = ~mask & ((1 << bits) - 1)
+    if inverted & (inverted + 1):
+        return None
+    return bits - inverted.bit_length()
+
+
+def format_ipv4_masked(value: int, mask: int) -> str:
+    text = format_ipv4(value)
+    if mask != 0xFFFFFFFF:
+        prefix = _cidr_len(mask, 32)
+        text += f"/{prefix}" if prefix is not None else f"/{format_ipv4(mask)}"
+    return text
+
+
+def format_ipv6_masked(value: int, mask: int | None) -> str:
+    text = str(ipaddress.IPv6Address(value))
+    if mask is not None and mask != (1 << 128) - 1:
+        prefix = _cidr_len(mask, 128)
+        text += f"/{prefix}" if prefix is not None else f"/{ipaddress.IPv6Address(mask)}"
+    return text
+
+
+def format_port(port: int) -> str:
+    """``ofputil_format_port`` for a 32-bit port number."""
+    name = c.PORT_NAMES.get(port)
+    return name if name is not None else str(port)
+
+
+def format_ct_flags(value: int, separator: str = "|") -> str:
+    names = []
+    bit = 1
+    remaining = value
+    while remaining:
+        if remaining & bit:
+            names.append(c.CT_STATE_NAMES.get(bit, f"{bit:#x}"))
+            remaining &= ~bit
+        bit <<= 1
+    return separator.join(names) if names else "0"
+
+
+def format_flags_masked(value: int, mask: int, max_mask: int) -> str:
+    """``format_flags_masked`` for ct_state: ``+new-est+trk``."""
+    if mask == max_mask:
+        return format_ct_flags(value)
+    if not mask:
+        return "0/0"
+    parts = []
+    remaining = mask
+    while remaining:
+        bit = remaining & -remaining
+        name = c.CT_STATE_NAMES.get(bit, f"{bit:#x}")
+        parts.append(("+" if value & bit else "-") + name)
+        remaining &= ~bit
+    return "".join(parts)
+
+
+# -- the field table ----------------------------------------------------------------------
+
+
+def _hdr(oxm_class: int, field: int, n_bytes: int) -> int:
+    return (oxm_class << 16) | (field << 9) | n_bytes
+
+
+_BASIC = c.OFPXMC_OPENFLOW_BASIC
+_NXM0 = c.OFPXMC_NXM_0
+_NXM1 = c.OFPXMC_NXM_1
+
+FIELDS: dict[str, Field] = {}  # by our name and by every alias
+_BY_OXM_HEADER: dict[int, Field] = {}  # by oxm_header (and nxm_header), hasmask bit cleared
+_ORDERED: list[Field] = []
+
+
+def _define(  # noqa: PLR0917 - a table row
+    name: str,
+    mf_name: str,
+    nxm_name: str,
+    n_bytes: int,
+    oxm: tuple[int, int],
+    nxm: tuple[int, int] | None,
+    kind: str,
+    maskable: bool,
+    order: int,
+    aliases: tuple[str, ...] = (),
+    sub_bits: int = 0,
+    nxm_bytes: int | None = None,
+    reg_index: int = -1,
+) -> Field:
+    oxm_header = _hdr(oxm[0], oxm[1], n_bytes)
+    nxm_header = _hdr(nxm[0], nxm[1], nxm_bytes or n_bytes) if nxm else oxm_header
+    field = Field(
+        name,
+        mf_name,
+        nxm_name,
+        n_bytes,
+        oxm_header,
+        nxm_header,
+        kind,
+        maskable,
+        order,
+        sub_bits,
+        reg_index,
+    )
+    for key in (name, mf_name, *aliases):
+        FIELDS.setdefault(key, field)
+    _BY_OXM_HEADER[oxm_header] = field
+    _BY_OXM_HEADER.setdefault(nxm_header, field)
+    _ORDERED.append(field)
+    return field
+
+
+IN_PORT = _define(
+    "in_port",
+    "in_port",
+    "NXM_OF_IN_PORT",
+    4,
+    (_BASIC, 0),
+    (_NXM0, 0),
+    PORT,
+    False,
+    10,
+    ("in_port_oxm",),
+    sub_bits=16,
+    nxm_bytes=2,
+)
+ETH_SRC = _define(
+    "eth_src", "eth_src", "NXM_OF_ETH_SRC", 6, (_BASIC, 4), (_NXM0, 2), MAC, True, 20, ("dl_src",)
+)
+ETH_DST = _define(
+    "eth_dst", "eth_dst", "NXM_OF_ETH_DST", 6, (_BASIC, 3), (_NXM0, 1), MAC, True, 21, ("dl_dst",)
+)
+ETH_TYPE = _define(
+    "eth_type",
+    "eth_type",
+    "NXM_OF_ETH_TYPE",
+    2,
+    (_BASIC, 5),
+    (_NXM0, 3),
+    HEX,
+    False,
+    22,
+    ("dl_type",),
+)
+IPV4_SRC = _define(
+    "ipv4_src", "ip_src", "NXM_OF_IP_SRC", 4, (_BASIC, 11), (_NXM0, 7), IPV4, True, 30, ("nw_src",)
+)
+IPV4_DST = _define(
+    "ipv4_dst", "ip_dst", "NXM_OF_IP_DST", 4, (_BASIC, 12), (_NXM0, 8), IPV4, True, 31, ("nw_dst",)
+)
+IPV6_SRC = _define(
+    "ipv6_src", "ipv6_src", "NXM_NX_IPV6_SRC", 16, (_BASIC, 26), (_NXM1, 19), IPV6, True, 32
+)
+IPV6_DST = _define(
+    "ipv6_dst", "ipv6_dst", "NXM_NX_IPV6_DST", 16, (_BASIC, 27), (_NXM1, 20), IPV6, True, 33
+)
+IP_PROTO = _define(
+    "ip_proto", "nw_proto", "NXM_OF_IP_PROTO", 1, (_BASIC, 10), (_NXM0, 6), DEC, False, 40
+)
+TCP_SRC = _define(
+    "tcp_src", "tcp_src", "NXM_OF_TCP_SRC", 2, (_BASIC, 13), (_NXM0, 9), DEC, True, 41
+)
+TCP_DST = _define(
+    "tcp_dst", "tcp_dst", "NXM_OF_TCP_DST", 2, (_BASIC, 14), (_NXM0, 10), DEC, True, 42
+)
+UDP_SRC = _define(
+    "udp_src", "udp_src", "NXM_OF_UDP_SRC", 2, (_BASIC, 15), (_NXM0, 11), DEC, True, 44
+)
+UDP_DST = _define(
+    "udp_dst", "udp_dst", "NXM_OF_UDP_DST", 2, (_BASIC, 16), (_NXM0, 12), DEC, True, 45
+)
+SCTP_SRC = _define("sctp_src", "sctp_src", "OXM_OF_SCTP_SRC", 2, (_BASIC, 17), None, DEC, True, 46)
+SCTP_DST = _define("sctp_dst", "sctp_dst", "OXM_OF_SCTP_DST", 2, (_BASIC, 18), None, DEC, True, 47)
+ICMP_TYPE = _define(
+    "icmp_type",
+    "icmp_type",
+    "NXM_OF_ICMP_TYPE",
+    1,
+    (_BASIC, 19),
+    (_NXM0, 13),
+    DEC,
+    False,
+    48,
+    ("icmpv4_type",),
+)
+ICMP_CODE = _define(
+    "icmp_code",
+    "icmp_code",
+    "NXM_OF_ICMP_CODE",
+    1,
+    (_BASIC, 20),
+    (_NXM0, 14),
+    DEC,
+    False,
+    49,
+    ("icmpv4_code",),
+)
+ICMPV6_TYPE = _define(
+    "icmpv6_type", "icmpv6_type", "NXM_NX_ICMPV6_TYPE", 1, (_BASIC, 29), (_NXM1, 21), DEC, False, 50
+)
+ICMPV6_CODE = _define(
+    "icmpv6_code", "icmpv6_code", "NXM_NX_ICMPV6_CODE", 1, (_BASIC, 30), (_NXM1, 22), DEC, False, 51
+)
+ARP_OP = _define("arp_op", "arp_op", "NXM_OF_ARP_OP", 2, (_BASIC, 21), (_NXM0, 15), DEC, False, 60)
+ARP_SPA = _define(
+    "arp_spa", "arp_spa", "NXM_OF_ARP_SPA", 4, (_BASIC, 22), (_NXM0, 16), IPV4, True, 61
+)
+ARP_TPA = _define(
+    "arp_tpa", "arp_tpa", "NXM_OF_ARP_TPA", 4, (_BASIC, 23), (_NXM0, 17), IPV4, True, 62
+)
+ARP_SHA = _define(
+    "arp_sha", "arp_sha", "NXM_NX_ARP_SHA", 6, (_BASIC, 24), (_NXM1, 17), MAC, True, 63
+)
+ARP_THA = _define(
+    "arp_tha", "arp_tha", "NXM_NX_ARP_THA", 6, (_BASIC, 25), (_NXM1, 18), MAC, True, 64
+)
+REGS = tuple(
+    _define(
+        f"reg{i}",
+        f"reg{i}",
+        f"NXM_NX_REG{i}",
+        4,
+        (_NXM1, i),
+        (_NXM1, i),
+        HEX,
+        True,
+        80 + i,
+        reg_index=i,
+    )
+    for i in range(16)
+)
+PKT_MARK = _define(
+    "pkt_mark", "pkt_mark", "NXM_NX_PKT_MARK", 4, (_NXM1, 33), (_NXM1, 33), HEX, True, 100
+)
+CT_STATE_FIELD = _define(
+    "ct_state", "ct_state", "NXM_NX_CT_STATE", 4, (_NXM1, 105), (_NXM1, 105), CT_STATE, True, 101
+)
+CT_ZONE = _define(
+    "ct_zone", "ct_zone", "NXM_NX_CT_ZONE", 2, (_NXM1, 106), (_NXM1, 106), HEX, False, 102
+)
+CT_MARK = _define(
+    "ct_mark", "ct_mark", "NXM_NX_CT_MARK", 4, (_NXM1, 107), (_NXM1, 107), HEX, True, 103
+)
+CT_LABEL = _define(
+    "ct_label", "ct_label", "NXM_NX_CT_LABEL", 16, (_NXM1, 108), (_NXM1, 108), HEX, True, 104
+)
+CT_NW_SRC = _define(
+    "ct_nw_src", "ct_nw_src", "NXM_NX_CT_NW_SRC", 4, (_NXM1, 120), (_NXM1, 120), IPV4, True, 105
+)
+CT_IPV6_SRC = _define(
+    "ct_ipv6_src",
+    "ct_ipv6_src",
+    "NXM_NX_CT_IPV6_SRC",
+    16,
+    (_NXM1, 122),
+    (_NXM1, 122),
+    IPV6,
+    True,
+    106,
+)
+CT_NW_DST = _define(
+    "ct_nw_dst", "ct_nw_dst", "NXM_NX_CT_NW_DST", 4, (_NXM1, 121), (_NXM1, 121), IPV4, True, 107
+)
+CT_IPV6_DST = _define(
+    "ct_ipv6_dst",
+    "ct_ipv6_dst",
+    "NXM_NX_CT_IPV6_DST",
+    16,
+    (_NXM1, 123),
+    (_NXM1, 123),
+    IPV6,
+    True,
+    108,
+)
+CT_NW_PROTO = _define(
+    "ct_nw_proto",
+    "ct_nw_proto",
+    "NXM_NX_CT_NW_PROTO",
+    1,
+    (_NXM1, 119),
+    (_NXM1, 119),
+    DEC,
+    False,
+    109,
+)
+CT_TP_SRC = _define(
+    "ct_tp_src", "ct_tp_src", "NXM_NX_CT_TP_SRC", 2, (_NXM1, 124), (_NXM1, 124), DEC, True, 110
+)
+CT_TP_DST = _define(
+    "ct_tp_dst", "ct_tp_dst", "NXM_NX_CT_TP_DST", 2, (_NXM1, 125), (_NXM1, 125), DEC, True, 111
+)
+METADATA = _define("metadata", "metadata", "OXM_OF_METADATA", 8, (_BASIC, 2), None, HEX, True, 120)
+# Wide registers: set_field, learn and move use them directly; a match stores them as the
+# 32-bit registers they overlay (xxreg0 = reg0..reg3, most significant first).
+XXREGS = tuple(
+    _define(
+        f"xxreg{i}",
+        f"xxreg{i}",
+        f"NXM_NX_XXREG{i}",
+        16,
+        (_NXM1, 111 + i),
+        (_NXM1, 111 + i),
+        HEX,
+        True,
+        80 + 4 * i,
+    )
+    for i in range(4)
+)
+XREGS = tuple(
+    _define(
+        f"xreg{i}",
+        f"xreg{i}",
+        f"OXM_OF_PKT_REG{i}",
+        8,
+        (c.OFPXMC_PACKET_REGS, i),
+        None,
+        HEX,
+        True,
+        80 + 2 * i,
+    )
+    for i in range(8)
+)
+PACKET_TYPE_HEADER = _hdr(_BASIC, 44, 4)
+_ORDER_REGS_END = 96
+
+
+def get_field(name: str | Field) -> Field:
+    """The field called ``name`` (our names, Open vSwitch names and aliases all work)."""
+    if isinstance(name, Field):
+        return name
+    try:
+        return FIELDS[name]
+    except KeyError:
+        raise OpenFlowEncodeError(f"unknown field {name!r}") from None
+
+
+def _unknown_field(header: int, header_bytes: bytes) -> Field:
+    """A stand-in for a field we do not model, so foreign flows still decode and re-encode."""
+    oxm_class, field_no = header >> 16, (header >> 9) & 0x7F
+    n_bytes = header & 0xFF
+    name = f"oxm_{oxm_class:04x}_{field_no}"
+    return Field(
+        name,
+        name,
+        name.upper(),
+        n_bytes,
+        header & ~0x100,
+        header & ~0x100,
+        HEX,
+        True,
+        200 + field_no,
+    )
+
+
+# -- OXM TLV encoding ------------------------------------------------------------------------
+
+_U32 = struct.Struct("!I")
+_TLV_HEADERS: dict[tuple[int, bool], bytes] = {}
+
+
+def tlv_header(field: Field, masked: bool) -> bytes:
+    key = (field.oxm_header, masked)
+    header = _TLV_HEADERS.get(key)
+    if header is None:
+        raw = field.oxm_header
+        if masked:
+            raw = (raw & ~0xFF) | 0x100 | (2 * field.n_bytes)
+        header = _TLV_HEADERS[key] = _U32.pack(raw)
+    return header
+
+
+def encode_tlv(field: Field, value: int, mask: int | None) -> bytes:
+    n = field.n_bytes
+    if mask is None:
+        return tlv_header(field, False) + value.to_bytes(n, "big")
+    return tlv_header(field, True) + value.to_bytes(n, "big") + mask.to_bytes(n, "big")
+
+
+Entry = tuple[Field, int, "int | None"]
+
+
+def decode_tlvs(data: bytes, start: int, end: int) -> list[Entry]:
+    """Decodes OXM/NXM TLVs in ``data[start:end]`` into (field, value, mask) entries.
+
+    64-bit ``xreg`` entries are split into the 32-bit registers they hold; an explicit
+    default packet_type (Ethernet) is dropped, as Open vSwitch treats it as implied.
+    """
+    entries: list[Entry] = []
+    pos = start
+    while pos < end:
+        if pos + 4 > end:
+            raise OpenFlowDecodeError("truncated OXM header")
+        header = _U32.unpack_from(data, pos)[0]
+        length = header & 0xFF
+        masked = bool(header & 0x100)
+        head_len = 4
+        if header >> 16 == c.OFPXMC_EXPERIMENTER:
+            head_len = 8
+            length -= 4
+        body = pos + head_len
+        if length < 0 or body + length > end:
+            raise OpenFlowDecodeError("OXM entry runs past the end of the match")
+        if masked and length % 2:
+            raise OpenFlowDecodeError("masked OXM entry with an odd length")
+        n_bytes = length // 2 if masked else length
+        if n_bytes == 0:
+            raise OpenFlowDecodeError("empty OXM entry")
+        value = int.from_bytes(data[body : body + n_bytes], "big")
+        mask = int.from_bytes(data[body + n_bytes : body + length], "big") if masked else None
+        key = (header & ~0x1FF) | n_bytes  # hasmask cleared, unmasked length
+        pos = body + length
+        if key == PACKET_TYPE_HEADER and value == 0 and mask is None:
+            continue
+        field = _BY_OXM_HEADER.get(key)
+        if field is None:
+            if head_len == 8:
+                raise OpenFlowDecodeError("experimenter OXM fields are not supported")
+            field = _unknown_field(key, data[pos - length - 4 : pos - length])
+        elif field.n_bytes != n_bytes:
+            raise OpenFlowDecodeError(f"{field.name}: bad OXM length {length}")
+        if mask is not None:
+            full = (1 << (8 * n_bytes)) - 1
+            if mask == full:
+                mask = None
+            value &= mask if mask is not None else full
+        entries.append((field, value, mask))
+    return entries
+
+
+# -- Subfield ----------------------------------------------------------------------------
+
+
+class Subfield(Value):
+    """Bits ``[offset, offset + n_bits)`` of a field, as Nicira actions address them.
+
+    ``Subfield("reg4", 16, 3)`` is ``NXM_NX_REG4[16..18]``. ``Subfield.parse`` accepts the
+    ``ovs-ofctl`` syntax (``NXM_NX_REG4[16..18]``, ``reg4[16..18]``, ``reg4[]``, ``reg4``).
+    The wire is the NXM header followed by the 16-bit offset, as in a learn spec.
+    """
+
+    __slots__ = ()
+    _fields = ("field", "offset", "n_bits")
+    field: Field
+    offset: int
+    n_bits: int
+
+    def __new__(cls, field: str | Field, offset: int = 0, n_bits: int | None = None) -> Subfield:
+        f = get_field(field)
+        width = f.subfield_bits
+        if n_bits is None:
+            n_bits = width - offset
+        if offset < 0 or n_bits < 1 or offset + n_bits > width:
+            raise OpenFlowEncodeError(
+                f"{f.name}[{offset}..{offset + (n_bits or 0) - 1}] is outside the {width}-bit field"
+            )
+        wire = _U32.pack(f.nxm_header) + offset.to_bytes(2, "big")
+        return tuple.__new__(cls, (wire, f, offset, n_bits))
+
+    @classmethod
+    def parse(cls, text: str) -> Subfield:
+        name, _, rest = text.partition("[")
+        field = _BY_NXM_NAME.get(name) or get_field(name)
+        if not rest or rest == "]":
+            return cls(field)
+        inner = rest.rstrip("]")
+        try:
+            if ".." in inner:
+                lo, hi = (int(x) for x in inner.split(".."))
+            else:
+                lo = hi = int(inner)
+        except ValueError:
+            raise OpenFlowEncodeError(f"bad subfield {text!r}") from None
+        return cls(field, lo, hi - lo + 1)
+
+    @classmethod
+    def of(cls, spec: str | Field | Subfield) -> Subfield:
+        """Accepts a Subfield, a Field (whole field) or subfield text."""
+        if isinstance(spec, Subfield):
+            return spec
+        if isinstance(spec, Field):
+            return cls(spec)
+        return cls.parse(spec)
+
+    def to_text(self) -> str:
+        """``mf_format_subfield``."""
+        f = self.field
+        if self.offset == 0 and self.n_bits == f.subfield_bits:
+            return f"{f.nxm_name}[]"
+        if self.n_bits == 1:
+            return f"{f.nxm_name}[{self.offset}]"
+        return f"{f.nxm_name}[{self.offset}..{self.offset + self.n_bits - 1}]"
+
+    def __repr__(self) -> str:
+        return f"Subfield({self.to_text()})"
+
+
+_BY_NXM_NAME: dict[str, Field] = {f.nxm_name: f for f in _ORDERED}
+
+
+def field_by_nxm_header(header: int) -> Field:
+    field = _BY_OXM_HEADER.get(header & ~0x100)
+    if field is None:
+        raise OpenFlowDecodeError(f"unknown NXM/OXM field header {header:#010x}")
+    if header not in (field.nxm_header, field.oxm_header):
+        raise OpenFlowDecodeError(f"bad NXM/OXM field header {header:#010x}")
+    return field
+
+
+# -- Match -----------------------------------------------------------------------------------
+
+_MATCH_HEADER = struct.Struct("!HH")
+_ZEROS = bytes(8)
+_FULL32 = 0xFFFFFFFF
+
+
+def _split_wide(field: Field, value: int, mask: int | None) -> list[Entry]:
+    """xreg/xxreg values as the 32-bit register entries they overlay."""
+    words = field.n_bytes // 4
+    first = field.order - 80  # xregN/xxregN are ordered at their first 32-bit register
+    entries: list[Entry] = []
+    full = mask is None
+    for i in range(words):
+        shift = 32 * (words - 1 - i)
+        word_mask = _FULL32 if full else (mask >> shift) & _FULL32  # type: ignore[operator]
+        if word_mask == 0:
+            continue
+        word_value = (value >> shift) & word_mask
+        entries.append((REGS[first + i], word_value, None if word_mask == _FULL32 else word_mask))
+    return entries
+
+
+def _check_prerequisites(by_name: dict[str, int]) -> None:
+    eth_type = by_name.get("eth_type")
+    ip_proto = by_name.get("ip_proto")
+
+    def need(what: str, ok: bool) -> None:
+        if not ok:
+            raise OpenFlowEncodeError(f"match on {what} lacks its prerequisites")
+
+    for name in by_name:
+        if name in ("ipv4_src", "ipv4_dst"):
+            need(name + " (eth_type=0x0800)", eth_type == c.ETH_TYPE_IP)
+        elif name in ("ipv6_src", "ipv6_dst"):
+            need(name + " (eth_type=0x86dd)", eth_type == c.ETH_TYPE_IPV6)
+        elif name == "ip_proto":
+            need("ip_proto (eth_type=ip or ipv6)", eth_type in (c.ETH_TYPE_IP, c.ETH_TYPE_IPV6))
+        elif name in ("tcp_src", "tcp_dst"):
+            need(name + " (ip_proto=6)", ip_proto == c.IPPROTO_TCP)
+        elif name in ("udp_src", "udp_dst"):
+            need(name + " (ip_proto=17)", ip_proto == c.IPPROTO_UDP)
+        elif name in ("sctp_src", "sctp_dst"):
+            need(name + " (ip_proto=132)", ip_proto == c.IPPROTO_SCTP)
+        elif name in ("icmp_type", "icmp_code"):
+            need(name + " (icmp)", eth_type == c.ETH_TYPE_IP and ip_proto == c.IPPROTO_ICMP)
+        elif name in ("icmpv6_type", "icmpv6_code"):
+            need(name + " (icmp6)", eth_type == c.ETH_TYPE_IPV6 and ip_proto == c.IPPROTO_ICMPV6)
+        elif name.startswith("arp_"):
+            need(name + " (eth_type=0x0806)", eth_type in (c.ETH_TYPE_ARP, c.ETH_TYPE_RARP))
+
+
+def _encode_entries(entries: tuple[Entry, ...] | list[Entry]) -> bytes:
+    """The ofp_match structure (header, canonical TLVs, padding) for sorted entries."""
+    parts: list[bytes] = []
+    append = parts.append
+    i = 0
+    n = len(entries)
+    while i < n:
+        field, value, mask = entries[i]
+        reg = field.reg_index
+        if reg < 0:
+            if mask is None:
+                append(tlv_header(field, False) + value.to_bytes(field.n_bytes, "big"))
+            else:
+                n_bytes = field.n_bytes
+                append(
+                    tlv_header(field, True)
+                    + value.to_bytes(n_bytes, "big")
+                    + mask.to_bytes(n_bytes, "big")
+                )
+            i += 1
+            continue
+        # Open vSwitch matches registers in OpenFlow 1.5 as 64-bit xregs: reg(2k) is the
+        # high half of xreg(k), reg(2k+1) the low half.
+        xreg = reg >> 1
+        high_value = high_mask = low_value = low_mask = 0
+        if reg & 1:
+            low_value, low_mask = value, _FULL32 if mask is None else mask
+        else:
+            high_value, high_mask = value, _FULL32 if mask is None else mask
+            if i + 1 < n and entries[i + 1][0].reg_index == reg + 1:
+                i += 1
+                _, low_value, low_mask_or_none = entries[i]
+                low_mask = _FULL32 if low_mask_or_none is None else low_mask_or_none
+        i += 1
+        x_value = (high_value << 32) | low_value
+        x_mask = (high_mask << 32) | low_mask
+        xfield = XREGS[xreg]
+        if x_mask == 0xFFFFFFFFFFFFFFFF:
+            append(tlv_header(xfield, False) + x_value.to_bytes(8, "big"))
+        else:
+            append(
+                tlv_header(xfield, True) + x_value.to_bytes(8, "big") + x_mask.to_bytes(8, "big")
+            )
+    body = b"".join(parts)
+    length = 4 + len(body)
+    return _MATCH_HEADER.pack(c.OFPMT_OXM, length) + body + _ZEROS[: -length % 8]
+
+
+class Match(Value):
+    """A flow match: ``Match(eth_type=0x0800, ip_proto=6, ipv4_dst=ip, tcp_dst=80)``.
+
+    Values may be ints, ``ipaddress`` objects, MAC strings, ``(value, mask)`` tuples or
+    ``ipaddress`` networks. ``xreg``/``xxreg`` keywords are stored as the 32-bit registers
+    they overlay, so ``Match(xxreg3=ip)`` equals ``Match(reg12=..., ..., reg15=...)``.
+    A mask of 0 means "don't care" and drops the field. Prerequisites are checked (e.g.
+    ``tcp_dst`` needs ``ip_proto=6`` and an IP ``eth_type``).
+    """
+
+    __slots__ = ()
+    _fields = ("entries",)
+    entries: tuple[Entry, ...]
+
+    def __new__(cls, **fields: Any) -> Match:
+        if not fields:
+            return _EMPTY_MATCH
+        entries: list[tuple[int, Field, int, int | None]] = []
+        for name, raw in fields.items():
+            field = FIELDS.get(name)
+            if field is None:
+                raise OpenFlowEncodeError(f"unknown match field {name!r}")
+            if raw is None:
+                continue
+            if type(raw) is int and raw >= 0 and not raw >> (8 * field.n_bytes):
+                value, mask = raw, None
+            else:
+                value, mask = field.value_and_mask(raw)
+            if mask == 0:
+                continue
+            if field.n_bytes > 4 and field.order < _ORDER_REGS_END and field.kind == HEX:
+                for sub in _split_wide(field, value, mask):
+                    entries.append((sub[0].order, *sub))
+            else:
+                entries.append((field.order, field, value, mask))
+        return cls._from_sorted(entries)
+
+    @classmethod
+    def _from_sorted(cls, keyed: list[tuple[int, Field, int, int | None]]) -> Match:
+        keyed.sort(key=_first)
+        canonical = tuple((f, v, m) for _, f, v, m in keyed)
+        previous = None
+        by_name: dict[str, int] = {}
+        for field, value, _ in canonical:
+            if field is previous:
+                raise OpenFlowEncodeError(f"field {field.name} is matched twice")
+            previous = field
+            by_name[field.name] = value
+        if len(by_name) > 1 or (by_name.keys() - _NO_PREREQ):
+            _check_prerequisites(by_name)
+        return tuple.__new__(cls, (_encode_entries(canonical), canonical))
+
+    @classmethod
+    def from_entries(cls, entries: list[Entry] | tuple[Entry, ...]) -> Match:
+        """Builds a match from decoded (field, value, mask) entries."""
+        keyed: list[tuple[int, Field, int, int | None]] = []
+        for field, value, mask in entries:
+            if field.n_bytes > 4 and field.order < _ORDER_REGS_END and field.kind == HEX:
+                keyed.extend((s[0].order, *s) for s in _split_wide(field, value, mask))
+            else:
+                keyed.append((field.order, field, value, mask))
+        return cls._from_sorted(keyed)
+
+    @classmethod
+    def decode(cls, data: bytes, offset: int = 0) -> tuple[Match, int]:
+        """Decodes an ofp_match at ``offset``; returns the match and the padded length."""
+        if offset + 4 > len(data):
+            raise OpenFlowDecodeError("truncated match")
+        match_type, length = _MATCH_HEADER.unpack_from(data, offset)
+        if match_type != c.OFPMT_OXM:
+            raise OpenFlowDecodeError(f"unsupported match type {match_type}")
+        padded = (length + 7) // 8 * 8
+        if length < 4 or offset + padded > len(data):
+            raise OpenFlowDecodeError(f"bad match length {length}")
+        entries = decode_tlvs(data, offset + 4, offset + length)
+        try:
+            return cls.from_entries(entries), padded
+        except OpenFlowEncodeError as exc:
+            raise OpenFlowDecodeError(f"invalid match: {exc}") from None
+
+    # -- access ------------------------------------------------------------------------
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of a field: its natural form, or ``(value, mask)`` when masked."""
+        field = FIELDS.get(name)
+        if field is None:
+            raise KeyError(name)
+        if field.n_bytes > 4 and field.order < _ORDER_REGS_END and field.kind == HEX:
+            return self._get_wide(field, default)
+        for f, value, mask in self[1]:
+            if f is field:
+                py = field.python_value(value)
+                return py if mask is None else (py, field.python_value(mask))
+        return default
+
+    def _get_wide(self, field: Field, default: Any) -> Any:
+        words = field.n_bytes // 4
+        first = field.order - 80
+        value = mask = 0
+        found = False
+        regs = {f.reg_index: (v, m) for f, v, m in self[1] if f.reg_index >= 0}
+        for i in range(words):
+            v, m = regs.get(first + i, (0, 0))
+            if (first + i) in regs:
+                found = True
+                m = _FULL32 if m is None else m
+            value = (value << 32) | v
+            mask = (mask << 32) | m
+        if not found:
+            return default
+        return value if mask == (1 << (32 * words)) - 1 else (value, mask)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name not in FIELDS:
+            raise AttributeError(name)
+        return self.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The match as ``Match(**kwargs)`` keywords (registers as 32-bit regs)."""
+        return {f.name: (v if m is None else (v, m)) for f, v, m in self[1]}
+
+    def replace(self, **changes: Any) -> Match:
+        kwargs = self.as_kwargs()
+        kwargs.update(changes)
+        return Match(**kwargs)
+
+    def __repr__(self) -> str:
+        args = ", ".join(
+            f"{f.name}={f.python_value(v)!r}"
+            if m is None
+            else f"{f.name}=({f.python_value(v)!r}, {f.python_value(m)!r})"
+            for f, v, m in self[1]
+        )
+        return f"Match({args})"
+
+    def to_text(self, priority: int | None = None) -> str:
+        """``match_format``: the match as ``ovs-ofctl`` prints it (priority first)."""
+        return format_match(self, priority)
+
+
+def _first(item: tuple) -> int:
+    return item[0]
+
+
+_NO_PREREQ = frozenset(
+    [
+        "in_port",
+        "eth_src",
+        "eth_dst",
+        "eth_type",
+        "pkt_mark",
+        "ct_state",
+        "ct_zone",
+        "ct_mark",
+        "ct_label",
+        "metadata",
+        *(f"reg{i}" for i in range(16)),
+    ]
+)
+_EMPTY_MATCH = tuple.__new__(Match, (_encode_entries(()), ()))
+
+
+# -- match text (match_format) -----------------------------------------------------------
+
+
+def _fmt_hex_nonzero(value: int) -> str:
+    # C's "%#x" prints 0 as "0".
+    return f"{value:#x}" if value else "0"
+
+
+def _fmt_dec16(name: str, value: int, mask: int | None) -> str:
+    if mask is None:
+        return f"{name}={value}"
+    return f"{name}={value:#x}/{mask:#x}" if value else f"{name}=0/{mask:#x}"
+
+
+def format_match(match: Match, priority: int | None = None) -> str:
+    """Open vSwitch's ``match_format`` for the fields we model."""
+    values: dict[str, tuple[int, int | None]] = {f.name: (v, m) for f, v, m in match[1]}
+    out: list[str] = []
+    if priority is not None and priority != c.OFP_DEFAULT_PRIORITY:
+        out.append(f"priority={priority}")
+
+    def hex32(name: str, key: str | None = None) -> None:
+        item = values.get(key or name)
+        if item is not None:
+            v, m = item
+            text = f"{name}={_fmt_hex_nonzero(v)}"
+            if m is not None:
+                text += f"/{_fmt_hex_nonzero(m)}"
+            out.append(text)
+
+    def ipv4(name: str, key: str) -> None:
+        item = values.get(key)
+        if item is not None:
+            v, m = item
+            out.append(f"{name}={format_ipv4_masked(v, 0xFFFFFFFF if m is None else m)}")
+
+    def ipv6(name: str, key: str) -> None:
+        item = values.get(key)
+        if item is not None:
+            out.append(f"{name}={format_ipv6_masked(item[0], item[1])}")
+
+    def dec16(name: str, key: str) -> None:
+        item = values.get(key)
+        if item is not None:
+            out.append(_fmt_dec16(name, *item))
+
+    def mac(name: str, key: str) -> None:
+        item = values.get(key)
+        if item is not None:
+            v, m = item
+            out.append(f"{name}={format_mac(v)}" + ("" if m is None else f"/{format_mac(m)}"))
+
+    hex32("pkt_mark")
+    item = values.get("ct_state")
+    if item is not None:
+        v, m = item
+        if m is None or (m & 0xFF) == 0xFF:
+            out.append(f"ct_state={format_ct_flags(v & 0xFF)}")
+        else:
+            out.append(f"ct_state={format_flags_masked(v, m & 0xFF, 0xFF)}")
+    dec16("ct_zone", "ct_zone")
+    hex32("ct_mark")
+    item = values.get("ct_label")
+    if item is not None:
+        v, m = item
+        out.append(f"ct_label={format_hex(v)}" + ("" if m is None else f"/{format_hex(m)}"))
+    ipv4("ct_nw_src", "ct_nw_src")
+    ipv6("ct_ipv6_src", "ct_ipv6_src")
+    ipv4("ct_nw_dst", "ct_nw_dst")
+    ipv6("ct_ipv6_dst", "ct_ipv6_dst")
+    if "ct_nw_proto" in values:
+        out.append(f"ct_nw_proto={values['ct_nw_proto'][0]}")
+        dec16("ct_tp_src", "ct_tp_src")
+        dec16("ct_tp_dst", "ct_tp_dst")
+
+    eth_type = values.get("eth_type", (None, None))[0]
+    ip_proto = values.get("ip_proto", (None, None))[0]
+    skip_type = skip_proto = False
+    if eth_type is not None:
+        skip_type = True
+        if eth_type == c.ETH_TYPE_IP:
+            names = {
+                c.IPPROTO_ICMP: "icmp",
+                c.IPPROTO_TCP: "tcp",
+                c.IPPROTO_UDP: "udp",
+                c.IPPROTO_SCTP: "sctp",
+            }
+            shorthand = names.get(ip_proto, "ip") if ip_proto is not None else "ip"
+            skip_proto = ip_proto in names
+            out.append(shorthand)
+        elif eth_type == c.ETH_TYPE_IPV6:
+            names = {
+                c.IPPROTO_ICMPV6: "icmp6",
+                c.IPPROTO_TCP: "tcp6",
+                c.IPPROTO_UDP: "udp6",
+                c.IPPROTO_SCTP: "sctp6",
+            }
+            shorthand = names.get(ip_proto, "ipv6") if ip_proto is not None else "ipv6"
+            skip_proto = ip_proto in names
+            out.append(shorthand)
+        elif eth_type == c.ETH_TYPE_ARP:
+            out.append("arp")
+        elif eth_type == c.ETH_TYPE_RARP:
+            out.append("rarp")
+        else:
+            skip_type = False
+    for i in range(16):
+        hex32(f"reg{i}")
+    item = values.get("metadata")
+    if item is not None:
+        v, m = item
+        out.append(f"metadata={_fmt_hex_nonzero(v)}" + ("" if m is None else f"/{m:#x}"))
+    if "in_port" in values:
+        out.append(f"in_port={format_port16(values['in_port'][0])}")
+    mac("dl_src", "eth_src")
+    mac("dl_dst", "eth_dst")
+    if not skip_type and eth_type is not None:
+        out.append(f"dl_type=0x{eth_type:04x}")
+    if eth_type == c.ETH_TYPE_IPV6:
+        ipv6("ipv6_src", "ipv6_src")
+        ipv6("ipv6_dst", "ipv6_dst")
+    elif eth_type in (c.ETH_TYPE_ARP, c.ETH_TYPE_RARP):
+        ipv4("arp_spa", "arp_spa")
+        ipv4("arp_tpa", "arp_tpa")
+    else:
+        ipv4("nw_src", "ipv4_src")
+        ipv4("nw_dst", "ipv4_dst")
+    if eth_type in (c.ETH_TYPE_ARP, c.ETH_TYPE_RARP):
+        if "arp_op" in values:
+            out.append(f"arp_op={values['arp_op'][0]}")
+        mac("arp_sha", "arp_sha")
+        mac("arp_tha", "arp_tha")
+    elif not skip_proto and ip_proto is not None:
+        out.append(f"nw_proto={ip_proto}")
+    if eth_type == c.ETH_TYPE_IP and ip_proto == c.IPPROTO_ICMP:
+        dec16("icmp_type", "icmp_type")
+        dec16("icmp_code", "icmp_code")
+    elif eth_type == c.ETH_TYPE_IPV6 and ip_proto == c.IPPROTO_ICMPV6:
+        dec16("icmp_type", "icmpv6_type")
+        dec16("icmp_code", "icmpv6_code")
+    else:
+        for proto in ("tcp", "udp", "sctp"):
+            dec16("tp_src", f"{proto}_src")
+            dec16("tp_dst", f"{proto}_dst")
+    for f, v, m in match[1]:
+        if f.order >= 200:  # fields we do not model, printed raw
+            out.append(f"{f.name}={format_hex(v)}" + ("" if m is None else f"/{format_hex(m)}"))
+    return ",".join(out)
+
+
+def format_port16(port: int) -> str:
+    """A port as Open vSwitch prints it after mapping it to its 16-bit numbering."""
+    return format_port(port)
