@@ -459,7 +459,7 @@ class RouteManager:
                 errors.append(f"{dst}: {exc}")
                 log.warning("routes: cannot route %s: %s", dst, exc)
 
-        deleted: list[IPNetwork] = []
+        deleted: dict[IPNetwork, None] = {}  # ordered set: one entry per prefix
         skipped: list[IPNetwork] = []
         if deletes:
             wanted = set(desired)
@@ -491,8 +491,7 @@ class RouteManager:
                         log.warning("routes: cannot delete %s: %s", route, exc)
                         continue
                     remaining.remove(route)
-                    if dst not in deleted:
-                        deleted.append(dst)
+                    deleted[dst] = None
                 if remaining:
                     state.installed[dst] = tuple(remaining)
                 else:
