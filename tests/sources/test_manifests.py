@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import ipaddress
 import os
 import shutil
@@ -20,7 +21,7 @@ from ovsproxy.model import (
     TrafficPolicy,
 )
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.sources.manifests import ManifestSource, parse_manifest
+from ovsproxy.sources.manifests import ManifestSource, gc_paused, parse_manifest
 from ovsproxy.sources.problems import SourceError, ValidationError
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -441,3 +442,19 @@ async def test_hidden_entries_and_other_suffixes_are_skipped(tmp_path: Path) -> 
     tracker, source = await load(tmp_path)
     assert list(endpoints_of(tracker)) == ["demo/web:http/TCP"]
     assert source.problems == []
+
+
+def test_gc_pause_nests_and_restores_the_collector() -> None:
+    assert gc.isenabled()
+    with gc_paused():
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # it was off before: it stays off
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ from ovsproxy.sources.manifests import (
     ParsedManifest,
     discover_files,
     duplicate_problem,
+    gc_paused,
     parse_manifest,
 )
 from ovsproxy.sources.problems import Problem
@@ -26,21 +27,22 @@ def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:
     files, problems = discover_files(paths)
     parsed: list[ParsedManifest] = []
     first: dict[ObjectKey, ManifestObject] = {}
-    for path in files:
-        try:
-            manifest = parse_manifest(path.read_bytes(), str(path))
-        except OSError as exc:
-            raise click.FileError(str(path), hint=str(exc)) from exc
-        parsed.append(manifest)
-        problems.extend(manifest.problems)
-        seen_here: set[ObjectKey] = set()
-        for obj in manifest.objects:
-            if obj.key is None or obj.key in seen_here:
-                continue  # duplicates inside one file are already among its problems
-            seen_here.add(obj.key)
-            kept = first.setdefault(obj.key, obj)
-            if kept is not obj:
-                problems.append(duplicate_problem(kept, obj))
+    with gc_paused():
+        for path in files:
+            try:
+                manifest = parse_manifest(path.read_bytes(), str(path))
+            except OSError as exc:
+                raise click.FileError(str(path), hint=str(exc)) from exc
+            parsed.append(manifest)
+            problems.extend(manifest.problems)
+            seen_here: set[ObjectKey] = set()
+            for obj in manifest.objects:
+                if obj.key is None or obj.key in seen_here:
+                    continue  # duplicates inside one file are already among its problems
+                seen_here.add(obj.key)
+                kept = first.setdefault(obj.key, obj)
+                if kept is not obj:
+                    problems.append(duplicate_problem(kept, obj))
     return parsed, problems
 
 
