@@ -17,7 +17,7 @@ from ovsproxy.model import (
     SlicePort,
 )
 from ovsproxy.proxy.tracker import ChangeTracker, ServiceChange, service_states
-from ovsproxy.sources.problems import SourceError, ValidationError
+from ovsproxy.sources.problems import InvalidObject, SourceError, ValidationError
 
 
 def svc(name: str, *ports: tuple[str, int], cluster_ip: str = "", ns: str = "ns") -> Service:
@@ -215,10 +215,21 @@ def test_synced_needs_every_awaited_kind() -> None:
 
 def test_problems_are_counted_by_kind_and_source() -> None:
     tracker = ChangeTracker()
-    tracker.on_error(ValidationError("Service", "ns", "a", ("spec",), None, "required"))
-    tracker.on_error(ValidationError("EndpointSlice", "ns", "b", ("ports",), 1, "bad"))
+    bad_service = InvalidObject(
+        (
+            ValidationError("Service", "ns", "a", ("spec", "clusterIP"), None, "required"),
+            ValidationError("Service", "ns", "a", ("spec", "ports"), None, "required"),
+        )
+    )
+    tracker.on_error(bad_service)
+    tracker.on_error(
+        InvalidObject((ValidationError("EndpointSlice", "ns", "b", ("ports",), 1, "bad"),))
+    )
     tracker.on_error(SourceError("kubernetes/services", "connection refused"))
-    assert tracker.stats.invalid == {"Service": 1, "EndpointSlice": 1}
+    assert tracker.stats.invalid == {"Service": 1, "EndpointSlice": 1}  # objects, not fields
+    assert str(bad_service) == (
+        "Service ns/a: spec.clusterIP: required; Service ns/a: spec.ports: required"
+    )
     assert tracker.stats.errors == {"kubernetes/services": 1}
 
 

@@ -31,7 +31,7 @@ from ovsproxy.model import (
     ServiceState,
 )
 from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
-from ovsproxy.sources.problems import Problem, ValidationError
+from ovsproxy.sources.problems import InvalidObject, SourceProblem
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class TrackerStats:
     """Plain counters, for the metrics the agent exports."""
 
     events: Counter[str] = field(default_factory=Counter)  # "Service/add", "EndpointSlice/delete"
-    invalid: Counter[str] = field(default_factory=Counter)  # by object kind
+    invalid: Counter[str] = field(default_factory=Counter)  # rejected objects, by kind
     errors: Counter[str] = field(default_factory=Counter)  # source problems, by source
     checkpoints: int = 0
     changes: int = 0  # ServicePortNames handed out by checkpoints
@@ -159,8 +159,8 @@ class ChangeTracker:
             log.info("all sources synced: %s", ", ".join(sorted(self._synced_kinds)))
             self._fire()
 
-    def on_error(self, problem: Problem) -> None:
-        if isinstance(problem, ValidationError):
+    def on_error(self, problem: SourceProblem) -> None:
+        if isinstance(problem, InvalidObject):
             self.stats.invalid[problem.kind] += 1
         else:
             self.stats.errors[problem.source] += 1

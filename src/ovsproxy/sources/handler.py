@@ -4,8 +4,9 @@ Sources convert and validate before calling it, so a handler only ever sees mode
 no Kubernetes object crosses this line. Add and update carry the whole new value; delete
 carries the key, because the last value may have been invalid and never delivered.
 
-An object that fails validation is reported through ``on_error`` and nothing else: the
-handler keeps whatever it had for that object (nothing, or its last valid version).
+An object that fails validation is reported through ``on_error`` (one ``InvalidObject``)
+and nothing else: the handler keeps whatever it had for it (nothing, or its last valid
+version).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ovsproxy.model import EndpointSlice, Service
-from ovsproxy.sources.problems import Problem
+from ovsproxy.sources.problems import SourceProblem
 
 # The names sources pass to ``on_synced``: one per kind of object they have fully listed.
 SYNC_SERVICES = "Service"
@@ -36,5 +37,6 @@ class SourceHandler(Protocol):
     def on_synced(self, kind: str) -> None:
         """The source has delivered its complete initial list of ``kind`` objects."""
 
-    def on_error(self, problem: Problem) -> None:
-        """An invalid object, an unparsable file, a lost connection: counted and logged."""
+    def on_error(self, problem: SourceProblem) -> None:
+        """A rejected object (``InvalidObject``, all its bad fields), an unparsable file, a
+        lost connection (``SourceError``): to count. The source has logged it already."""

@@ -39,7 +39,7 @@ from ovsproxy.sources.convert import (
     object_key,
 )
 from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
-from ovsproxy.sources.problems import InvalidObjectError, SourceError
+from ovsproxy.sources.problems import InvalidObject, InvalidObjectError, SourceError
 
 try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
     import httpx2 as httpx
@@ -385,7 +385,7 @@ class _ModelEvents:
             # Skipped: the handler keeps the last valid version, if it had one.
             for error in exc.errors:
                 log.warning("%s", error)
-                self.handler.on_error(error)
+            self.handler.on_error(InvalidObject(exc.errors))
             return None
 
 

@@ -43,6 +43,7 @@ from ovsproxy.sources.convert import (
 from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
 from ovsproxy.sources.problems import (
     FieldPath,
+    InvalidObject,
     InvalidObjectError,
     Problem,
     SourceError,
@@ -451,8 +452,7 @@ class ManifestSource:
                     state.signature = update.signature
                 continue
             self.parses += 1
-            for problem in parsed.problems:
-                self._report(problem)
+            self._report_parse(parsed)
             if state is None:
                 state = _FileState(update.signature, update.digest, parsed)
                 self._files[update.path] = state
@@ -536,6 +536,17 @@ class ManifestSource:
         else:
             handler.on_endpoint_slice_delete(namespace, name)
 
-    def _report(self, problem: Problem) -> None:
+    def _report(self, problem: SourceError) -> None:
         log.warning("%s", problem)
         self.handler.on_error(problem)
+
+    def _report_parse(self, parsed: ParsedManifest) -> None:
+        """Log every problem of a freshly parsed file; tell the handler once per object."""
+        for problem in parsed.problems:
+            if isinstance(problem, SourceError):
+                self._report(problem)
+            else:
+                log.warning("%s", problem)
+        for obj in parsed.objects:
+            if obj.errors:
+                self.handler.on_error(InvalidObject(obj.errors))

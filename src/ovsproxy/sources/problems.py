@@ -1,8 +1,9 @@
 """What can go wrong in a source, as plain values a person can read.
 
-A ``ValidationError`` names one bad field of one object; a ``SourceError`` is a problem of a
-whole source (a file that does not parse, an API server that does not answer). Both may
-carry a ``SourceLocation`` when they come from a file. Neither stops the other objects.
+A ``ValidationError`` names one bad field of one object; an ``InvalidObject`` is one
+rejected object with all its bad fields; a ``SourceError`` is a problem of a whole source (a
+file that does not parse, an API server that does not answer). They carry a
+``SourceLocation`` when they come from a file. None of them stops the other objects.
 """
 
 from __future__ import annotations
@@ -82,7 +83,27 @@ class SourceError:
         return f"{self.location}: {self.message}" if self.location else self.message
 
 
+@dataclass(frozen=True, slots=True)
+class InvalidObject:
+    """One rejected object with all its bad fields: what a source reports to its handler."""
+
+    errors: tuple[ValidationError, ...]  # at least one, all of the same object
+
+    @property
+    def kind(self) -> str:
+        return self.errors[0].kind
+
+    @property
+    def object(self) -> str:
+        return self.errors[0].object
+
+    def __str__(self) -> str:
+        return "; ".join(str(e) for e in self.errors)
+
+
+# A line a person reads (``ovsproxy check``, status), and what a handler is told.
 Problem = ValidationError | SourceError
+SourceProblem = InvalidObject | SourceError
 
 
 class InvalidObjectError(ValueError):
