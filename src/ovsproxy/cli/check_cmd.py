@@ -24,7 +24,8 @@ from ovsproxy.sources.problems import Problem
 
 def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:
     """Parse every manifest under ``paths``; all problems, cross-file duplicates included."""
-    files, problems = discover_files(paths)
+    files, missing = discover_files(paths)
+    problems: list[Problem] = list(missing)
     parsed: list[ParsedManifest] = []
     first: dict[ObjectKey, ManifestObject] = {}
     with gc_paused():

@@ -399,6 +399,9 @@ class KubernetesSource:
     ServiceCIDRs, say), stopped with the rest.
     """
 
+    services: Informer  # set by start()
+    endpoint_slices: Informer
+
     def __init__(
         self,
         handler: SourceHandler,

@@ -255,10 +255,12 @@ class _GcPause:
 gc_paused = _GcPause()
 
 
-def discover_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[Problem]]:
+def discover_files(
+    paths: Iterable[str | os.PathLike[str]],
+) -> tuple[list[Path], list[SourceError]]:
     """The manifest files under ``paths``, in a stable order, and the paths that are missing."""
     files: list[Path] = []
-    problems: list[Problem] = []
+    problems: list[SourceError] = []
     seen: set[Path] = set()
     for root in map(Path, paths):
         if root.is_dir():
@@ -339,7 +341,7 @@ class ManifestSource:
         self._definers: dict[ObjectKey, set[Path]] = {}
         self._current: dict[ObjectKey, tuple[Path, ManifestObject]] = {}
         self._duplicates: dict[ObjectKey, SourceError] = {}
-        self._missing: list[Problem] = []
+        self._missing: list[SourceError] = []
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.scans = 0
@@ -401,11 +403,11 @@ class ManifestSource:
             self._order = {path: index for index, path in enumerate(files)}
             return self._apply(updates)
 
-    def _read_changes(self) -> tuple[list[Path], list[Problem], list[_FileUpdate]]:
+    def _read_changes(self) -> tuple[list[Path], list[SourceError], list[_FileUpdate]]:
         with gc_paused():
             return self._read_changes_now()
 
-    def _read_changes_now(self) -> tuple[list[Path], list[Problem], list[_FileUpdate]]:
+    def _read_changes_now(self) -> tuple[list[Path], list[SourceError], list[_FileUpdate]]:
         files, missing = discover_files(self.paths)
         updates: list[_FileUpdate] = []
         # A file written within the mtime granularity of the last look can change again
