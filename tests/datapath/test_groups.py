@@ -1,0 +1,148 @@
+"""Group planning (pure): one GroupMod per changed group, stable bucket ids, chunking."""
+
+from __future__ import annotations
+
+import ipaddress
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.groups import (
+    MAX_BUNDLED_MESSAGE,
+    BucketSpec,
+    GroupSpec,
+    InstalledGroup,
+    plan_group,
+)
+from ovsproxy.openflow import protocol as of
+
+TABLES = pl.Tables.for_config(pl.PipelineConfig())
+CMD = of.GroupModCommand
+
+
+def bucket(i: int, port: int = 8080, v6: bool = False) -> BucketSpec:
+    base = "fd00:10:244::" if v6 else "10.244."
+    ip = ipaddress.ip_address(f"{base}{i:x}" if v6 else f"{base}{i // 250}.{i % 250 + 1}")
+    return BucketSpec((ip, port), svc.endpoint_bucket_actions(ip, port, False, TABLES))
+
+
+def group(keys: list[int], gid: int = 7, **kw: object) -> GroupSpec:
+    return GroupSpec(gid, tuple(bucket(k, **kw) for k in keys))  # type: ignore[arg-type]
+
+
+def apply_to_model(
+    state: dict[int, of.Bucket] | None, messages: tuple[of.GroupMod, ...]
+) -> dict[int, of.Bucket] | None:
+    """What OpenFlow 1.5 says the switch holds after these group mods (ids -> buckets)."""
+    for m in messages:
+        if m.command == CMD.ADD:
+            assert state is None, "ADD of an existing group"
+            state = {b.bucket_id: b for b in m.buckets}
+        elif m.command == CMD.MODIFY:
+            assert state is not None
+            state = {b.bucket_id: b for b in m.buckets}
+        elif m.command == CMD.INSERT_BUCKET:
+            assert state is not None
+            for b in m.buckets:
+                assert b.bucket_id not in state, "duplicate bucket id"
+                state[b.bucket_id] = b
+        elif m.command == CMD.REMOVE_BUCKET:
+            assert state is not None and m.command_bucket_id in state
+            del state[m.command_bucket_id]
+        elif m.command == CMD.DELETE:
+            state = None
+    return state
+
+
+def test_new_group_is_one_add_with_ids_in_order() -> None:
+    plan = plan_group(group([1, 2, 3]), None)
+    assert [m.command for m in plan.messages] == [CMD.ADD]
+    assert [b.bucket_id for b in plan.messages[0].buckets] == [0, 1, 2]
+
+
+def test_unchanged_group_sends_nothing() -> None:
+    first = plan_group(group([1, 2, 3]), None)
+    again = plan_group(group([1, 2, 3]), first.result)
+    assert again.messages == () and again.kind == "none"
+
+
+def test_one_added_endpoint_is_one_insert_bucket_with_only_that_bucket() -> None:
+    first = plan_group(group([1, 2, 3]), None)
+    plan = plan_group(group([1, 2, 3, 4]), first.result)
+    assert [m.command for m in plan.messages] == [CMD.INSERT_BUCKET]
+    (msg,) = plan.messages
+    assert len(msg.buckets) == 1 and msg.buckets[0].bucket_id == 3
+    assert msg.command_bucket_id == of.OFPG_BUCKET_LAST
+
+
+def test_one_removed_endpoint_is_one_remove_bucket_by_its_id() -> None:
+    first = plan_group(group([1, 2, 3]), None)
+    plan = plan_group(group([1, 3]), first.result)
+    assert [(m.command, m.command_bucket_id) for m in plan.messages] == [(CMD.REMOVE_BUCKET, 1)]
+    assert plan.result is not None and plan.result.ids == {bucket(1).key: 0, bucket(3).key: 2}
+
+
+def test_replacing_most_endpoints_is_one_modify() -> None:
+    first = plan_group(group([1, 2, 3]), None)
+    plan = plan_group(group([4, 5, 6]), first.result)
+    assert [m.command for m in plan.messages] == [CMD.MODIFY]
+
+
+def test_one_endpoint_added_to_1000_is_an_insert_under_200_bytes() -> None:
+    first = plan_group(group(list(range(1000))), None)
+    assert sum(of.group_mod_length(m) for m in first.messages) > 60_000  # a full MODIFY: 64 KB
+    plan = plan_group(group(list(range(1001))), first.result)
+    assert [m.command for m in plan.messages] == [CMD.INSERT_BUCKET]
+    assert of.group_mod_length(plan.messages[0]) < 200
+
+
+def test_huge_group_is_chunked_by_encoded_size_and_keeps_order() -> None:
+    plan = plan_group(group(list(range(5000)), v6=True), None)
+    lengths = [of.group_mod_length(m) for m in plan.messages]
+    assert all(n <= MAX_BUNDLED_MESSAGE for n in lengths)
+    assert plan.messages[0].command == CMD.ADD
+    assert {m.command for m in plan.messages[1:]} == {CMD.INSERT_BUCKET}
+    ids = [b.bucket_id for m in plan.messages for b in m.buckets]
+    assert ids == list(range(5000))
+    # Chunks are full: no more messages than the byte count requires (+1 for rounding).
+    assert len(plan.messages) <= sum(lengths) // MAX_BUNDLED_MESSAGE + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    before=st.lists(st.integers(0, 60), unique=True, max_size=40),
+    after=st.lists(st.integers(0, 60), unique=True, max_size=40),
+)
+def test_plan_takes_the_switch_to_the_desired_group_with_stable_ids(
+    before: list[int], after: list[int]
+) -> None:
+    first = plan_group(group(before), None)
+    switch = apply_to_model(None, first.messages)
+    plan = plan_group(group(after), first.result)
+    switch = apply_to_model(switch, plan.messages)
+    assert switch is not None and plan.result is not None
+    # The switch holds exactly the desired endpoints...
+    assert sorted(b.actions for b in switch.values()) == sorted(bucket(k).actions for k in after)
+    # ...every surviving endpoint kept its bucket id...
+    assert first.result is not None
+    for key, old_id in first.result.ids.items():
+        if key in plan.result.ids:
+            assert plan.result.ids[key] == old_id
+    # ...the cache agrees with the switch...
+    assert {i: b.actions for i, b in switch.items()} == {
+        plan.result.ids[k]: plan.result.buckets[k].actions for k in plan.result.ids
+    }
+    # ...and no plan is larger than one full MODIFY.
+    full = of.group_mod_length(of.GroupMod(CMD.MODIFY, 7, buckets=list(switch.values())))
+    assert sum(of.group_mod_length(m) for m in plan.messages) <= max(full, 24)
+
+
+def test_unknown_present_group_is_rewritten_with_modify() -> None:
+    plan = plan_group(group([1, 2]), None, present_unknown=True)
+    assert [m.command for m in plan.messages] == [CMD.MODIFY]
+
+
+def test_installed_group_counts_endpoints() -> None:
+    assert InstalledGroup(1).endpoint_count == 0
