@@ -285,3 +285,27 @@ def test_concurrent_threads_end_with_the_full_list_result() -> None:
         assert last.new == d.cidrs(family)
     # growth from nothing to within a /16 takes at most 17 steps per family
     assert len(events) <= 2 * 17
+
+
+def test_informer_handler_falls_back_then_hands_over_to_the_api() -> None:
+    from ovsproxy.servicecidr import ServiceCIDRInformerHandler
+
+    d = ServiceCIDRDiscoverer(use_api=True)
+    seen: list[CIDRChange] = []
+    d.subscribe(seen.append)
+    handler = ServiceCIDRInformerHandler(d)
+    d.add_cluster_ips(["10.96.0.1", "10.96.0.2"])
+    d.cluster_ips_synced()
+    assert seen == []  # waiting for the ServiceCIDR informer
+    handler.on_error("ApiStatusError: 404 the server could not find the requested resource")
+    assert news(seen) == [(V4, ("10.96.0.0/30",))]  # aggregation meanwhile
+    handler.on_error("again")  # retries do not flap anything
+    obj = {"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}}
+    handler.on_add(obj)
+    handler.on_synced()
+    assert news(seen[1:]) == [(V4, ("10.96.0.0/16",))]
+    handler.on_update(obj, {**obj, "spec": {"cidrs": ["10.96.0.0/15"]}})
+    assert d.cidrs(V4) == (net("10.96.0.0/15"),)
+    handler.on_delete({"metadata": {"name": "kubernetes"}})
+    # the range is gone, the known ClusterIPs stay routed by the spill-over
+    assert d.cidrs(V4) == (net("10.96.0.0/30"),)

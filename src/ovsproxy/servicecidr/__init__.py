@@ -19,6 +19,7 @@ from ovsproxy.servicecidr.aggregate import (
     to_network,
 )
 from ovsproxy.servicecidr.discoverer import CIDRChange, ServiceCIDRDiscoverer, as_networks
+from ovsproxy.servicecidr.handler import ServiceCIDRInformerHandler
 from ovsproxy.servicecidr.sources import (
     SERVICE_CIDR_API_VERSION,
     SERVICE_CIDR_KIND,
@@ -37,6 +38,7 @@ __all__ = [
     "CIDRSource",
     "NetworkLike",
     "ServiceCIDRDiscoverer",
+    "ServiceCIDRInformerHandler",
     "as_networks",
     "cluster_ips_of_service",
     "common_prefix",
