@@ -17,6 +17,9 @@ from . import constants as c
 from ._value import Value
 from .errors import OpenFlowDecodeError, OpenFlowEncodeError
 from .fields import (
+    FIELDS as _FIELDS,
+)
+from .fields import (
     IN_PORT,
     Field,
     Subfield,
@@ -25,14 +28,15 @@ from .fields import (
     format_hex,
     format_port,
     get_field,
-    tlv_header,
 )
 
 _HEADER = struct.Struct("!HH")
+_APPLY = struct.Struct("!HH4x")
 _NX_HEADER = struct.Struct("!HHIH")
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
 _ZEROS = bytes(16)
+_IP_TYPES = (ipaddress.IPv4Address, ipaddress.IPv6Address)
 
 
 def _pad8(length: int) -> bytes:
@@ -125,8 +129,6 @@ class DecTTL(Action):
 
 _DEC_TTL = tuple.__new__(DecTTL, (struct.pack("!HH4x", c.OFPAT_DEC_NW_TTL, 8),))
 
-_SET_FIELD_PREFIXES: dict[tuple[int, bool], tuple[bytes, bytes]] = {}
-
 
 class SetField(Action):
     """``set_field:VALUE[/MASK]->FIELD``: OpenFlow 1.5 Set-Field, optionally masked.
@@ -142,37 +144,22 @@ class SetField(Action):
     mask: int | None
 
     def __new__(cls, field: str | Field, value: Any, mask: Any = None) -> SetField:
-        f = get_field(field)
-        v = (
-            value
-            if type(value) is int and value >= 0 and not value >> (8 * f.n_bytes)
-            else f.to_int(value)
-        )
-        m = None
-        if mask is not None:
-            m = f.to_int(mask)
-            if m == (1 << (8 * f.n_bytes)) - 1:
-                m = None
-            elif not f.maskable:
-                raise OpenFlowEncodeError(f"set_field: {f.name} cannot be masked")
-            else:
-                v &= m
-        key = (f.oxm_header, m is not None)
-        prefix_pad = _SET_FIELD_PREFIXES.get(key)
-        if prefix_pad is None:
-            tlv_len = 4 + f.n_bytes * (2 if m is not None else 1)
-            length = (4 + tlv_len + 7) // 8 * 8
-            tlv_head = tlv_header(f, m is not None)
-            prefix_pad = _SET_FIELD_PREFIXES[key] = (
-                _HEADER.pack(c.OFPAT_SET_FIELD, length) + tlv_head,
-                bytes(length - 4 - tlv_len),
-            )
+        f = _FIELDS.get(field) if type(field) is str else None
+        if f is None:
+            f = get_field(field)
+        v = value if type(value) is int and 0 <= value < f.limit else f.to_int(value)
         n = f.n_bytes
-        if m is None:
-            wire = prefix_pad[0] + v.to_bytes(n, "big") + prefix_pad[1]
-        else:
-            wire = prefix_pad[0] + v.to_bytes(n, "big") + m.to_bytes(n, "big") + prefix_pad[1]
-        return tuple.__new__(cls, (wire, f, v, m))
+        if mask is not None:
+            m = mask if type(mask) is int and 0 <= mask < f.limit else f.to_int(mask)
+            if m != f.limit - 1:
+                if not f.maskable:
+                    raise OpenFlowEncodeError(f"set_field: {f.name} cannot be masked")
+                v &= m
+                prefix, pad = f.set_field_masked
+                wire = prefix + v.to_bytes(n, "big") + m.to_bytes(n, "big") + pad
+                return tuple.__new__(cls, (wire, f, v, m))
+        prefix, pad = f.set_field_exact
+        return tuple.__new__(cls, (prefix + v.to_bytes(n, "big") + pad, f, v, None))
 
     def replace(self, **changes: Any) -> SetField:
         kwargs = {"field": self[1], "value": self[2], "mask": self[3], **changes}
@@ -440,6 +427,10 @@ class NAT(Action):
 def _nat_ip(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if value is None:
         return None
+    if isinstance(value, _IP_TYPES):
+        if not value._ip:  # type: ignore[union-attr]
+            raise OpenFlowEncodeError("nat: address 0 is not a valid NAT address")
+        return value  # type: ignore[no-any-return]
     try:
         ip = ipaddress.ip_address(value)
     except ValueError as exc:
@@ -481,7 +472,7 @@ class CT(Action):
         actions: Iterable[Action] = (),
         force: bool = False,
     ) -> CT:
-        actions = tuple(actions)
+        actions, nested = join_actions(actions, "ct")
         if force and not commit:
             raise OpenFlowEncodeError("ct: force requires commit")
         if actions and not commit:
@@ -489,7 +480,7 @@ class CT(Action):
         if nat is not None and not isinstance(nat, NAT):
             raise OpenFlowEncodeError("ct: nat must be a NAT action")
         flags = (c.NX_CT_F_COMMIT if commit else 0) | (c.NX_CT_F_FORCE if force else 0)
-        if isinstance(zone, int):
+        if type(zone) is int or isinstance(zone, int):
             zone_src, zone_value = 0, zone
             zone_arg: int | Subfield = zone
         else:
@@ -505,7 +496,8 @@ class CT(Action):
         table_id = c.NX_CT_RECIRC_NONE if table is None else table
         if table_id == c.NX_CT_RECIRC_NONE:
             table = None
-        nested = b"".join(a[0] for a in ((nat,) if nat is not None else ()) + actions)
+        if nat is not None:
+            nested = nat[0] + nested
         try:
             head = _CT.pack(
                 c.OFPAT_EXPERIMENTER,
@@ -961,6 +953,16 @@ class RawAction(Action):
         return f"action({atype})"
 
 
+def join_actions(actions: Iterable[Action], what: str) -> tuple[tuple[Action, ...], bytes]:
+    """The actions as a tuple and their concatenated encodings (checking they are actions)."""
+    if type(actions) is not tuple:
+        actions = tuple(actions)
+    for a in actions:
+        if not isinstance(a, Action):
+            raise OpenFlowEncodeError(f"{what}: {a!r} is not an action")
+    return actions, b"".join([a[0] for a in actions])
+
+
 def format_actions(actions: Iterable[Action]) -> str:
     text = ",".join(a.to_text() for a in actions)
     return text or "drop"
@@ -985,18 +987,12 @@ class ApplyActions(Instruction):
     rank = 1
 
     def __new__(cls, actions: Iterable[Action]) -> ApplyActions:
-        actions = tuple(actions)
-        try:
-            body = b"".join([a[0] for a in actions])
-        except TypeError:
-            raise OpenFlowEncodeError(f"not a list of actions: {actions!r}") from None
-        for a in actions:
-            if not isinstance(a, Action):
-                raise OpenFlowEncodeError(f"{a!r} is not an action")
+        actions, body = join_actions(actions, "apply_actions")
         if len(body) + 8 > 0xFFFF:
             raise OpenFlowEncodeError("apply_actions: actions too long for one instruction")
-        wire = _HEADER.pack(c.OFPIT_APPLY_ACTIONS, 8 + len(body)) + bytes(4) + body
-        return tuple.__new__(cls, (wire, actions))
+        return tuple.__new__(
+            cls, (_APPLY.pack(c.OFPIT_APPLY_ACTIONS, 8 + len(body)) + body, actions)
+        )
 
     def to_text(self) -> str:
         return format_actions(self[1])

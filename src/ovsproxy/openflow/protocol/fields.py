@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from . import constants as c
 from ._value import Value
 from .errors import OpenFlowDecodeError, OpenFlowEncodeError
+
+_U32 = struct.Struct("!I")
+_ORDER_REGS_END = 96
 
 # Value kinds: how a field's value is parsed from Python values and printed.
 DEC = "dec"  # decimal integer (ports, protocols)
@@ -30,21 +32,78 @@ PORT = "port"  # OpenFlow port number, printed with reserved-port names
 CT_STATE = "ct_state"
 
 
-@dataclass(frozen=True, eq=False, slots=True)
 class Field:
-    """One packet or metadata field. Fields are singletons: compared by identity."""
+    """One packet or metadata field. Fields are singletons: compared by identity.
 
-    name: str  # our name (Match keyword, SetField field), e.g. "ipv4_dst"
-    mf_name: str  # Open vSwitch name, printed by set_field, e.g. "ip_dst"
-    nxm_name: str  # name in subfield syntax, e.g. "NXM_OF_IP_DST" (learn, move, ct zone)
-    n_bytes: int
-    oxm_header: int  # 32-bit header (hasmask=0) used in OF1.5 match, set_field, copy_field
-    nxm_header: int  # 32-bit header used by Nicira actions (learn, ct zone_src)
-    kind: str
-    maskable: bool
-    order: int  # position in a canonical (Open vSwitch) match encoding
-    sub_bits: int = 0  # width in subfield contexts, if not 8 * n_bytes (in_port: 16)
-    reg_index: int = -1  # for reg0..reg15: the 32-bit register number
+    Besides its names, headers and width, a field keeps the pieces its encoders need
+    precomputed (TLV headers, Set-Field prefixes), because values are built by the
+    hundred thousand during a full sync.
+    """
+
+    __slots__ = (
+        "hdr",
+        "hdr_masked",
+        "kind",
+        "limit",
+        "maskable",
+        "mf_name",
+        "n_bytes",
+        "name",
+        "nxm_header",
+        "nxm_name",
+        "order",
+        "oxm_header",
+        "prereq_eth",
+        "prereq_proto",
+        "reg_index",
+        "set_field_exact",
+        "set_field_masked",
+        "sub_bits",
+        "wide",
+    )
+
+    def __init__(  # noqa: PLR0917 - a table row
+        self,
+        name: str,
+        mf_name: str,
+        nxm_name: str,
+        n_bytes: int,
+        oxm_header: int,
+        nxm_header: int,
+        kind: str,
+        maskable: bool,
+        order: int,
+        sub_bits: int = 0,
+        reg_index: int = -1,
+    ) -> None:
+        self.name = name  # our name (Match keyword, SetField field), e.g. "ipv4_dst"
+        self.mf_name = mf_name  # Open vSwitch name, printed by set_field, e.g. "ip_dst"
+        self.nxm_name = nxm_name  # name in subfield syntax, e.g. "NXM_OF_IP_DST"
+        self.n_bytes = n_bytes
+        self.oxm_header = oxm_header  # header (hasmask=0) in OF1.5 match/set_field/copy_field
+        self.nxm_header = nxm_header  # header in Nicira actions (learn, ct zone_src)
+        self.kind = kind
+        self.maskable = maskable
+        self.order = order  # position in a canonical (Open vSwitch) match encoding
+        self.sub_bits = sub_bits  # width in subfield contexts if not 8 * n_bytes (in_port)
+        self.reg_index = reg_index  # for reg0..reg15: the 32-bit register number
+        self.limit = 1 << (8 * n_bytes)
+        # xreg/xxreg: a match stores them as the 32-bit registers they overlay.
+        self.wide = n_bytes > 4 and kind == HEX and 80 <= order < _ORDER_REGS_END
+        self.prereq_eth: frozenset[int] | None = None
+        self.prereq_proto: int | None = None
+        self.hdr = _U32.pack(oxm_header)
+        self.hdr_masked = _U32.pack((oxm_header & ~0xFF) | 0x100 | (2 * n_bytes))
+        exact_len = 4 + 4 + n_bytes
+        masked_len = 4 + 4 + 2 * n_bytes
+        self.set_field_exact = (
+            struct.pack("!HH", c.OFPAT_SET_FIELD, (exact_len + 7) // 8 * 8) + self.hdr,
+            bytes(-exact_len % 8),
+        )
+        self.set_field_masked = (
+            struct.pack("!HH", c.OFPAT_SET_FIELD, (masked_len + 7) // 8 * 8) + self.hdr_masked,
+            bytes(-masked_len % 8),
+        )
 
     @property
     def n_bits(self) -> int:
@@ -88,6 +147,9 @@ class Field:
                 if len(parts) != 6:
                     raise ValueError(text)
                 return int("".join(f"{int(p, 16):02x}" for p in parts), 16)
+            if self.kind == HEX and ("." in text or ":" in text):
+                # registers often hold addresses: reg3="10.0.0.1", xxreg3="fd00::1"
+                return int(ipaddress.ip_address(text))
             return int(text, 0)
         except ValueError as exc:
             raise OpenFlowEncodeError(f"{self.name}: cannot parse {text!r}") from exc
@@ -489,7 +551,33 @@ XREGS = tuple(
     for i in range(8)
 )
 PACKET_TYPE_HEADER = _hdr(_BASIC, 44, 4)
-_ORDER_REGS_END = 96
+
+# Prerequisites (checked as the canonical order puts them first: eth_type, then ip_proto).
+_IP_TYPES = frozenset([c.ETH_TYPE_IP, c.ETH_TYPE_IPV6])
+for _field, _eth, _proto in (
+    (IPV4_SRC, {c.ETH_TYPE_IP}, None),
+    (IPV4_DST, {c.ETH_TYPE_IP}, None),
+    (IPV6_SRC, {c.ETH_TYPE_IPV6}, None),
+    (IPV6_DST, {c.ETH_TYPE_IPV6}, None),
+    (IP_PROTO, _IP_TYPES, None),
+    (TCP_SRC, _IP_TYPES, c.IPPROTO_TCP),
+    (TCP_DST, _IP_TYPES, c.IPPROTO_TCP),
+    (UDP_SRC, _IP_TYPES, c.IPPROTO_UDP),
+    (UDP_DST, _IP_TYPES, c.IPPROTO_UDP),
+    (SCTP_SRC, _IP_TYPES, c.IPPROTO_SCTP),
+    (SCTP_DST, _IP_TYPES, c.IPPROTO_SCTP),
+    (ICMP_TYPE, {c.ETH_TYPE_IP}, c.IPPROTO_ICMP),
+    (ICMP_CODE, {c.ETH_TYPE_IP}, c.IPPROTO_ICMP),
+    (ICMPV6_TYPE, {c.ETH_TYPE_IPV6}, c.IPPROTO_ICMPV6),
+    (ICMPV6_CODE, {c.ETH_TYPE_IPV6}, c.IPPROTO_ICMPV6),
+    (ARP_OP, {c.ETH_TYPE_ARP, c.ETH_TYPE_RARP}, None),
+    (ARP_SPA, {c.ETH_TYPE_ARP, c.ETH_TYPE_RARP}, None),
+    (ARP_TPA, {c.ETH_TYPE_ARP, c.ETH_TYPE_RARP}, None),
+    (ARP_SHA, {c.ETH_TYPE_ARP, c.ETH_TYPE_RARP}, None),
+    (ARP_THA, {c.ETH_TYPE_ARP, c.ETH_TYPE_RARP}, None),
+):
+    _field.prereq_eth = frozenset(_eth)
+    _field.prereq_proto = _proto
 
 
 def get_field(name: str | Field) -> Field:
@@ -516,25 +604,17 @@ def _unknown_field(header: int, header_bytes: bytes) -> Field:
         header & ~0x100,
         HEX,
         True,
-        200 + field_no,
+        1000 + (oxm_class << 7) + field_no,  # after every known field, unique per header
     )
 
 
 # -- OXM TLV encoding ------------------------------------------------------------------------
 
-_U32 = struct.Struct("!I")
 _TLV_HEADERS: dict[tuple[int, bool], bytes] = {}
 
 
 def tlv_header(field: Field, masked: bool) -> bytes:
-    key = (field.oxm_header, masked)
-    header = _TLV_HEADERS.get(key)
-    if header is None:
-        raw = field.oxm_header
-        if masked:
-            raw = (raw & ~0xFF) | 0x100 | (2 * field.n_bytes)
-        header = _TLV_HEADERS[key] = _U32.pack(raw)
-    return header
+    return field.hdr_masked if masked else field.hdr
 
 
 def encode_tlv(field: Field, value: int, mask: int | None) -> bytes:
@@ -697,81 +777,77 @@ def _split_wide(field: Field, value: int, mask: int | None) -> list[Entry]:
     return entries
 
 
-def _check_prerequisites(by_name: dict[str, int]) -> None:
-    eth_type = by_name.get("eth_type")
-    ip_proto = by_name.get("ip_proto")
-
-    def need(what: str, ok: bool) -> None:
-        if not ok:
-            raise OpenFlowEncodeError(f"match on {what} lacks its prerequisites")
-
-    for name in by_name:
-        if name in ("ipv4_src", "ipv4_dst"):
-            need(name + " (eth_type=0x0800)", eth_type == c.ETH_TYPE_IP)
-        elif name in ("ipv6_src", "ipv6_dst"):
-            need(name + " (eth_type=0x86dd)", eth_type == c.ETH_TYPE_IPV6)
-        elif name == "ip_proto":
-            need("ip_proto (eth_type=ip or ipv6)", eth_type in (c.ETH_TYPE_IP, c.ETH_TYPE_IPV6))
-        elif name in ("tcp_src", "tcp_dst"):
-            need(name + " (ip_proto=6)", ip_proto == c.IPPROTO_TCP)
-        elif name in ("udp_src", "udp_dst"):
-            need(name + " (ip_proto=17)", ip_proto == c.IPPROTO_UDP)
-        elif name in ("sctp_src", "sctp_dst"):
-            need(name + " (ip_proto=132)", ip_proto == c.IPPROTO_SCTP)
-        elif name in ("icmp_type", "icmp_code"):
-            need(name + " (icmp)", eth_type == c.ETH_TYPE_IP and ip_proto == c.IPPROTO_ICMP)
-        elif name in ("icmpv6_type", "icmpv6_code"):
-            need(name + " (icmp6)", eth_type == c.ETH_TYPE_IPV6 and ip_proto == c.IPPROTO_ICMPV6)
-        elif name.startswith("arp_"):
-            need(name + " (eth_type=0x0806)", eth_type in (c.ETH_TYPE_ARP, c.ETH_TYPE_RARP))
+def _prerequisite_error(field: Field) -> OpenFlowEncodeError:
+    need = []
+    if field.prereq_eth is not None:
+        need.append("eth_type=" + " or ".join(f"{t:#06x}" for t in sorted(field.prereq_eth)))
+    if field.prereq_proto is not None:
+        need.append(f"ip_proto={field.prereq_proto}")
+    return OpenFlowEncodeError(f"a match on {field.name} needs {' and '.join(need)}")
 
 
-def _encode_entries(entries: tuple[Entry, ...] | list[Entry]) -> bytes:
-    """The ofp_match structure (header, canonical TLVs, padding) for sorted entries."""
+def _build_match(keyed: list[tuple[int, Field, int, int | None]]) -> Match:
+    """Canonical match from (order, field, value, mask) items: sort, check, encode."""
+    if len(keyed) > 1:
+        try:
+            keyed.sort()  # orders are unique per field; equal orders mean a repeated field
+        except TypeError:
+            raise OpenFlowEncodeError("a field is matched twice") from None
     parts: list[bytes] = []
     append = parts.append
+    eth_type = ip_proto = None
+    previous = None
     i = 0
-    n = len(entries)
+    n = len(keyed)
     while i < n:
-        field, value, mask = entries[i]
+        _, field, value, mask = keyed[i]
+        if field is previous:
+            raise OpenFlowEncodeError(f"field {field.name} is matched twice")
+        previous = field
+        i += 1
         reg = field.reg_index
         if reg < 0:
+            if field.prereq_eth is not None and (
+                eth_type not in field.prereq_eth
+                or (field.prereq_proto is not None and ip_proto != field.prereq_proto)
+            ):
+                raise _prerequisite_error(field)
+            if field is ETH_TYPE:
+                eth_type = value
+            elif field is IP_PROTO:
+                ip_proto = value
             if mask is None:
-                append(tlv_header(field, False) + value.to_bytes(field.n_bytes, "big"))
+                append(field.hdr + value.to_bytes(field.n_bytes, "big"))
             else:
                 n_bytes = field.n_bytes
                 append(
-                    tlv_header(field, True)
+                    field.hdr_masked
                     + value.to_bytes(n_bytes, "big")
                     + mask.to_bytes(n_bytes, "big")
                 )
-            i += 1
             continue
         # Open vSwitch matches registers in OpenFlow 1.5 as 64-bit xregs: reg(2k) is the
         # high half of xreg(k), reg(2k+1) the low half.
-        xreg = reg >> 1
         high_value = high_mask = low_value = low_mask = 0
         if reg & 1:
             low_value, low_mask = value, _FULL32 if mask is None else mask
         else:
             high_value, high_mask = value, _FULL32 if mask is None else mask
-            if i + 1 < n and entries[i + 1][0].reg_index == reg + 1:
+            if i < n and keyed[i][1].reg_index == reg + 1:
+                _, previous, low_value, low = keyed[i]
+                low_mask = _FULL32 if low is None else low
                 i += 1
-                _, low_value, low_mask_or_none = entries[i]
-                low_mask = _FULL32 if low_mask_or_none is None else low_mask_or_none
-        i += 1
         x_value = (high_value << 32) | low_value
         x_mask = (high_mask << 32) | low_mask
-        xfield = XREGS[xreg]
+        xfield = XREGS[reg >> 1]
         if x_mask == 0xFFFFFFFFFFFFFFFF:
-            append(tlv_header(xfield, False) + x_value.to_bytes(8, "big"))
+            append(xfield.hdr + x_value.to_bytes(8, "big"))
         else:
-            append(
-                tlv_header(xfield, True) + x_value.to_bytes(8, "big") + x_mask.to_bytes(8, "big")
-            )
+            append(xfield.hdr_masked + x_value.to_bytes(8, "big") + x_mask.to_bytes(8, "big"))
     body = b"".join(parts)
     length = 4 + len(body)
-    return _MATCH_HEADER.pack(c.OFPMT_OXM, length) + body + _ZEROS[: -length % 8]
+    wire = _MATCH_HEADER.pack(c.OFPMT_OXM, length) + body + _ZEROS[: -length % 8]
+    return tuple.__new__(Match, (wire, tuple(keyed)))
 
 
 class Match(Value):
@@ -785,57 +861,49 @@ class Match(Value):
     """
 
     __slots__ = ()
-    _fields = ("entries",)
-    entries: tuple[Entry, ...]
+    _fields = ("items",)
+    items: tuple[tuple[int, Field, int, int | None], ...]  # (order, field, value, mask)
+
+    @property
+    def entries(self) -> tuple[Entry, ...]:
+        """The (field, value, mask) entries in canonical order; mask None means exact."""
+        return tuple((f, v, m) for _, f, v, m in self[1])
 
     def __new__(cls, **fields: Any) -> Match:
         if not fields:
             return _EMPTY_MATCH
-        entries: list[tuple[int, Field, int, int | None]] = []
+        keyed: list[tuple[int, Field, int, int | None]] = []
+        append = keyed.append
+        get = FIELDS.get
         for name, raw in fields.items():
-            field = FIELDS.get(name)
+            field = get(name)
             if field is None:
                 raise OpenFlowEncodeError(f"unknown match field {name!r}")
             if raw is None:
                 continue
-            if type(raw) is int and raw >= 0 and not raw >> (8 * field.n_bytes):
+            if type(raw) is int and 0 <= raw < field.limit:
                 value, mask = raw, None
             else:
                 value, mask = field.value_and_mask(raw)
-            if mask == 0:
-                continue
-            if field.n_bytes > 4 and field.order < _ORDER_REGS_END and field.kind == HEX:
+                if mask == 0:
+                    continue
+            if field.wide:
                 for sub in _split_wide(field, value, mask):
-                    entries.append((sub[0].order, *sub))
+                    append((sub[0].order, *sub))
             else:
-                entries.append((field.order, field, value, mask))
-        return cls._from_sorted(entries)
-
-    @classmethod
-    def _from_sorted(cls, keyed: list[tuple[int, Field, int, int | None]]) -> Match:
-        keyed.sort(key=_first)
-        canonical = tuple((f, v, m) for _, f, v, m in keyed)
-        previous = None
-        by_name: dict[str, int] = {}
-        for field, value, _ in canonical:
-            if field is previous:
-                raise OpenFlowEncodeError(f"field {field.name} is matched twice")
-            previous = field
-            by_name[field.name] = value
-        if len(by_name) > 1 or (by_name.keys() - _NO_PREREQ):
-            _check_prerequisites(by_name)
-        return tuple.__new__(cls, (_encode_entries(canonical), canonical))
+                append((field.order, field, value, mask))
+        return _build_match(keyed)
 
     @classmethod
     def from_entries(cls, entries: list[Entry] | tuple[Entry, ...]) -> Match:
         """Builds a match from decoded (field, value, mask) entries."""
         keyed: list[tuple[int, Field, int, int | None]] = []
         for field, value, mask in entries:
-            if field.n_bytes > 4 and field.order < _ORDER_REGS_END and field.kind == HEX:
+            if field.wide:
                 keyed.extend((s[0].order, *s) for s in _split_wide(field, value, mask))
             else:
                 keyed.append((field.order, field, value, mask))
-        return cls._from_sorted(keyed)
+        return _build_match(keyed)
 
     @classmethod
     def decode(cls, data: bytes, offset: int = 0) -> tuple[Match, int]:
@@ -861,9 +929,9 @@ class Match(Value):
         field = FIELDS.get(name)
         if field is None:
             raise KeyError(name)
-        if field.n_bytes > 4 and field.order < _ORDER_REGS_END and field.kind == HEX:
+        if field.wide:
             return self._get_wide(field, default)
-        for f, value, mask in self[1]:
+        for _, f, value, mask in self[1]:
             if f is field:
                 py = field.python_value(value)
                 return py if mask is None else (py, field.python_value(mask))
@@ -874,7 +942,7 @@ class Match(Value):
         first = field.order - 80
         value = mask = 0
         found = False
-        regs = {f.reg_index: (v, m) for f, v, m in self[1] if f.reg_index >= 0}
+        regs = {f.reg_index: (v, m) for _, f, v, m in self[1] if f.reg_index >= 0}
         for i in range(words):
             v, m = regs.get(first + i, (0, 0))
             if (first + i) in regs:
@@ -896,7 +964,7 @@ class Match(Value):
 
     def as_kwargs(self) -> dict[str, Any]:
         """The match as ``Match(**kwargs)`` keywords (registers as 32-bit regs)."""
-        return {f.name: (v if m is None else (v, m)) for f, v, m in self[1]}
+        return {f.name: (v if m is None else (v, m)) for _, f, v, m in self[1]}
 
     def replace(self, **changes: Any) -> Match:
         kwargs = self.as_kwargs()
@@ -908,7 +976,7 @@ class Match(Value):
             f"{f.name}={f.python_value(v)!r}"
             if m is None
             else f"{f.name}=({f.python_value(v)!r}, {f.python_value(m)!r})"
-            for f, v, m in self[1]
+            for _, f, v, m in self[1]
         )
         return f"Match({args})"
 
@@ -921,22 +989,7 @@ def _first(item: tuple) -> int:
     return item[0]
 
 
-_NO_PREREQ = frozenset(
-    [
-        "in_port",
-        "eth_src",
-        "eth_dst",
-        "eth_type",
-        "pkt_mark",
-        "ct_state",
-        "ct_zone",
-        "ct_mark",
-        "ct_label",
-        "metadata",
-        *(f"reg{i}" for i in range(16)),
-    ]
-)
-_EMPTY_MATCH = tuple.__new__(Match, (_encode_entries(()), ()))
+_EMPTY_MATCH = _build_match([])
 
 
 # -- match text (match_format) -----------------------------------------------------------
@@ -955,7 +1008,7 @@ def _fmt_dec16(name: str, value: int, mask: int | None) -> str:
 
 def format_match(match: Match, priority: int | None = None) -> str:
     """Open vSwitch's ``match_format`` for the fields we model."""
-    values: dict[str, tuple[int, int | None]] = {f.name: (v, m) for f, v, m in match[1]}
+    values: dict[str, tuple[int, int | None]] = {f.name: (v, m) for _, f, v, m in match[1]}
     out: list[str] = []
     if priority is not None and priority != c.OFP_DEFAULT_PRIORITY:
         out.append(f"priority={priority}")
@@ -1083,8 +1136,8 @@ def format_match(match: Match, priority: int | None = None) -> str:
         for proto in ("tcp", "udp", "sctp"):
             dec16("tp_src", f"{proto}_src")
             dec16("tp_dst", f"{proto}_dst")
-    for f, v, m in match[1]:
-        if f.order >= 200:  # fields we do not model, printed raw
+    for _, f, v, m in match[1]:
+        if f.order >= 1000:  # fields we do not model, printed raw
             out.append(f"{f.name}={format_hex(v)}" + ("" if m is None else f"/{format_hex(m)}"))
     return ",".join(out)
 

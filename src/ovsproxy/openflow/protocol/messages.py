@@ -25,6 +25,7 @@ from .actions import (
     format_actions,
     format_instructions,
     iter_props,
+    join_actions,
 )
 from .errors import MessageTooLarge, OpenFlowDecodeError, OpenFlowEncodeError
 from .fields import Field, Match, decode_tlvs, field_by_nxm_header, format_port, get_field
@@ -581,11 +582,7 @@ class Bucket(Value):
         watch_port: int | None = None,
         watch_group: int | None = None,
     ) -> Bucket:
-        actions = tuple(actions)
-        try:
-            body = b"".join([a[0] for a in actions])
-        except TypeError:
-            raise OpenFlowEncodeError(f"bucket: not a list of actions: {actions!r}") from None
+        actions, body = join_actions(actions, "bucket")
         if bucket_id > c.OFPG_BUCKET_MAX or bucket_id < 0:
             raise OpenFlowEncodeError(f"bucket id {bucket_id} is out of range")
         try:
@@ -602,9 +599,6 @@ class Bucket(Value):
             wire = _BUCKET.pack(length, len(body), bucket_id) + body + props
         except struct.error as exc:
             raise OpenFlowEncodeError(f"bucket: {exc}") from None
-        for a in actions:
-            if not isinstance(a, Action):
-                raise OpenFlowEncodeError(f"bucket: {a!r} is not an action")
         return tuple.__new__(cls, (wire, bucket_id, actions, weight, watch_port, watch_group))
 
     def to_text(self, group_type: int = c.GroupType.SELECT) -> str:
