@@ -346,18 +346,14 @@ class Datapath:
         lines = []
         for gid in sorted(self.installed_groups):
             group = self.installed_groups[gid]
-            buckets = [
-                of.Bucket(bucket_id=group.ids[k], actions=b.actions, weight=b.weight)
-                for k, b in sorted(group.buckets.items(), key=lambda kv: group.ids[kv[0]])
-            ]
-            msg = of.GroupMod(
-                command=of.GroupModCommand.ADD,
-                group_id=gid,
-                group_type=of.GroupType.SELECT,
-                buckets=tuple(buckets),
-                selection_method=group.selection_method,
-            )
-            lines.append(of.format_group(msg))
+            # Text is built per bucket: a large group is no single OpenFlow message.
+            text = f"group_id={gid},type=select"
+            if group.selection_method:
+                text += f",selection_method={group.selection_method}"
+            for key, spec in sorted(group.buckets.items(), key=lambda kv: group.ids[kv[0]]):
+                bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
+                text += "," + bucket.to_text(of.GroupType.SELECT)
+            lines.append(text)
         flows = sorted(
             self.installed_flows.values(),
             key=lambda f: (f.table_id, -f.priority, of.format_flow(f)),
