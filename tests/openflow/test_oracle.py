@@ -722,7 +722,9 @@ def test_flow_mod_with_output_and_goto_bytes_equal_os_ken() -> None:
         out_group=osken_ofp.OFPG_ANY,
         match=p.OFPMatch(in_port=3),
         instructions=[
-            p.OFPInstructionActions(osken_ofp.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(2, max_len=0)]),
+            p.OFPInstructionActions(
+                osken_ofp.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(2, max_len=0)]
+            ),
             p.OFPInstructionGotoTable(5),
         ],
     )

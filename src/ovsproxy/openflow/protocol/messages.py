@@ -8,6 +8,7 @@ prefix), so the same strings serve logs, the dump command and oracle tests.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -796,48 +797,85 @@ def format_group(group: GroupMod, suppress_type: bool = False) -> str:
     return text
 
 
-def split_group_mod(group: GroupMod, limit: int = c.MAX_BUNDLED_MESSAGE_LEN) -> list[GroupMod]:
-    """Splits a group mod whose encoding exceeds ``limit`` bytes into messages that fit.
-
-    The first message keeps the command (ADD, MODIFY or INSERT_BUCKET) and the selection
-    method with the buckets that fit; the rest follow as INSERT_BUCKET messages, each
-    inserting after the last bucket of the previous one, so the final bucket order is the
-    original order. Send them in order, in one ordered (atomic) bundle. The default limit
-    leaves room for the BUNDLE_ADD header; use ``OFP_MAX_MESSAGE_LEN`` outside bundles.
+def group_mod_chunks(
+    command: int,
+    group_id: int,
+    buckets: Iterable[Bucket],
+    *,
+    group_type: int = c.GroupType.SELECT,
+    command_bucket_id: int | None = None,
+    selection_method: str | None = None,
+    selection_method_param: int = 0,
+    fields: Iterable[str | Field] | None = None,
+    limit: int = c.MAX_BUNDLED_MESSAGE_LEN,
+) -> list[GroupMod]:
+    """The messages that install a group of any size: ``command`` (ADD, MODIFY or
+    INSERT_BUCKET) with the buckets that fit in ``limit`` bytes, then INSERT_BUCKET
+    messages, each inserting after the last bucket of the one before, so the switch ends
+    up with the buckets in the given order. Send them in order in one ordered, atomic
+    bundle. The default limit leaves room for the BUNDLE_ADD header; use
+    ``OFP_MAX_MESSAGE_LEN`` outside bundles. Sizes are the buckets' real encoded lengths.
     """
-    if 8 + len(group[0]) <= limit:
-        return [group]
-    command = group.command
-    if command not in (
-        c.GroupModCommand.ADD,
-        c.GroupModCommand.MODIFY,
-        c.GroupModCommand.INSERT_BUCKET,
-    ):
-        raise MessageTooLarge("group mod", 8 + len(group[0]), limit)
-    props_len = len(group[0]) - _GROUP_MOD.size - sum(len(b[0]) for b in group.buckets)
+    buckets = tuple(buckets)
+    first_overhead = group_mod_overhead(selection_method, fields or ())
+    later_overhead = group_mod_overhead()
     chunks: list[list[Bucket]] = [[]]
-    budget = limit - 8 - _GROUP_MOD.size - props_len
-    for bucket in group.buckets:
+    budget = limit - first_overhead
+    for bucket in buckets:
         size = len(bucket[0])
-        if size > limit - 8 - _GROUP_MOD.size:
-            raise MessageTooLarge(f"bucket {bucket.bucket_id}", size, limit - 24)
+        if size > limit - later_overhead:
+            raise MessageTooLarge(f"bucket {bucket.bucket_id}", size, limit - later_overhead)
         if size > budget and chunks[-1]:
+            if command not in (
+                c.GroupModCommand.ADD,
+                c.GroupModCommand.MODIFY,
+                c.GroupModCommand.INSERT_BUCKET,
+            ):
+                raise MessageTooLarge("group mod", limit - budget + size, limit)
             chunks.append([])
-            budget = limit - 8 - _GROUP_MOD.size
+            budget = limit - later_overhead
         chunks[-1].append(bucket)
         budget -= size
-    result = [group.replace(buckets=chunks[0])]
-    for chunk, previous in zip(chunks[1:], chunks[:-1], strict=True):
+    result = [
+        GroupMod(
+            command,
+            group_id,
+            group_type,
+            chunks[0],
+            command_bucket_id=command_bucket_id,
+            selection_method=selection_method,
+            selection_method_param=selection_method_param,
+            fields=fields,
+        )
+    ]
+    for previous, chunk in itertools.pairwise(chunks):
         result.append(
             GroupMod(
                 c.GroupModCommand.INSERT_BUCKET,
-                group.group_id,
-                group.group_type,
+                group_id,
+                group_type,
                 chunk,
                 command_bucket_id=previous[-1].bucket_id,
             )
         )
     return result
+
+
+def split_group_mod(group: GroupMod, limit: int = c.MAX_BUNDLED_MESSAGE_LEN) -> list[GroupMod]:
+    """``group_mod_chunks`` for an existing GroupMod: ``[group]`` if it fits in ``limit``."""
+    if 8 + len(group[0]) <= limit:
+        return [group]
+    return group_mod_chunks(
+        group.command,
+        group.group_id,
+        group.buckets,
+        group_type=group.group_type,
+        command_bucket_id=group.command_bucket_id,
+        selection_method=group.selection_method,
+        selection_method_param=group.selection_method_param,
+        fields=group.fields,
+        limit=limit,
+    )
 
 
 # -- PACKET_OUT / PACKET_IN -----------------------------------------------------------------------
