@@ -809,14 +809,45 @@ class Channel:
         return [flow for reply in replies for flow in reply.flows]
 
     async def dump_groups(
-        self, group_id: int = of.OFPG_ALL, timeout: float | None = None
+        self,
+        group_id: int = of.OFPG_ALL,
+        *,
+        max_buckets: int = 1000,
+        timeout: float | None = None,
     ) -> list[of.GroupMod]:
-        """Installed groups (GROUP_DESC) as ADD ``GroupMod`` values."""
-        replies = await self.request(of.GroupDescRequest(group_id), timeout or self.bundle_timeout)
+        """Installed groups (GROUP_DESC) as ADD ``GroupMod`` values.
+
+        Open vSwitch (3.1) cannot describe a group whose GROUP_DESC entry exceeds 64 KB
+        (about 1,000 service buckets): it overflows the 16-bit lengths and corrupts the
+        stream. So the group stats are read first and groups with more than
+        ``max_buckets`` buckets are refused with ``ChannelError``; use ``group_stats`` or
+        ``group_ids`` for those.
+        """
+        timeout = timeout or self.bundle_timeout
+        big = [
+            s
+            for s in await self.group_stats(group_id, timeout=timeout)
+            if s.n_buckets > max_buckets
+        ]
+        if big:
+            listed = ", ".join(f"{s.group_id} ({s.n_buckets} buckets)" for s in big[:5])
+            raise ChannelError(
+                f"cannot dump groups over {max_buckets} buckets through OpenFlow "
+                f"(Open vSwitch overflows GROUP_DESC lengths): {listed}"
+            )
+        replies = await self.request(of.GroupDescRequest(group_id), timeout)
         return [group for reply in replies for group in reply.groups]
 
+    async def group_stats(
+        self, group_id: int = of.OFPG_ALL, *, timeout: float | None = None
+    ) -> list[of.GroupStats]:
+        """Installed groups' statistics (GROUP_STATS): ids, bucket counts, counters."""
+        replies = await self.request(of.GroupStatsRequest(group_id), timeout or self.bundle_timeout)
+        return [stats for reply in replies for stats in reply.stats]
+
     async def group_ids(self) -> set[int]:
-        return {g.group_id for g in await self.dump_groups()}
+        """Ids of every installed group (from GROUP_STATS: safe for big groups)."""
+        return {s.group_id for s in await self.group_stats()}
 
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
         return [f.flow.cookie for f in await self.dump_flows(cookie=cookie, cookie_mask=mask)]
@@ -825,6 +856,16 @@ class Channel:
 
     def _on_message(self, conn: _Connection, raw: bytes) -> None:
         msg_type = raw[1]
+        if raw[0] != of.OFP_VERSION and msg_type not in (of.MsgType.HELLO, of.MsgType.ERROR):
+            # Only a desynchronized stream gets here (e.g. a reply whose 16-bit length
+            # overflowed): nothing after it can be framed reliably.
+            log.error(
+                "openflow: %s: stream out of sync (version %#x); reconnecting",
+                self.endpoint,
+                raw[0],
+            )
+            conn.abort()
+            return
         kind = of.message_kind(msg_type)
         self.counters.count_received(kind, len(raw))
         xid = int.from_bytes(raw[4:8], "big")

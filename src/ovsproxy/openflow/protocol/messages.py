@@ -1345,6 +1345,89 @@ class GroupDescReply(Message):
         return "".join("\n " + format_group(g) for g in self[1])
 
 
+class GroupStatsRequest(Message):
+    """OFPMP_GROUP_STATS request. Each reply entry costs 40 + 16 bytes per bucket, against
+    GROUP_DESC's full buckets, so it lists big groups that GROUP_DESC cannot (Open vSwitch
+    overflows a GROUP_DESC entry's 16-bit length for a group over 64 KB)."""
+
+    __slots__ = ()
+    _fields = ("group_id",)
+    group_id: int
+    msg_type = c.MsgType.MULTIPART_REQUEST
+    raw_name = "OFPST_GROUP request"
+
+    def __new__(cls, group_id: int = c.OFPG_ALL) -> GroupStatsRequest:
+        try:
+            wire = _MULTIPART.pack(c.MultipartType.GROUP_STATS, 0) + struct.pack("!I4x", group_id)
+        except struct.error as exc:
+            raise OpenFlowEncodeError(f"group_stats request: {exc}") from None
+        return tuple.__new__(cls, (wire, group_id))
+
+    def to_text(self, xid: int = 0) -> str:
+        group = "ALL" if self[1] == c.OFPG_ALL else str(self[1])
+        return f" group_id={group}"
+
+
+_GROUP_STATS = struct.Struct("!H2xII4xQQII")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """One group from a GROUP_STATS reply; ``bucket_stats`` holds (packets, bytes) per bucket."""
+
+    group_id: int
+    ref_count: int = 0
+    packet_count: int = 0
+    byte_count: int = 0
+    duration_sec: int = 0
+    duration_nsec: int = 0
+    bucket_stats: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def n_buckets(self) -> int:
+        return len(self.bucket_stats)
+
+    def encode(self) -> bytes:
+        return _GROUP_STATS.pack(
+            40 + 16 * len(self.bucket_stats),
+            self.group_id,
+            self.ref_count,
+            self.packet_count,
+            self.byte_count,
+            self.duration_sec,
+            self.duration_nsec,
+        ) + b"".join(struct.pack("!QQ", p, b) for p, b in self.bucket_stats)
+
+
+class GroupStatsReply(Message):
+    """OFPMP_GROUP_STATS reply."""
+
+    __slots__ = ()
+    _fields = ("stats", "more")
+    stats: tuple[GroupStats, ...]
+    more: bool
+    msg_type = c.MsgType.MULTIPART_REPLY
+    raw_name = "OFPST_GROUP reply"
+
+    def __new__(cls, stats: Iterable[GroupStats] = (), more: bool = False) -> GroupStatsReply:
+        stats = tuple(stats)
+        wire = _MULTIPART.pack(c.MultipartType.GROUP_STATS, c.OFPMPF_MORE if more else 0) + (
+            b"".join(s.encode() for s in stats)
+        )
+        return tuple.__new__(cls, (wire, stats, bool(more)))
+
+    def to_text(self, xid: int = 0) -> str:
+        return "".join(
+            f"\n group_id={s.group_id},duration={s.duration_sec}.{s.duration_nsec // 1000000:03d}s,"
+            f"ref_count={s.ref_count},packet_count={s.packet_count},byte_count={s.byte_count}"
+            + "".join(
+                f",bucket{i}:packet_count={p},byte_count={b}"
+                for i, (p, b) in enumerate(s.bucket_stats)
+            )
+            for s in self[1]
+        )
+
+
 class MultipartReply(Message):
     """A multipart reply of a type this codec does not model (kept raw)."""
 
@@ -1647,6 +1730,8 @@ def _dec_multipart_request(data: bytes, version: int) -> Message:
         )
     if mp_type == c.MultipartType.GROUP_DESC:
         return GroupDescRequest(_U32.unpack_from(data, 16)[0])
+    if mp_type == c.MultipartType.GROUP_STATS:
+        return GroupStatsRequest(_U32.unpack_from(data, 16)[0])
     raise OpenFlowDecodeError(f"unsupported multipart request {mp_type}")
 
 
@@ -1657,7 +1742,24 @@ def _dec_multipart_reply(data: bytes, version: int) -> Message:
         return FlowDescReply(_decode_flow_descs(data, 16), more)
     if mp_type == c.MultipartType.GROUP_DESC:
         return GroupDescReply(_decode_group_descs(data, 16), more)
+    if mp_type == c.MultipartType.GROUP_STATS:
+        return GroupStatsReply(_decode_group_stats(data, 16), more)
     return MultipartReply(mp_type, flags, data[16:])
+
+
+def _decode_group_stats(data: bytes, pos: int) -> Iterator[GroupStats]:
+    while pos < len(data):
+        if pos + 40 > len(data):
+            raise OpenFlowDecodeError("truncated group stats")
+        (length, group_id, ref_count, packets, octets, sec, nsec) = _GROUP_STATS.unpack_from(
+            data, pos
+        )
+        end = pos + length
+        if length < 40 or (length - 40) % 16 or end > len(data):
+            raise OpenFlowDecodeError(f"bad group stats length {length}")
+        buckets = tuple(struct.unpack_from("!QQ", data, p) for p in range(pos + 40, end, 16))
+        yield GroupStats(group_id, ref_count, packets, octets, sec, nsec, buckets)
+        pos = end
 
 
 def _decode_flow_descs(data: bytes, pos: int) -> Iterator[FlowDesc]:
