@@ -53,6 +53,15 @@ CT_ZONE_V6 = 0xFFE6
 CT_MARK_SERVICE = 0x10
 CT_MARK_SERVICE_MASK = 0x10
 
+# -- rejecting (no usable endpoint) --------------------------------------------------------
+# ServiceLB sends the first packet of a connection to a Service without endpoints to the agent
+# (controller action, metered), which answers with a TCP RST or an ICMP port unreachable.
+REJECT_METER_ID = 0x5E71  # pktps meter limiting reject packet-ins (<= OVS's 262,144 meters)
+REJECT_METER_RATE = 100  # packets per second
+REJECT_METER_BURST = 200
+REJECT_MAX_LEN = 256  # bytes of the rejected packet sent to the agent (headers + ICMP quote)
+REJECT_USERDATA = b"ovsp-rej"  # marks our reject packet-ins (8 bytes: no padding)
+
 
 def ct_zone(family: IPFamily) -> int:
     return CT_ZONE_V4 if family == IPFamily.IPv4 else CT_ZONE_V6
@@ -119,8 +128,29 @@ def cookie(generation: int, category: Category) -> int:
     )
 
 
-def learned_cookie() -> int:
-    return (COOKIE_APP << COOKIE_APP_SHIFT) | (int(Category.LEARNED) << COOKIE_CATEGORY_SHIFT)
+# A learned (session-affinity) flow's cookie carries the Service's affinity timeout in its low
+# 23 bits, and bit 23 when the agent, not OVS, expires it (timeouts above OVS's 16-bit limit):
+# the sweeper reads both from the switch alone, across agent restarts.
+LEARNED_TIMEOUT_MASK = (1 << 23) - 1
+LEARNED_SWEPT = 1 << 23
+LEARNED_CATEGORY_MASK = COOKIE_APP_MASK | COOKIE_GENERATION_MASK | (0xFF << COOKIE_CATEGORY_SHIFT)
+OVS_MAX_TIMEOUT = 0xFFFF  # OpenFlow idle/hard timeouts are 16-bit seconds
+
+
+def learned_cookie(timeout: int = 0, swept: bool = False) -> int:
+    if not 0 <= timeout <= LEARNED_TIMEOUT_MASK:
+        raise ValueError(f"affinity timeout {timeout} out of range")
+    return (
+        (COOKIE_APP << COOKIE_APP_SHIFT)
+        | (int(Category.LEARNED) << COOKIE_CATEGORY_SHIFT)
+        | (LEARNED_SWEPT if swept else 0)
+        | timeout
+    )
+
+
+def learned_cookie_timeout(value: int) -> tuple[int, bool]:
+    """(affinity timeout, agent-swept) of a learned flow's cookie."""
+    return value & LEARNED_TIMEOUT_MASK, bool(value & LEARNED_SWEPT)
 
 
 def cookie_generation(value: int) -> int | None:

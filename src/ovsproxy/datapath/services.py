@@ -50,6 +50,9 @@ class Context:
     tables: pl.Tables
     generation: int
     standalone: bool = True
+    # Affinity timeouts above this are expired by the agent's sweeper, not by OVS (tests lower
+    # it to exercise the sweep with short timeouts).
+    max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT
 
     def cookie(self, category: pl.Category) -> int:
         return pl.cookie(self.generation, category)
@@ -136,13 +139,8 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         of.Match(),
         _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
     )
-    # An endpoint remembered by a learned affinity flow: straight to its DNAT flow.
-    add(
-        t.service_lb,
-        pl.PRIORITY_LOW,
-        of.Match(**{pl.SELECTION_REG: (pl.Selection.SELECTED.value_bits, pl.SELECTION_MASK)}),
-        _apply(of.Resubmit(t.endpoint_dnat)),
-    )
+    # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
+    # in ServiceLB (see service_objects): a stale choice falls through to the group.
     add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
@@ -230,17 +228,34 @@ def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress
     return tuple(seen)
 
 
+def affinity_timeouts(timeout: int, max_ovs: int = pl.OVS_MAX_TIMEOUT) -> tuple[int, bool]:
+    """How a ClientIP affinity timeout is realised: (learned flows' idle_timeout, swept).
+
+    kube-proxy's timer restarts with every new connection of the client (iptables ``recent``
+    --set on each new connection), so the learned flow gets an *idle* timeout: it is hit by the
+    first packet of each new connection only (established packets skip selection). Up to OVS's
+    16-bit limit OVS expires it; above it (Kubernetes allows 86,400 s) the flow has no OVS
+    timeout and the agent's sweeper deletes it once its idle age reaches the timeout (the cookie
+    carries the timeout and the swept flag).
+    """
+    if timeout <= 0:
+        return 0, False
+    if timeout <= max_ovs:
+        return timeout, False
+    return 0, True
+
+
 def _learn_affinity(ctx: Context, port: ServicePort, family: IPFamily) -> of.Learn:
-    """Remember client -> endpoint in SessionAffinity for `affinity_timeout` seconds."""
+    """Remember client -> endpoint in SessionAffinity, refreshed by each new connection."""
     src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
     dst = _dst_field(family)
     reg = pl.endpoint_ip_reg(family)
-    timeout = min(port.affinity_timeout, 0xFFFF)
+    idle, swept = affinity_timeouts(port.affinity_timeout, ctx.max_ovs_timeout)
     return of.Learn(
         table=ctx.tables.session_affinity,
         priority=pl.PRIORITY_NORMAL,
-        hard_timeout=timeout,
-        cookie=pl.learned_cookie(),
+        idle_timeout=idle,
+        cookie=pl.learned_cookie(port.affinity_timeout, swept),
         delete_learned=True,
         specs=(
             of.LearnMatchValue("eth_type", eth_type(family)),
@@ -260,10 +275,143 @@ def _learn_affinity(ctx: Context, port: ServicePort, family: IPFamily) -> of.Lea
     )
 
 
+def frontend_match(port: ServicePort, ip: IPAddress, **extra: object) -> of.Match:
+    """ServiceLB's match for one frontend (ClusterIP, external or load-balancer IP)."""
+    family = IPFamily.of(ip)
+    return of.Match(
+        **{
+            "eth_type": eth_type(family),
+            "ip_proto": port.protocol.ip_proto,
+            _dst_field(family): ip,
+            _PORT_FIELD[port.protocol]: port.port,
+            **extra,
+        }
+    )
+
+
+def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.FlowMod:
+    """Delete every learned affinity flow of one frontend (non-strict: any client)."""
+    return of.FlowMod(
+        table_id=ctx.tables.session_affinity,
+        priority=0,
+        match=frontend_match(port, ip),
+        command=of.FlowModCommand.DELETE,
+        out_port=of.OFPP_ANY,
+        out_group=of.OFPG_ANY,
+        cookie=pl.learned_cookie(),
+        cookie_mask=pl.LEARNED_CATEGORY_MASK,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSet:
+    """Frontends of one family that share one endpoint set and one select group: the
+    ClusterIPs (internal traffic policy), or external and load-balancer IPs (external)."""
+
+    frontends: tuple[IPAddress, ...]
+    group_id: int
+    endpoints: tuple[Endpoint, ...]
+    # What the frontends do while `endpoints` is empty: reject (the agent's controller action)
+    # or, when empty, drop.
+    empty_actions: tuple[of.Action, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class ServiceObjects:
     groups: tuple[GroupSpec, ...]
     flows: tuple[of.FlowMod, ...]
+
+
+def frontend_objects(
+    ctx: Context, port: ServicePort, sets: Sequence[FrontendSet]
+) -> ServiceObjects:
+    """Groups and flows of one Service port. Per frontend F, in ServiceLB:
+
+    * priority LOW: F -> group (any selection state: a new connection, or a learned choice
+      that is no longer valid); with no endpoints, the reject action or drop;
+    * with session affinity, priority NORMAL: F + "selected, learn it" (from a bucket) ->
+      learn, then EndpointDNAT; and per endpoint E, F + "selected" + E (a learned choice that
+      is still one of F's endpoints) -> EndpointDNAT. A learned choice whose endpoint left
+      matches none of these and falls to the group, which picks and learns a live endpoint:
+      the client moves at once, other clients keep their affinity.
+    """
+    t = ctx.tables
+    groups: list[GroupSpec] = []
+    flows: list[of.FlowMod] = []
+    svc_cookie = ctx.cookie(pl.Category.SERVICE)
+    affinity = port.session_affinity
+    dnat: dict[tuple[IPAddress, int], None] = {}
+    for fset in sets:
+        if not fset.frontends:
+            continue
+        buckets = tuple(
+            BucketSpec(
+                key=(ep.ip, ep.port),
+                actions=endpoint_bucket_actions(ep.ip, ep.port, affinity, t),
+            )
+            for ep in fset.endpoints
+        )
+        groups.append(GroupSpec(group_id=fset.group_id, buckets=buckets))
+        for ip in fset.frontends:
+            family = IPFamily.of(ip)
+            if fset.endpoints:
+                actions: tuple[of.Action, ...] = (of.GroupAction(fset.group_id),)
+            else:
+                actions = fset.empty_actions  # empty: drop
+            flows.append(
+                of.FlowMod(
+                    table_id=t.service_lb,
+                    priority=pl.PRIORITY_LOW,
+                    match=frontend_match(port, ip),
+                    instructions=_apply(*actions) if actions else (),
+                    cookie=svc_cookie,
+                )
+            )
+            if not (affinity and fset.endpoints):
+                continue
+            selection = pl.SELECTION_REG
+            flows.append(
+                of.FlowMod(
+                    table_id=t.service_lb,
+                    priority=pl.PRIORITY_NORMAL,
+                    match=frontend_match(
+                        port,
+                        ip,
+                        **{selection: (pl.Selection.TO_LEARN.value_bits, pl.SELECTION_MASK)},
+                    ),
+                    instructions=_apply(
+                        _learn_affinity(ctx, port, family),
+                        of.SetField(selection, pl.Selection.SELECTED.value_bits, pl.SELECTION_MASK),
+                        of.Resubmit(t.endpoint_dnat),
+                    ),
+                    cookie=svc_cookie,
+                )
+            )
+            for ep in fset.endpoints:
+                flows.append(
+                    of.FlowMod(
+                        table_id=t.service_lb,
+                        priority=pl.PRIORITY_NORMAL,
+                        match=frontend_match(
+                            port,
+                            ip,
+                            **{
+                                pl.endpoint_ip_reg(family): _ip_value(ep.ip),
+                                pl.ENDPOINT_PORT_REG: (
+                                    ep.port | pl.Selection.SELECTED.value_bits,
+                                    pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK,
+                                ),
+                            },
+                        ),
+                        instructions=_apply(of.Resubmit(t.endpoint_dnat)),
+                        cookie=svc_cookie,
+                    )
+                )
+        for ep in fset.endpoints:
+            dnat.setdefault((ep.ip, ep.port), None)
+    for ip, ep_port in dnat:
+        flows.append(endpoint_dnat_flow(ctx, ip, ep_port, port.protocol))
+    return ServiceObjects(tuple(groups), tuple(flows))
 
 
 def service_objects(
@@ -273,75 +421,19 @@ def service_objects(
     group_ids: dict[IPFamily, int],
     reject_action: tuple[of.Action, ...] = (),
 ) -> ServiceObjects:
-    """Groups and flows for one Service port. `endpoints` are the ones to use (after
-    categorisation); `group_ids` has an id for every family the Service has frontends in."""
-    t = ctx.tables
-    groups: list[GroupSpec] = []
-    flows: list[of.FlowMod] = []
-    svc_cookie = ctx.cookie(pl.Category.SERVICE)
-    for family, group_id in sorted(group_ids.items()):
-        frontends = service_frontend_ips(port, family)
-        if not frontends:
-            continue
-        family_eps = [ep for ep in endpoints if ep.ip.version == family]
-        buckets = tuple(
-            BucketSpec(
-                key=(ep.ip, ep.port),
-                actions=endpoint_bucket_actions(ep.ip, ep.port, port.session_affinity, t),
-            )
-            for ep in family_eps
+    """Groups and flows for one Service port whose frontends all use `endpoints` (after
+    categorisation); `group_ids` has an id for every family the Service has frontends in.
+    Without endpoints of a family, its frontends get `reject_action` (empty: drop)."""
+    sets = [
+        FrontendSet(
+            frontends=service_frontend_ips(port, family),
+            group_id=group_id,
+            endpoints=tuple(ep for ep in endpoints if ep.ip.version == family),
+            empty_actions=reject_action,
         )
-        groups.append(GroupSpec(group_id=group_id, buckets=buckets))
-        base = {
-            "eth_type": eth_type(family),
-            "ip_proto": port.protocol.ip_proto,
-            _PORT_FIELD[port.protocol]: port.port,
-        }
-        for ip in frontends:
-            match = of.Match(
-                **base,
-                **{_dst_field(family): ip},
-                **{pl.SELECTION_REG: (pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)},
-            )
-            if family_eps:
-                actions: tuple[of.Action, ...] = (of.GroupAction(group_id),)
-            else:
-                actions = reject_action  # empty: drop
-            flows.append(
-                of.FlowMod(
-                    table_id=t.service_lb,
-                    priority=pl.PRIORITY_NORMAL,
-                    match=match,
-                    instructions=_apply(*actions) if actions else (),
-                    cookie=svc_cookie,
-                )
-            )
-            if port.session_affinity and family_eps:
-                learn_match = of.Match(
-                    **base,
-                    **{_dst_field(family): ip},
-                    **{pl.SELECTION_REG: (pl.Selection.TO_LEARN.value_bits, pl.SELECTION_MASK)},
-                )
-                flows.append(
-                    of.FlowMod(
-                        table_id=t.service_lb,
-                        priority=pl.PRIORITY_NORMAL,
-                        match=learn_match,
-                        instructions=_apply(
-                            _learn_affinity(ctx, port, family),
-                            of.SetField(
-                                pl.SELECTION_REG,
-                                pl.Selection.SELECTED.value_bits,
-                                pl.SELECTION_MASK,
-                            ),
-                            of.Resubmit(t.endpoint_dnat),
-                        ),
-                        cookie=svc_cookie,
-                    )
-                )
-        for ep in family_eps:
-            flows.append(endpoint_dnat_flow(ctx, ep.ip, ep.port, port.protocol))
-    return ServiceObjects(tuple(groups), tuple(flows))
+        for family, group_id in sorted(group_ids.items())
+    ]
+    return frontend_objects(ctx, port, sets)
 
 
 def is_ipv6(ip: IPAddress) -> bool:
