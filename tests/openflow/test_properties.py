@@ -153,6 +153,33 @@ cts = st.builds(
     st.one_of(st.none(), nats),
     st.lists(st.builds(lambda v, m: of.SetField("ct_mark", v, m), u32, u32), max_size=1),
 )
+register_learn_specs = st.one_of(
+    st.sampled_from(["reg0", "reg3", "NXM_NX_REG2[4..9]"]).map(of.LearnMatchField),
+    st.just(of.LearnLoadField("reg3", "reg3")),
+    st.builds(
+        lambda v, off: of.LearnLoadValue("reg4", v, n_bits=3, dst_offset=off),
+        st.integers(0, 7),
+        st.integers(0, 29),
+    ),
+    st.builds(lambda v: of.LearnMatchValue("reg7", v), u32),
+    st.just(of.LearnOutput("reg1")),
+)
+# Learned matches on packet fields need prerequisites in the flow too: registers only here.
+register_learns = st.builds(
+    lambda t, specs, idle, cookie, flags: of.Learn(
+        t,
+        specs,
+        idle_timeout=idle,
+        cookie=cookie,
+        send_flow_rem=flags[0],
+        delete_learned=flags[1],
+    ),
+    table,
+    st.lists(register_learn_specs, max_size=5),
+    u16,
+    u64,
+    st.tuples(st.booleans(), st.booleans()),
+)
 learns = st.builds(
     lambda t, specs, idle, hard, cookie, delete: of.Learn(
         t, specs, idle_timeout=idle, hard_timeout=hard, cookie=cookie, delete_learned=delete
@@ -276,14 +303,28 @@ def test_bundle_of_anything_round_trips(
 
 
 @pytest.mark.skipif(OVS_OFCTL is None, reason="ovs-ofctl is not installed")
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.one_of(
             set_fields,
             table.map(of.Resubmit),
-            learns,
+            register_learns,
             st.integers(0, 0xFFFFFF00).map(of.GroupAction),
+            st.builds(
+                lambda n, a, b: of.CopyField("reg0", "reg1", n, a, b),
+                st.integers(1, 16),
+                st.integers(0, 16),
+                st.integers(0, 16),
+            ),
+            st.builds(
+                lambda reason, data, cid: of.Controller(
+                    reason=reason, userdata=data, controller_id=cid
+                ),
+                st.sampled_from(list(of.PacketInReason)),
+                st.binary(max_size=12),
+                u16,
+            ),
         ),
         max_size=5,
     ),

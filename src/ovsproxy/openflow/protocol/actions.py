@@ -26,6 +26,7 @@ from .fields import (
     decode_tlvs,
     field_by_nxm_header,
     format_hex,
+    format_ipv6,
     format_port,
     get_field,
 )
@@ -411,9 +412,9 @@ class NAT(Action):
         text = "src" if src else "dst"
         if ip_lo is not None:
             bracket = ip_lo.version == 6 and port_lo is not None
-            text += "=" + (f"[{ip_lo}]" if bracket else str(ip_lo))
+            text += "=" + (f"[{_ip_text(ip_lo)}]" if bracket else _ip_text(ip_lo))
             if ip_hi is not None and ip_hi != ip_lo:
-                text += "-" + (f"[{ip_hi}]" if bracket else str(ip_hi))
+                text += "-" + (f"[{_ip_text(ip_hi)}]" if bracket else _ip_text(ip_hi))
             if port_lo is not None:
                 text += f":{port_lo}"
                 if port_hi is not None and port_hi != port_lo:
@@ -422,6 +423,10 @@ class NAT(Action):
                 if flag:
                     text += "," + name
         return f"nat({text})"
+
+
+def _ip_text(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    return str(ip) if ip.version == 4 else format_ipv6(int(ip))
 
 
 def _nat_ip(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -244,11 +244,33 @@ def format_ipv4_masked(value: int, mask: int) -> str:
     return text
 
 
+def format_ipv6(value: int) -> str:
+    """An IPv6 address as glibc's ``inet_ntop`` (and so Open vSwitch) writes it: like
+    Python's compressed form, except IPv4-compatible and -mapped addresses, which end in
+    dotted quads (``::0.1.0.0``, ``::ffff:10.0.0.1``)."""
+    words = [(value >> (112 - 16 * i)) & 0xFFFF for i in range(8)]
+    best_base = best_len = 0
+    run_base = run_len = 0
+    for i, word in enumerate(words):
+        if word == 0:
+            if run_len == 0:
+                run_base = i
+            run_len += 1
+            if run_len > best_len:
+                best_base, best_len = run_base, run_len
+        else:
+            run_len = 0
+    if best_base == 0 and (best_len == 6 or (best_len == 5 and words[5] == 0xFFFF)):
+        prefix = "::" if best_len == 6 else "::ffff:"
+        return prefix + format_ipv4(value & 0xFFFFFFFF)
+    return str(ipaddress.IPv6Address(value))
+
+
 def format_ipv6_masked(value: int, mask: int | None) -> str:
-    text = str(ipaddress.IPv6Address(value))
+    text = format_ipv6(value)
     if mask is not None and mask != (1 << 128) - 1:
         prefix = _cidr_len(mask, 128)
-        text += f"/{prefix}" if prefix is not None else f"/{ipaddress.IPv6Address(mask)}"
+        text += f"/{prefix}" if prefix is not None else f"/{format_ipv6(mask)}"
     return text
 
 
@@ -1003,7 +1025,8 @@ def _fmt_hex_nonzero(value: int) -> str:
 def _fmt_dec16(name: str, value: int, mask: int | None) -> str:
     if mask is None:
         return f"{name}={value}"
-    return f"{name}={value:#x}/{mask:#x}" if value else f"{name}=0/{mask:#x}"
+    # format_be16_masked prints "0x%x/0x%x" (so zero is "0x0", unlike "%#x").
+    return f"{name}=0x{value:x}/0x{mask:x}"
 
 
 def format_match(match: Match, priority: int | None = None) -> str:
