@@ -4,22 +4,50 @@ A sync consumes the tracker's changes (only the Service ports that changed), cat
 port's endpoints as kube-proxy does, allocates stable group ids, stages the port's groups and
 flows, and commits them in one bundle. If the commit fails, the datapath keeps the diff and the
 runner retries; nothing is recorded as installed until the switch has it.
+
+Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxiers decide:
+
+* endpoints: ``categorize_endpoints`` (ready, else serving-and-terminating; topology hints with
+  fallback to the cluster; cluster and local sets). ClusterIPs use the local set with
+  internalTrafficPolicy Local, else the cluster set; external and load-balancer IPs the local
+  set with externalTrafficPolicy Local, else the cluster set (their own group when it differs;
+  no short-circuit of in-cluster clients to the cluster set).
+* no usable endpoint anywhere in the cluster: reject (TCP RST / ICMP port unreachable, via the
+  agent); usable endpoints exist but none for this traffic (a Local policy, none on this node):
+  drop.
+* ClientIP session affinity: learned flows with an idle timeout (see
+  ``services.affinity_timeouts``); learned flows of a frontend are deleted after the commit
+  that removes the frontend, its affinity, or changes its timeout.
+* UDP: after the commit that removed an endpoint from a frontend (or the frontend), the
+  conntrack entries of that pair are flushed (``datapath.conntrack``).
+
+``InstalledService`` records all of it as plain data for ``ovsproxy status``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
 from ovsproxy.datapath.datapath import CommitStats, Datapath
-from ovsproxy.model import Endpoint, IPAddress, IPFamily, ServicePortName, ServiceState
+from ovsproxy.model import (
+    Endpoint,
+    IPAddress,
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    ServiceState,
+)
 from ovsproxy.openflow import protocol as of
 from ovsproxy.ovs.ovsdb import PodPort
-from ovsproxy.proxy.categorize import categorize_endpoints
+from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
 from ovsproxy.proxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
@@ -27,17 +55,21 @@ log = logging.getLogger(__name__)
 PIPELINE_OWNER = ("pipeline",)
 
 
+GroupKey = tuple[ServicePortName, IPFamily, str]  # role: "" (ClusterIPs) or "external"
+EXTERNAL = "external"
+
+
 class GroupIDAllocator:
-    """Stable group ids per (Service port, family); freed ids are reused lowest first."""
+    """Stable group ids per (Service port, family, role); freed ids are reused lowest first."""
 
     def __init__(self, first: int, last: int) -> None:
         self.first, self.last = first, last
-        self._ids: dict[tuple[ServicePortName, IPFamily], int] = {}
+        self._ids: dict[GroupKey, int] = {}
         self._free: list[int] = []
         self._next = first
 
-    def get(self, name: ServicePortName, family: IPFamily) -> int:
-        key = (name, family)
+    def get(self, name: ServicePortName, family: IPFamily, role: str = "") -> int:
+        key = (name, family, role)
         gid = self._ids.get(key)
         if gid is None:
             if self._free:
@@ -51,24 +83,197 @@ class GroupIDAllocator:
             self._ids[key] = gid
         return gid
 
-    def release(self, name: ServicePortName, family: IPFamily | None = None) -> None:
+    def release(
+        self, name: ServicePortName, family: IPFamily | None = None, role: str | None = None
+    ) -> None:
         for each in [family] if family is not None else list(IPFamily):
-            gid = self._ids.pop((name, each), None)
-            if gid is not None:
-                self._free.append(gid)
+            for r in [role] if role is not None else ["", EXTERNAL]:
+                gid = self._ids.pop((name, each, r), None)
+                if gid is not None:
+                    self._free.append(gid)
 
-    def ids_of(self, name: ServicePortName) -> dict[IPFamily, int]:
-        return {f: gid for f in IPFamily if (gid := self._ids.get((name, f))) is not None}
+    def ids_of(self, name: ServicePortName, role: str = "") -> dict[IPFamily, int]:
+        return {f: gid for f in IPFamily if (gid := self._ids.get((name, f, role))) is not None}
+
+
+# -- endpoint selection (pure) ------------------------------------------------------------
+FORWARD, REJECT, DROP = "forward", "reject", "drop"
+MAX_EXCLUDED = 32  # endpoints listed with the reason they are not used, per family
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySelection:
+    """What one IP family of a Service port does, and why (plain data for the status)."""
+
+    family: IPFamily
+    frontends: tuple[IPAddress, ...]  # ClusterIPs
+    endpoints: tuple[Endpoint, ...]  # for ClusterIP traffic
+    action: str  # "forward", "reject" (no usable endpoint at all), "drop"
+    reason: str  # why not forward ("" when forwarding)
+    topology: str  # the topology filter of the cluster set: "", PreferSameZone/Node
+    terminating: bool  # no endpoint is ready: serving-and-terminating ones are used
+    external_frontends: tuple[IPAddress, ...] = ()  # external and load-balancer IPs
+    external_endpoints: tuple[Endpoint, ...] = ()
+    external_action: str = FORWARD
+    external_reason: str = ""
+    excluded: tuple[tuple[str, str], ...] = ()  # (endpoint, why it is not used)
+
+    @property
+    def external_differs(self) -> bool:
+        return bool(self.external_frontends) and (
+            self.external_endpoints != self.endpoints or self.external_action != self.action
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "frontends": [str(ip) for ip in self.frontends],
+            "endpoints": [str(ep) for ep in self.endpoints],
+            "action": self.action,
+            "reason": self.reason,
+            "topology": self.topology or "none",
+            "terminating_fallback": self.terminating,
+        }
+        if self.external_frontends:
+            out["external"] = {
+                "frontends": [str(ip) for ip in self.external_frontends],
+                "endpoints": [str(ep) for ep in self.external_endpoints],
+                "action": self.external_action,
+                "reason": self.external_reason,
+            }
+        if self.excluded:
+            out["excluded"] = dict(self.excluded)
+        return out
+
+
+def _why_excluded(
+    ep: Endpoint, port: ServicePort, node_name: str, mode: TopologyMode, uses_ready: bool
+) -> str:
+    if not ep.ready and not (ep.serving and ep.terminating):
+        return "not ready" + (" (terminating)" if ep.terminating else "")
+    if not ep.ready and uses_ready:
+        return "terminating (ready endpoints exist)"
+    if port.internal_policy_local and not ep.is_local(node_name):
+        return "on another node (internalTrafficPolicy Local)"
+    if mode is TopologyMode.PREFER_SAME_NODE:
+        return "topology: no hint for this node (PreferSameNode)"
+    if mode is TopologyMode.PREFER_SAME_ZONE:
+        return "topology: no hint for this zone (PreferSameZone)"
+    return "not selected"
+
+
+def select_endpoints(
+    state: ServiceState, family: IPFamily, node_name: str, zone: str | None
+) -> FamilySelection:
+    """kube-proxy's choice for one family of a Service port (see the module docstring)."""
+    port = state.port
+    candidates = state.endpoints_of(family)
+    cats = categorize_endpoints(candidates, port, node_name, zone, family=family)
+    internal = cats.local if port.internal_policy_local else cats.cluster
+    internal = internal if internal is not None else cats.all_reachable
+    frontends = port.cluster_ips_of(family)
+    external_frontends = tuple(
+        ip for ip in svc.service_frontend_ips(port, family) if ip not in frontends
+    )
+    external: tuple[Endpoint, ...] = ()
+    if external_frontends:
+        chosen = cats.local if port.external_policy_local else cats.cluster
+        external = chosen if chosen is not None else cats.all_reachable
+
+    def decide(used: tuple[Endpoint, ...], policy: str) -> tuple[str, str]:
+        if not cats.has_any:
+            return REJECT, "no usable endpoint" + ("" if candidates else "s")
+        if not used:
+            return DROP, f"{policy} Local: no usable endpoint on this node"
+        return FORWARD, ""
+
+    action, reason = decide(internal, "internalTrafficPolicy")
+    ext_action, ext_reason = FORWARD, ""
+    if external_frontends:
+        ext_action, ext_reason = decide(external, "externalTrafficPolicy")
+    mode = TopologyMode.NONE
+    if port.uses_cluster_endpoints:
+        mode = topology_mode(candidates, node_name, zone or "")
+    used = set(internal)
+    uses_ready = any(ep.ready for ep in internal)
+    excluded = tuple(
+        (str(ep), _why_excluded(ep, port, node_name, mode, uses_ready))
+        for ep in candidates
+        if ep not in used
+    )[:MAX_EXCLUDED]
+    return FamilySelection(
+        family=family,
+        frontends=frontends,
+        endpoints=tuple(internal),
+        action=action,
+        reason=reason,
+        topology=str(mode.value),
+        terminating=bool(internal) and not uses_ready,
+        external_frontends=external_frontends,
+        external_endpoints=tuple(external),
+        external_action=ext_action,
+        external_reason=ext_reason,
+        excluded=excluded,
+    )
+
+
+def affinity_realisation(timeout: int, max_ovs: int, sweep_interval: float | None = None) -> str:
+    if timeout <= 0:
+        return "none"
+    _idle, swept = svc.affinity_timeouts(timeout, max_ovs)
+    if not swept:
+        return f"ClientIP {timeout}s: OVS idle_timeout on learned flows"
+    every = f" every {sweep_interval:g}s" if sweep_interval else ""
+    return (
+        f"ClientIP {timeout}s: above OVS's {max_ovs}s limit, learned flows expired by the "
+        f"agent's sweep{every}"
+    )
 
 
 @dataclass
 class InstalledService:
-    """What `ovsproxy status` shows for a Service port."""
+    """What `ovsproxy status` shows for a Service port (plain data)."""
 
     state: ServiceState
-    endpoints: tuple[Endpoint, ...]  # the ones in the groups (after categorisation)
-    group_ids: dict[IPFamily, int]
-    rejecting: bool  # frontends answer with a reject because no endpoint is usable
+    endpoints: tuple[Endpoint, ...]  # every endpoint in its groups (after categorisation)
+    group_ids: dict[IPFamily, int]  # the ClusterIPs' group per family
+    rejecting: bool  # some frontends answer with a reject: no endpoint is usable
+    families: dict[IPFamily, FamilySelection] = field(default_factory=dict)
+    external_group_ids: dict[IPFamily, int] = field(default_factory=dict)
+    affinity: str = "none"  # how session affinity is realised
+    conntrack_flushes: int = 0  # UDP conntrack flush filters sent for this port so far
+
+    @property
+    def dropping(self) -> bool:
+        return any(
+            DROP in (f.action, f.external_action if f.external_frontends else FORWARD)
+            for f in self.families.values()
+        )
+
+    def frontend_endpoints(self) -> dict[IPAddress, frozenset[tuple[IPAddress, int]]]:
+        """Every frontend IP and the endpoints its traffic goes to."""
+        out: dict[IPAddress, frozenset[tuple[IPAddress, int]]] = {}
+        for sel in self.families.values():
+            internal = frozenset((ep.ip, ep.port) for ep in sel.endpoints)
+            external = frozenset((ep.ip, ep.port) for ep in sel.external_endpoints)
+            for ip in sel.frontends:
+                out[ip] = internal
+            for ip in sel.external_frontends:
+                out[ip] = external
+        return out
+
+    def status(self) -> dict[str, Any]:
+        port = self.state.port
+        return {
+            "affinity": self.affinity,
+            "affinity_timeout_s": port.affinity_timeout,
+            "internal_traffic_policy": str(port.internal_traffic_policy),
+            "external_traffic_policy": str(port.external_traffic_policy),
+            "traffic_distribution": str(port.traffic_distribution or ""),
+            "dropping": self.dropping,
+            "families": {f"IPv{int(f)}": sel.as_dict() for f, sel in self.families.items()},
+            "external_group_ids": {str(int(f)): g for f, g in self.external_group_ids.items()},
+            "conntrack_flushes": self.conntrack_flushes,
+        }
 
 
 @dataclass
@@ -80,6 +285,14 @@ class SyncResult:
 
 
 class Proxier:
+    """Builds and commits the datapath state of every Service port.
+
+    Service-semantics hooks (all optional; ``datapath.semantics.ServiceSemantics`` provides
+    them): ``reject_action`` for frontends without any usable endpoint (empty: drop),
+    ``conntrack`` to flush UDP entries of removed endpoints, ``send`` to send messages outside
+    the bundle (deleting learned affinity flows) after a commit.
+    """
+
     def __init__(
         self,
         tracker: ChangeTracker,
@@ -90,6 +303,10 @@ class Proxier:
         pods: Callable[[], Awaitable[list[PodPort]]] | None = None,
         on_cluster_ips: Callable[[frozenset[IPAddress]], Awaitable[None]] | None = None,
         reject_action: tuple[of.Action, ...] = (),
+        conntrack: ConntrackFlusher | None = None,
+        send: Callable[[Sequence[of.Message]], Awaitable[None]] | None = None,
+        max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT,
+        sweep_interval: float | None = 60.0,
     ) -> None:
         self.tracker = tracker
         self.datapath = datapath
@@ -98,61 +315,144 @@ class Proxier:
         self._pods = pods
         self._on_cluster_ips = on_cluster_ips
         self._reject_action = reject_action
+        self.conntrack = conntrack
+        self._send = send
+        self.sweep_interval = sweep_interval
         config = datapath.config
         self.ctx = svc.Context(
             tables=datapath.tables,
             generation=datapath.generation,
             standalone=config.mode == pl.Mode.STANDALONE,
+            max_ovs_timeout=max_ovs_timeout,
         )
         self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
         self.services: dict[ServicePortName, InstalledService] = {}
         self._pod_owners: set[tuple[str, str]] = set()
         self._synced_once = False
         self.last_result = SyncResult()
+        # Work that must follow the commit that makes it safe (kept across failed commits).
+        self._flushes: dict[FlushFilter, None] = {}
+        self._learned_deletes: dict[tuple[Any, ...], of.FlowMod] = {}
+        self.post_commit_errors = 0
 
     # -- one Service port -------------------------------------------------------------------
-    def _endpoints_for(self, state: ServiceState) -> tuple[tuple[Endpoint, ...], bool]:
-        """The endpoints this node sends ClusterIP traffic to; and whether to reject (no
-        usable endpoint at all) rather than drop (usable ones exist, none for this node)."""
-        port = state.port
-        chosen: list[Endpoint] = []
-        reject = True
-        for family in IPFamily:
-            if not port.cluster_ips_of(family) and not svc.service_frontend_ips(port, family):
-                continue
-            cats = categorize_endpoints(
-                state.endpoints, port, self.node_name, self.zone, family=family
-            )
-            use = cats.local if port.internal_traffic_policy == "Local" else cats.cluster
-            if use is None:
-                use = cats.all_reachable
-            chosen.extend(use)
-            if cats.has_any:
-                reject = False
-        return tuple(chosen), reject
-
     def _stage_service(self, state: ServiceState) -> None:
         port = state.port
         families = [f for f in IPFamily if svc.service_frontend_ips(port, f)]
         if not families:  # nothing to program (e.g. a port with no ClusterIP)
             self._remove_service(port.name)
             return
-        endpoints, reject = self._endpoints_for(state)
-        group_ids = {f: self.groups.get(port.name, f) for f in families}
-        for family in IPFamily:  # a family the Service no longer has: its group goes
-            if family not in families:
+        selections = {f: select_endpoints(state, f, self.node_name, self.zone) for f in families}
+        sets: list[svc.FrontendSet] = []
+        group_ids: dict[IPFamily, int] = {}
+        external_ids: dict[IPFamily, int] = {}
+        used: dict[tuple[IPAddress, int], Endpoint] = {}
+        for family in IPFamily:
+            sel = selections.get(family)
+            if sel is None:  # a family the Service no longer has: its groups go
                 self.groups.release(port.name, family)
-        reject_action = self._reject_action if reject else ()
-        objects = svc.service_objects(self.ctx, port, endpoints, group_ids, reject_action)
+                continue
+            reject = self._reject_action if sel.action == REJECT else ()
+            frontends = sel.frontends
+            if not sel.external_differs:
+                frontends += sel.external_frontends
+                self.groups.release(port.name, family, EXTERNAL)
+            if frontends:
+                gid = group_ids[family] = self.groups.get(port.name, family)
+                sets.append(svc.FrontendSet(frontends, gid, sel.endpoints, reject))
+            else:
+                self.groups.release(port.name, family, "")
+            if sel.external_differs:
+                gid = external_ids[family] = self.groups.get(port.name, family, EXTERNAL)
+                ext_reject = self._reject_action if sel.external_action == REJECT else ()
+                sets.append(
+                    svc.FrontendSet(sel.external_frontends, gid, sel.external_endpoints, ext_reject)
+                )
+            for ep in (*sel.endpoints, *sel.external_endpoints):
+                used.setdefault((ep.ip, ep.port), ep)
+        objects = svc.frontend_objects(self.ctx, port, sets)
         self.datapath.stage(port.name, objects.groups, objects.flows)
-        self.services[port.name] = InstalledService(
-            state, endpoints, group_ids, rejecting=reject and not endpoints
+        previous = self.services.get(port.name)
+        installed = InstalledService(
+            state,
+            tuple(used.values()),
+            group_ids,
+            rejecting=any(
+                REJECT in (s.action, s.external_action if s.external_frontends else FORWARD)
+                for s in selections.values()
+            ),
+            families=selections,
+            external_group_ids=external_ids,
+            affinity=affinity_realisation(
+                port.affinity_timeout, self.ctx.max_ovs_timeout, self.sweep_interval
+            ),
+            conntrack_flushes=previous.conntrack_flushes if previous else 0,
         )
+        self._after_change(previous, installed)
+        self.services[port.name] = installed
 
     def _remove_service(self, name: ServicePortName) -> None:
         self.datapath.unstage(name)
         self.groups.release(name)
-        self.services.pop(name, None)
+        previous = self.services.pop(name, None)
+        if previous is not None:
+            self._after_change(previous, None)
+
+    def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
+        """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
+        pairs that went away, and deletes of learned affinity flows that no longer apply."""
+        if old is None:
+            return
+        old_port = old.state.port
+        new_port = new.state.port if new is not None else None
+        same_l4 = new_port is not None and (new_port.port, new_port.protocol) == (
+            old_port.port,
+            old_port.protocol,
+        )
+        old_map = old.frontend_endpoints()
+        new_map = new.frontend_endpoints() if new is not None and same_l4 else {}
+        if old_port.protocol == Protocol.UDP:
+            count = 0
+            for ip, endpoints in old_map.items():
+                if ip not in new_map:
+                    self._flushes[FlushFilter(old_port.protocol, ip, old_port.port)] = None
+                    count += 1
+                    continue
+                for ep_ip, ep_port in sorted(endpoints - new_map[ip], key=str):
+                    f = FlushFilter(old_port.protocol, ip, old_port.port, ep_ip, ep_port)
+                    self._flushes[f] = None
+                    count += 1
+            if new is not None:
+                new.conntrack_flushes += count
+        if old_port.session_affinity:
+            keep = (
+                new_port is not None
+                and same_l4
+                and new_port.affinity_timeout == old_port.affinity_timeout
+            )
+            for ip in old_map:
+                if not keep or ip not in new_map:
+                    key = (old_port.protocol, old_port.port, ip)
+                    self._learned_deletes[key] = svc.learned_flows_delete(self.ctx, old_port, ip)
+
+    async def _post_commit(self) -> None:
+        if self._learned_deletes and self._send is not None:
+            deletes = list(self._learned_deletes.values())
+            try:
+                await self._send(deletes)
+                self._learned_deletes.clear()
+            except Exception as exc:
+                self.post_commit_errors += 1
+                log.warning("deleting %d learned flow set(s) failed: %s", len(deletes), exc)
+        elif self._send is None:
+            self._learned_deletes.clear()
+        if self._flushes:
+            flushes = sorted(self._flushes, key=str)
+            self._flushes.clear()
+            if self.conntrack is not None:
+                await self.conntrack.flush(flushes)
+            else:
+                log.debug("no conntrack flusher: %d UDP flush(es) skipped", len(flushes))
 
     # -- the pipeline and local pods --------------------------------------------------------
     def _stage_pipeline(self) -> None:
@@ -199,6 +499,7 @@ class Proxier:
         await self._stage_pods()
         commit = await self.datapath.commit()
         self._synced_once = True
+        await self._post_commit()
         if self._on_cluster_ips is not None:
             await self._on_cluster_ips(self.tracker.cluster_ips())
         result = SyncResult(

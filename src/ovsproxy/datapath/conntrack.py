@@ -1,0 +1,231 @@
+"""Flushing the conntrack entries of removed UDP endpoints (OVS userspace datapath included).
+
+A UDP "connection" lives as long as datagrams flow, so a client that keeps its socket would keep
+sending into an endpoint that left the Service. As kube-proxy does (``conntrack -D --orig-dst
+<service IP> --dst-nat <endpoint IP> -p udp``), after the commit that removed an endpoint the
+proxier flushes the entries of that (frontend, endpoint) pair; the client's next datagram is a
+new connection and picks a live endpoint.
+
+Mechanism, in order of preference:
+
+1. ``NXT_CT_FLUSH`` over our OpenFlow channel (Open vSwitch 3.1+): zone, ``ip_proto``, original
+   tuple (dst = frontend IP and port), reply tuple (src = endpoint IP and port). OVS filters the
+   zone itself; works for the kernel and the userspace datapath.
+2. If the switch refuses it (older OVS answers OFPBRC_BAD_SUBTYPE), and an ``appctl`` runner
+   was given: ``ovs-appctl dpctl/dump-conntrack zone=Z``, filter here, and
+   ``dpctl/flush-conntrack zone=Z <full original tuple>`` per entry (what OVS < 3.1 accepts).
+3. Otherwise: a warning (once), ``mode = "unsupported"`` in the status, and stale UDP entries
+   live until their conntrack timeout (30 s idle for unreplied UDP in OVS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.model import IPAddress, IPFamily, Protocol
+from ovsproxy.openflow.protocol.ct_flush import CtFlush
+
+log = logging.getLogger(__name__)
+
+AppCtl = Callable[[Sequence[str]], Awaitable[str]]
+
+_UNSUPPORTED = ("BAD_SUBTYPE", "BAD_EXPERIMENTER", "BAD_TYPE", "EOPNOTSUPP")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class FlushFilter:
+    """The conntrack entries of traffic to ``frontend:port`` (``protocol``), DNATed to
+    ``endpoint:endpoint_port`` (None: to any endpoint, e.g. the frontend went away)."""
+
+    protocol: Protocol
+    frontend: IPAddress
+    port: int
+    endpoint: IPAddress | None = None
+    endpoint_port: int = 0
+
+    @property
+    def family(self) -> IPFamily:
+        return IPFamily.of(self.frontend)
+
+    @property
+    def zone(self) -> int:
+        return pl.ct_zone(self.family)
+
+    def message(self) -> CtFlush:
+        reply = (self.endpoint, None, self.endpoint_port, 0)
+        return CtFlush(
+            self.zone,
+            self.protocol.ip_proto,
+            orig=(None, self.frontend, 0, self.port),
+            reply=reply,
+        )
+
+    def matches(self, entry: ConntrackEntry) -> bool:
+        if entry.zone != self.zone or entry.proto != self.protocol.ip_proto:
+            return False
+        if entry.orig_dst != self.frontend or entry.orig_dport != self.port:
+            return False
+        if self.endpoint is not None and entry.reply_src != self.endpoint:
+            return False
+        return not self.endpoint_port or entry.reply_sport == self.endpoint_port
+
+    def __str__(self) -> str:
+        target = "*" if self.endpoint is None else f"{self.endpoint}:{self.endpoint_port}"
+        return f"{self.protocol} {self.frontend}:{self.port} -> {target} (zone {self.zone})"
+
+
+@dataclass(frozen=True, slots=True)
+class ConntrackEntry:
+    """One line of ``dpctl/dump-conntrack``."""
+
+    proto: int
+    orig_src: IPAddress
+    orig_dst: IPAddress
+    orig_sport: int
+    orig_dport: int
+    reply_src: IPAddress
+    reply_sport: int
+    zone: int
+
+    def flush_tuple(self) -> str:
+        """The full original tuple, as ``dpctl/flush-conntrack`` takes it."""
+        key = "ct_nw_" if self.orig_src.version == 4 else "ct_ipv6_"
+        return (
+            f"{key}src={self.orig_src},{key}dst={self.orig_dst},ct_nw_proto={self.proto},"
+            f"ct_tp_src={self.orig_sport},ct_tp_dst={self.orig_dport}"
+        )
+
+
+_PROTO_NAMES = {"tcp": 6, "udp": 17, "sctp": 132, "icmp": 1, "icmpv6": 58}
+_TUPLE = r"src=([0-9a-fA-F.:]+),dst=([0-9a-fA-F.:]+),sport=(\d+),dport=(\d+)"
+_LINE = re.compile(rf"^(\w+),orig=\({_TUPLE}\),reply=\({_TUPLE}\)(.*)$")
+_ZONE = re.compile(r"zone=(\d+)")
+
+
+def parse_dump(text: str) -> list[ConntrackEntry]:
+    """Entries with ports (tcp, udp, sctp) of ``ovs-appctl dpctl/dump-conntrack`` output."""
+    import ipaddress
+
+    entries = []
+    for line in text.splitlines():
+        m = _LINE.match(line.strip())
+        if not m or m.group(1) not in _PROTO_NAMES:
+            continue
+        zone_m = _ZONE.search(m.group(10))
+        entries.append(
+            ConntrackEntry(
+                proto=_PROTO_NAMES[m.group(1)],
+                orig_src=ipaddress.ip_address(m.group(2)),
+                orig_dst=ipaddress.ip_address(m.group(3)),
+                orig_sport=int(m.group(4)),
+                orig_dport=int(m.group(5)),
+                reply_src=ipaddress.ip_address(m.group(6)),
+                reply_sport=int(m.group(8)),
+                zone=int(zone_m.group(1)) if zone_m else 0,
+            )
+        )
+    return entries
+
+
+@dataclass
+class FlushStats:
+    mode: str = "openflow"  # "openflow" (NXT_CT_FLUSH), "appctl", "unsupported"
+    requests: int = 0  # filters handled
+    messages: int = 0  # NXT_CT_FLUSH sent
+    appctl_entries: int = 0  # entries flushed one by one through ovs-appctl
+    failures: int = 0
+    last_error: str = ""
+    recent: list[str] = field(default_factory=list)  # the last filters, for the status
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "requests": self.requests,
+            "messages": self.messages,
+            "appctl_entries": self.appctl_entries,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "recent": list(self.recent),
+        }
+
+
+class ConntrackFlusher:
+    """Flushes conntrack entries by filter; see the module docstring for the fallbacks.
+
+    ``channel`` needs ``send(messages)`` (OpenFlow, raising on an error reply); ``appctl``
+    runs ``ovs-appctl`` against the switch's ovs-vswitchd with the given arguments.
+    """
+
+    def __init__(self, channel: Any, *, appctl: AppCtl | None = None) -> None:
+        self.channel = channel
+        self.appctl = appctl
+        self.stats = FlushStats()
+        self._lock = asyncio.Lock()
+
+    async def flush(self, filters: Sequence[FlushFilter]) -> None:
+        if not filters:
+            return
+        async with self._lock:
+            self.stats.requests += len(filters)
+            self.stats.recent = [str(f) for f in filters[-10:]]
+            if self.stats.mode == "openflow":
+                try:
+                    await self.channel.send([f.message() for f in filters])
+                    self.stats.messages += len(filters)
+                    return
+                except Exception as exc:
+                    name = str(getattr(exc, "name", "")) or str(exc)
+                    if not any(marker in name for marker in _UNSUPPORTED):
+                        self._failed(exc)
+                        return
+                    self.stats.mode = "appctl" if self.appctl is not None else "unsupported"
+                    log.warning(
+                        "conntrack: the switch does not take NXT_CT_FLUSH (%s: OVS < 3.1?); %s",
+                        name,
+                        "falling back to ovs-appctl dpctl/flush-conntrack"
+                        if self.appctl is not None
+                        else "stale UDP entries of removed endpoints live until they time out",
+                    )
+            if self.stats.mode == "appctl":
+                await self._flush_appctl(filters)
+
+    async def _flush_appctl(self, filters: Sequence[FlushFilter]) -> None:
+        assert self.appctl is not None
+        try:
+            for zone in sorted({f.zone for f in filters}):
+                dump = await self.appctl(["dpctl/dump-conntrack", f"zone={zone}"])
+                for entry in parse_dump(dump):
+                    if any(f.matches(entry) for f in filters):
+                        await self.appctl(
+                            ["dpctl/flush-conntrack", f"zone={zone}", entry.flush_tuple()]
+                        )
+                        self.stats.appctl_entries += 1
+        except Exception as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        self.stats.failures += 1
+        self.stats.last_error = str(exc)
+        log.warning("conntrack: flush failed: %s", exc)
+
+
+def subprocess_appctl(target: str | None = None) -> AppCtl:
+    """An ``appctl`` runner: ``ovs-appctl [-t TARGET] ARGS...`` (default: ovs-vswitchd)."""
+
+    async def run(args: Sequence[str]) -> str:
+        cmd = ["ovs-appctl", *(["-t", target] if target else []), *args]
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)}: {err.decode().strip()}")
+        return out.decode()
+
+    return run

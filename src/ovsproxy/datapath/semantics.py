@@ -1,0 +1,90 @@
+"""The agent-side helpers of the Service semantics, wired together for the agent.
+
+``ServiceSemantics(channel, datapath)`` holds:
+
+* ``rejector`` (``reject.Rejector``): answers reject packet-ins; its meter is installed from the
+  channel's on_connected hook before the datapath replays (``wrap_on_connected``);
+* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals;
+* ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
+  runs it as a task; ``close`` stops it).
+
+The agent registers ``semantics.handle`` as the channel's packet-in callback (or calls it from
+its own) and passes ``semantics.proxier_kwargs()`` to ``Proxier``; ``status()`` is plain data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from ovsproxy.datapath.affinity import AffinitySweeper
+from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher
+from ovsproxy.datapath.reject import Rejector
+from ovsproxy.openflow import protocol as of
+
+log = logging.getLogger(__name__)
+
+
+class ServiceSemantics:
+    def __init__(
+        self,
+        channel: Any,
+        datapath: Any,
+        *,
+        appctl: AppCtl | None = None,
+        sweep_interval: float = 60.0,
+        rejector: Rejector | None = None,
+    ) -> None:
+        self.channel = channel
+        self.datapath = datapath
+        self.rejector = rejector or Rejector(channel)
+        self.conntrack = ConntrackFlusher(channel, appctl=appctl)
+        self.sweeper = AffinitySweeper(channel, datapath.tables, interval=sweep_interval)
+        self._task: asyncio.Task[None] | None = None
+
+    def handle(self, packet_in: of.PacketIn) -> None:
+        self.rejector.handle(packet_in)
+
+    def proxier_kwargs(self) -> dict[str, Any]:
+        return {
+            "reject_action": self.rejector.reject_action,
+            "conntrack": self.conntrack,
+            "send": self.channel.send,
+        }
+
+    def wrap_on_connected(self) -> None:
+        """Install the reject meter first on every (re)connection, then run the existing hook
+        (the datapath's replay): flows bind to their meter when they are added."""
+        previous = self.channel.on_connected
+
+        async def on_connected() -> None:
+            await self.rejector.install_meter()
+            if previous is not None:
+                await previous()
+
+        self.channel.on_connected = on_connected
+
+    def start(self) -> None:
+        if self._task is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._task = loop.create_task(self.sweeper.run_until_cancelled(), name="affinity")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.rejector.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "reject": self.rejector.stats.as_dict(),
+            "conntrack_flush": self.conntrack.stats.as_dict(),
+            "affinity_sweeper": self.sweeper.stats.as_dict(),
+        }
