@@ -8,8 +8,15 @@ messages in a safe order — group adds/changes, then flow adds, then flow delet
 deletes — and sends them as one bundle. The cache records the new state only when the bundle
 committed; a failed commit leaves everything dirty, so the next commit retries the same diff.
 
-Flows are identified as OpenFlow identifies them: (table, priority, match). A flow several owners
-want (an EndpointDNAT flow shared by two Services) is installed while any of them wants it.
+Flows are identified as OpenFlow identifies them: (table, priority, match), kept as one bytes
+key (its hash is computed once and cached by Python). A flow several owners want (an
+EndpointDNAT flow shared by two Services) is installed while any of them wants it.
+
+Streaming: when the switch offers a streaming bundle (``Channel.bundle()``), messages are
+planned, encoded and written while Open vSwitch decodes the ones before them, so a full sync
+costs about max(planning, OVS) instead of their sum; otherwise the planned list goes to
+``commit_bundle``. A large commit runs with the cyclic garbage collector paused: it builds
+hundreds of thousands of long-lived values that a collection would only traverse.
 
 On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group id
 it has in our range is rewritten (MODIFY) or deleted, every flow is re-added with the current
@@ -20,23 +27,38 @@ replay after an ovs-vswitchd restart and the hitless hand-over after an agent re
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
+import struct
 import time
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import GroupPlan, GroupSpec, InstalledGroup, delete_group, plan_group
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.connection import BundleError, ChannelError
 
 log = logging.getLogger(__name__)
 
-FlowKey = tuple[int, int, of.Match]  # table, priority, match
+FlowKey = bytes  # table (1 byte), priority (2 bytes), then the match's wire encoding
+
+_KEY_HEAD = struct.Struct("!BH")
+_MISSING: Any = object()
+_GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
+_FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
+_DELETED = GroupPlan((), None, "delete")
+# A commit that touches more groups + flows than this pauses the cyclic GC while it runs.
+GC_PAUSE_THRESHOLD = 5000
+# Streaming: yield to the event loop (so the transport writes) every this many messages.
+_STREAM_YIELD_EVERY = 512
 
 
 def flow_key(flow: of.FlowMod) -> FlowKey:
-    return (flow.table_id, flow.priority, flow.match)
+    """The identity of a flow in its table: (table, priority, match), as bytes."""
+    return _KEY_HEAD.pack(flow.table_id, flow.priority) + flow.match.wire
 
 
 class Switch(Protocol):
@@ -55,6 +77,18 @@ class Switch(Protocol):
         """Cookies of the flows whose cookie matches cookie/mask."""
 
 
+class StreamingBundle(Protocol):
+    """A bundle being written (``openflow.connection.Bundle``)."""
+
+    def add(self, msg: of.Message) -> int: ...
+
+    async def drain(self) -> None: ...
+
+    async def commit(self) -> None: ...
+
+    async def discard(self) -> None: ...
+
+
 @dataclass
 class CommitStats:
     messages: int = 0
@@ -70,7 +104,7 @@ class CommitStats:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Owner:
     groups: dict[int, GroupSpec] = field(default_factory=dict)
     flows: dict[FlowKey, of.FlowMod] = field(default_factory=dict)
@@ -80,6 +114,51 @@ class DatapathError(RuntimeError):
     pass
 
 
+@contextlib.contextmanager
+def _gc_paused(active: bool) -> Iterator[None]:
+    if not active or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class _Commit:
+    """One commit's diff: filled while its messages are generated, applied on success."""
+
+    __slots__ = (
+        "add_flows",
+        "add_keys",
+        "committing",
+        "delete_keys",
+        "dirty_flows",
+        "dirty_groups",
+        "plans",
+        "stale",
+        "stats",
+    )
+
+    def __init__(
+        self, dirty_groups: set[int], dirty_flows: dict[FlowKey, Any], stale: set[int]
+    ) -> None:
+        self.dirty_groups = dirty_groups
+        self.dirty_flows = dirty_flows
+        self.stale = stale
+        self.plans: dict[int, GroupPlan] = {}
+        self.add_keys: list[FlowKey] = []
+        self.add_flows: list[of.FlowMod] = []
+        self.delete_keys: list[FlowKey] = []
+        self.stats = CommitStats()
+        self.committing = False  # past this point a failure may hide a successful commit
+
+    @property
+    def size(self) -> int:
+        return len(self.dirty_groups) + len(self.dirty_flows)
+
+
 class Datapath:
     def __init__(self, switch: Switch, config: pl.PipelineConfig, generation: int) -> None:
         self.switch = switch
@@ -87,8 +166,9 @@ class Datapath:
         self.tables = pl.Tables.for_config(config)
         self.generation = generation
         self._owners: dict[Hashable, _Owner] = {}
-        # desired state, merged over owners
-        self._flow_refs: dict[FlowKey, dict[Hashable, of.FlowMod]] = {}
+        # desired state, merged over owners: the owner that wants a flow, or (shared) a dict
+        # of them in the order they asked (an owner is hashable, so never a dict)
+        self._flow_refs: dict[FlowKey, Any] = {}
         self._group_owner: dict[int, Hashable] = {}
         # installed state (what the switch holds once the last commit succeeded)
         self.installed_flows: dict[FlowKey, of.FlowMod] = {}
@@ -98,7 +178,8 @@ class Datapath:
         self._unknown_groups: set[int] = set()
         # old-generation cookies to delete with the next commit
         self._stale_generations: set[int] = set()
-        self._dirty_flows: set[FlowKey] = set()
+        # dirty flows: an ordered set (a dict; the values mean nothing)
+        self._dirty_flows: dict[FlowKey, Any] = {}
         self._dirty_groups: set[int] = set()
         self._lock = asyncio.Lock()
         # The first commit adopts what the switch holds (an older agent's state): it must carry
@@ -112,56 +193,95 @@ class Datapath:
         self, owner: Hashable, groups: Iterable[GroupSpec], flows: Iterable[of.FlowMod]
     ) -> None:
         """Replace everything `owner` wants. Cost: the size of the owner's old + new sets."""
-        new = _Owner({g.group_id: g for g in groups}, {flow_key(f): f for f in flows})
-        old = self._owners.get(owner)
-        for gid in new.groups:
-            holder = self._group_owner.get(gid)
+        pack = _KEY_HEAD.pack
+        new_groups = {g.group_id: g for g in groups}
+        new_flows = {pack(f.table_id, f.priority) + f.match.wire: f for f in flows}
+        group_owner = self._group_owner
+        for gid in new_groups:
+            holder = group_owner.get(gid)
             if holder is not None and holder != owner:
                 raise DatapathError(f"group {gid} is already owned by {holder}, not {owner}")
-        if old is not None:
-            for key, flow in old.flows.items():
-                if new.flows.get(key) != flow:
+        old = self._owners.get(owner)
+        refs = self._flow_refs
+        dirty_flows = self._dirty_flows
+        if old is None:
+            for key in new_flows:
+                ref = refs.get(key, _MISSING)
+                if ref is _MISSING:
+                    refs[key] = owner
+                else:
+                    self._ref_shared(key, ref, owner)
+            dirty_flows.update(new_flows)
+            for gid in new_groups:
+                group_owner[gid] = owner
+            self._dirty_groups.update(new_groups)
+        else:
+            old_flows = old.flows
+            for key, flow in old_flows.items():
+                now = new_flows.get(key)
+                if now is not flow and now != flow:
                     self._unref_flow(key, owner)
-            for gid, spec in old.groups.items():
-                if new.groups.get(gid) != spec:
+            for key, flow in new_flows.items():
+                was = old_flows.get(key)
+                if was is not flow and was != flow:
+                    ref = refs.get(key, _MISSING)
+                    if ref is _MISSING:
+                        refs[key] = owner
+                    else:
+                        self._ref_shared(key, ref, owner)
+                    dirty_flows[key] = None
+            old_groups = old.groups
+            for gid, spec in old_groups.items():
+                if new_groups.get(gid) != spec:
                     self._dirty_groups.add(gid)
-                    if gid not in new.groups:
-                        self._group_owner.pop(gid, None)
-        for key, flow in new.flows.items():
-            if old is None or old.flows.get(key) != flow:
-                self._flow_refs.setdefault(key, {})[owner] = flow
-                self._dirty_flows.add(key)
-        for gid, spec in new.groups.items():
-            self._group_owner[gid] = owner
-            if old is None or old.groups.get(gid) != spec:
-                self._dirty_groups.add(gid)
-        if new.groups or new.flows:
-            self._owners[owner] = new
+                    if gid not in new_groups:
+                        group_owner.pop(gid, None)
+            for gid, spec in new_groups.items():
+                group_owner[gid] = owner
+                if old_groups.get(gid) != spec:
+                    self._dirty_groups.add(gid)
+        if new_groups or new_flows:
+            self._owners[owner] = _Owner(new_groups, new_flows)
         else:
             self._owners.pop(owner, None)
 
     def unstage(self, owner: Hashable) -> None:
         self.stage(owner, (), ())
 
+    def _ref_shared(self, key: FlowKey, ref: Any, owner: Hashable) -> None:
+        if type(ref) is dict:
+            ref.pop(owner, None)
+            ref[owner] = None  # the newest asker goes last
+        elif ref != owner:
+            self._flow_refs[key] = {ref: None, owner: None}
+
     def _unref_flow(self, key: FlowKey, owner: Hashable) -> None:
-        refs = self._flow_refs.get(key)
-        if refs is not None:
-            refs.pop(owner, None)
-            if not refs:
-                del self._flow_refs[key]
-        self._dirty_flows.add(key)
+        refs = self._flow_refs
+        ref = refs.get(key, _MISSING)
+        if ref is not _MISSING:
+            if type(ref) is dict:
+                ref.pop(owner, None)
+                if len(ref) == 1:
+                    refs[key] = next(iter(ref))
+                elif not ref:
+                    del refs[key]
+            elif ref == owner:
+                del refs[key]
+        self._dirty_flows[key] = None
 
     def owners(self) -> list[Hashable]:
         return list(self._owners)
 
     def desired_flow(self, key: FlowKey) -> of.FlowMod | None:
-        refs = self._flow_refs.get(key)
-        if not refs:
+        ref = self._flow_refs.get(key, _MISSING)
+        if ref is _MISSING:
             return None
+        if type(ref) is not dict:
+            return self._owners[ref].flows[key]
         # Owners that share a flow want the same one; if not, the newest wins (and we say so).
-        flows = list(refs.values())
-        if len(flows) > 1 and any(f != flows[0] for f in flows[1:]):
-            log.warning("owners %s want different flows for %s", list(refs), key)
+        flows = [self._owners[o].flows[key] for o in ref]
+        if any(f != flows[0] for f in flows[1:]):
+            log.warning("owners %s want different flows for %r", list(ref), key)
         return flows[-1]
 
     def desired_group(self, gid: int) -> GroupSpec | None:
@@ -175,61 +295,81 @@ class Datapath:
         return bool(self._dirty_flows or self._dirty_groups or self._stale_generations)
 
     # -- committing -------------------------------------------------------------------------
-    def _plan(
-        self,
-    ) -> tuple[
-        list[of.Message], dict[int, GroupPlan], dict[FlowKey, of.FlowMod | None], CommitStats
-    ]:
-        stats = CommitStats()
-        group_msgs: list[of.Message] = []
+    def _messages(self, diff: _Commit) -> Iterator[of.Message]:
+        """The commit's messages in a safe order, planned as they are consumed; the diff
+        records what the switch will hold once they are committed."""
+        stats = diff.stats
+        kinds = stats.kinds
+        plans = diff.plans
+        installed_groups = self.installed_groups
+        unknown_groups = self._unknown_groups
         group_deletes: list[of.Message] = []
-        plans: dict[int, GroupPlan] = {}
-        for gid in sorted(self._dirty_groups):
+        for gid in sorted(diff.dirty_groups):
             desired = self.desired_group(gid)
-            installed = self.installed_groups.get(gid)
-            unknown = gid in self._unknown_groups
+            installed = installed_groups.get(gid)
+            unknown = gid in unknown_groups
             if desired is None:
                 if installed is not None or unknown:
                     group_deletes.append(delete_group(gid))
                     stats.groups_deleted += 1
-                plans[gid] = GroupPlan((), None, "delete")
+                plans[gid] = _DELETED
                 continue
             plan = plan_group(desired, installed, present_unknown=unknown)
             plans[gid] = plan
-            group_msgs.extend(plan.messages)
-            if plan.kind == "add":
+            kind = plan.kind
+            if kind == "add":
                 stats.groups_added += 1
-            elif plan.kind == "modify":
+            elif kind == "modify":
                 stats.groups_modified += 1
-            elif plan.kind == "incremental":
+            elif kind == "incremental":
                 stats.groups_incremental += 1
-        flow_adds: list[of.Message] = []
-        flow_deletes: list[of.Message] = []
-        flow_result: dict[FlowKey, of.FlowMod | None] = {}
-        for key in self._dirty_flows:
-            want = self.desired_flow(key)
-            have = self.installed_flows.get(key)
-            flow_result[key] = want
-            if want == have:
+            for msg in plan.messages:
+                name = _GROUP_KINDS[msg.command]
+                kinds[name] = kinds.get(name, 0) + 1
+                yield msg
+            stats.group_messages += len(plan.messages)
+        # Groups before the flows that use them...
+        installed_flows = self.installed_flows
+        refs = self._flow_refs
+        owners = self._owners
+        add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
+        for key in diff.dirty_flows:
+            ref = refs.get(key, _MISSING)
+            if ref is _MISSING:
+                want = None
+            elif type(ref) is dict:
+                want = self.desired_flow(key)
+            else:
+                want = owners[ref].flows[key]
+            have = installed_flows.get(key)
+            if want is have or want == have:
                 continue
             if want is None:
-                assert have is not None
-                flow_deletes.append(
-                    of.FlowMod(
-                        table_id=have.table_id,
-                        priority=have.priority,
-                        match=have.match,
-                        command=of.FlowModCommand.DELETE_STRICT,
-                        out_port=of.OFPP_ANY,
-                        out_group=of.OFPG_ANY,
-                    )
-                )
-                stats.flows_deleted += 1
+                delete_keys.append(key)
             else:
-                flow_adds.append(want)  # ADD replaces a flow with the same match and priority
-                stats.flows_added += 1
-        stale: list[of.Message] = [
-            of.FlowMod(
+                # ADD replaces a flow with the same match and priority
+                add_keys.append(key)
+                add_flows.append(want)
+                yield want
+        for flow in add_flows:
+            name = _FLOW_KINDS.get(flow.command, "flow")
+            kinds[name] = kinds.get(name, 0) + 1
+        stats.flows_added = len(add_flows)
+        # ...flows before the groups they used.
+        for key in delete_keys:
+            have = installed_flows[key]
+            yield of.FlowMod(
+                table_id=have.table_id,
+                priority=have.priority,
+                match=have.match,
+                command=of.FlowModCommand.DELETE_STRICT,
+                out_port=of.OFPP_ANY,
+                out_group=of.OFPG_ANY,
+            )
+        if delete_keys:
+            kinds["flow_delete_strict"] = kinds.get("flow_delete_strict", 0) + len(delete_keys)
+        for gen in sorted(diff.stale):
+            yield of.FlowMod(
                 table_id=of.OFPTT_ALL,
                 priority=0,
                 match=of.Match(),
@@ -239,22 +379,15 @@ class Datapath:
                 cookie=(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (gen << pl.COOKIE_GENERATION_SHIFT),
                 cookie_mask=pl.COOKIE_APP_GENERATION_MASK,
             )
-            for gen in sorted(self._stale_generations)
-        ]
-        stats.flows_deleted += len(stale)
-        # Groups before the flows that use them; flows before the groups they used.
-        messages = [*group_msgs, *flow_adds, *flow_deletes, *stale, *group_deletes]
-        stats.group_messages = len(group_msgs) + len(group_deletes)
-        stats.flow_messages = len(flow_adds) + len(flow_deletes) + len(stale)
-        stats.messages = len(messages)
-        for m in messages:
-            kind = type(m).__name__
-            if isinstance(m, of.GroupMod):
-                kind = f"group_{of.GroupModCommand(m.command).name.lower()}"
-            elif isinstance(m, of.FlowMod):
-                kind = f"flow_{of.FlowModCommand(m.command).name.lower()}"
-            stats.kinds[kind] = stats.kinds.get(kind, 0) + 1
-        return messages, plans, flow_result, stats
+        if diff.stale:
+            kinds["flow_delete"] = kinds.get("flow_delete", 0) + len(diff.stale)
+        stats.flows_deleted = len(delete_keys) + len(diff.stale)
+        yield from group_deletes
+        if group_deletes:
+            kinds["group_delete"] = kinds.get("group_delete", 0) + len(group_deletes)
+        stats.group_messages += len(group_deletes)
+        stats.flow_messages = stats.flows_added + stats.flows_deleted
+        stats.messages = stats.group_messages + stats.flow_messages
 
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all
@@ -270,38 +403,93 @@ class Datapath:
             if not self._adopt:  # we have installed state: the switch may have lost it
                 await self._resync_locked()
 
+    async def _send(self, diff: _Commit) -> None:
+        """Stream the messages into one bundle (or hand the list to ``commit_bundle``)."""
+        messages = self._messages(diff)
+        open_bundle = getattr(self.switch, "bundle", None)
+        if open_bundle is None:
+            batch = list(messages)
+            if batch:
+                diff.committing = True
+                await self.switch.commit_bundle(batch)
+            return
+        first = next(messages, None)
+        if first is None:
+            return  # nothing changed: not even an empty bundle
+        bundle: StreamingBundle = open_bundle()
+        try:
+            bundle.add(first)
+            count = 1
+            for msg in messages:
+                bundle.add(msg)
+                count += 1
+                if count % _STREAM_YIELD_EVERY == 0:
+                    # Write what is buffered and let the loop push it to OVS, which decodes
+                    # these messages while we plan the next ones.
+                    await bundle.drain()
+                    await asyncio.sleep(0)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await bundle.discard()
+            raise
+        diff.committing = True
+        await bundle.commit()
+
     async def _commit_locked(self) -> CommitStats:
         started = time.perf_counter()
-        messages, plans, flow_result, stats = self._plan()
-        if messages:
+        # Take the dirty sets: what is staged while the bundle is in flight stays dirty for
+        # the next commit.
+        diff = _Commit(self._dirty_groups, self._dirty_flows, self._stale_generations)
+        self._dirty_groups, self._dirty_flows, self._stale_generations = set(), {}, set()
+        with _gc_paused(diff.size > GC_PAUSE_THRESHOLD):
             try:
-                await self.switch.commit_bundle(messages)
+                await self._send(diff)
             except asyncio.CancelledError:
-                self._mark_uncertain(plans)
+                self._restore(diff)
+                if diff.committing:
+                    self._mark_uncertain(diff.plans)
                 raise
+            except BundleError as exc:  # refused and discarded: nothing was applied
+                self._restore(diff)
+                raise DatapathError(f"bundle refused: {exc}") from exc
             except Exception as exc:
-                # A timeout may hide a commit that succeeded: groups this bundle added are of
-                # unknown content now, and are rewritten (not re-added) next time.
-                self._mark_uncertain(plans)
-                raise DatapathError(f"bundle of {len(messages)} messages failed: {exc}") from exc
-        for gid, plan in plans.items():
-            if plan.result is None:
-                self.installed_groups.pop(gid, None)
-            else:
-                self.installed_groups[gid] = plan.result
-            self._unknown_groups.discard(gid)
-        for key, flow in flow_result.items():
-            if flow is None:
-                self.installed_flows.pop(key, None)
-            else:
-                self.installed_flows[key] = flow
-        self._dirty_flows.clear()
-        self._dirty_groups.clear()
-        self._stale_generations.clear()
+                self._restore(diff)
+                if diff.committing:
+                    # A timeout may hide a commit that succeeded: groups this bundle added are
+                    # of unknown content now, and are rewritten (not re-added) next time.
+                    self._mark_uncertain(diff.plans)
+                elif not isinstance(exc, ChannelError):
+                    raise  # a planning bug: the bundle was discarded, nothing was applied
+                raise DatapathError(
+                    f"bundle of {diff.stats.messages} messages failed: {exc}"
+                ) from exc
+            self._record(diff)
+        stats = diff.stats
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats
         self.commits += 1
         return stats
+
+    def _record(self, diff: _Commit) -> None:
+        installed_groups = self.installed_groups
+        unknown = self._unknown_groups
+        for gid, plan in diff.plans.items():
+            if plan.result is None:
+                installed_groups.pop(gid, None)
+            else:
+                installed_groups[gid] = plan.result
+            unknown.discard(gid)
+        installed_flows = self.installed_flows
+        installed_flows.update(zip(diff.add_keys, diff.add_flows, strict=True))
+        for key in diff.delete_keys:
+            installed_flows.pop(key, None)
+
+    def _restore(self, diff: _Commit) -> None:
+        """A failed commit: everything it took is dirty again."""
+        self._dirty_groups |= diff.dirty_groups
+        diff.dirty_flows.update(self._dirty_flows)
+        self._dirty_flows = diff.dirty_flows
+        self._stale_generations |= diff.stale
 
     def _mark_uncertain(self, plans: dict[int, GroupPlan]) -> None:
         for gid, plan in plans.items():
@@ -330,12 +518,15 @@ class Datapath:
             for g in generations
             if g is not None and g not in (self.generation, pl.LEARNED_GENERATION)
         }
-        # Forget what we thought was installed: rewrite everything we want.
-        self.installed_flows.clear()
+        # Forget what we thought was installed: rewrite everything we want, and delete what
+        # we installed and no longer want (a DELETE_STRICT of a missing flow is harmless).
+        refs = self._flow_refs
+        self.installed_flows = {k: f for k, f in self.installed_flows.items() if k not in refs}
         self.installed_groups.clear()
         self._unknown_groups = set(present)
         self._dirty_groups = set(present) | set(self._group_owner)
-        self._dirty_flows = set(self._flow_refs)
+        self._dirty_flows = dict.fromkeys(self.installed_flows)
+        self._dirty_flows.update(dict.fromkeys(refs))
         stats = await self._commit_locked()
         self._adopt = False
         return stats
