@@ -319,16 +319,16 @@ class Rejector:
             self._flush_task = loop.create_task(self.flush(), name="reject packet-outs")
 
     async def flush(self) -> None:
-        """Send the replies built so far (one ``send``: PACKET_OUTs, then a barrier)."""
-        batch, self._pending = self._pending, []
-        if not batch:
-            return
-        try:
-            await self.channel.send(batch)
-            self.stats.answered += len(batch)
-        except Exception as exc:
-            self.stats.send_errors += len(batch)
-            log.warning("reject: %d PACKET_OUT(s) failed: %s", len(batch), exc)
+        """Send the replies built so far, batch after batch until none is left (each batch is
+        one ``send``: PACKET_OUTs, then a barrier)."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                await self.channel.send(batch)
+                self.stats.answered += len(batch)
+            except Exception as exc:
+                self.stats.send_errors += len(batch)
+                log.warning("reject: %d PACKET_OUT(s) failed: %s", len(batch), exc)
 
     async def close(self) -> None:
         task, self._flush_task = self._flush_task, None

@@ -1,0 +1,146 @@
+"""A small agent for end-to-end semantics tests: Channel + Datapath + Proxier + ChangeTracker
+against the real sandbox OVS, fed with model values, and real clients in pod namespaces."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.semantics import ServiceSemantics
+from ovsproxy.model import (
+    Endpoint,
+    EndpointSlice,
+    IPAddress,
+    Protocol,
+    Service,
+    ServicePort,
+    ServicePortName,
+    SlicePort,
+    TrafficPolicy,
+)
+from ovsproxy.openflow.connection import Channel
+from ovsproxy.ovs.ovsdb import PodPort
+from ovsproxy.ovs.sandbox import Pod, Sandbox
+from ovsproxy.ovs.traffic import run_in_netns
+from ovsproxy.proxy.proxier import Proxier
+from ovsproxy.proxy.tracker import ChangeTracker
+from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
+
+NODE = "node-a"
+NS = "default"
+
+
+def ip(text: str) -> IPAddress:
+    return ipaddress.ip_address(text)
+
+
+@dataclass
+class World:
+    sandbox: Sandbox
+    channel: Channel
+    datapath: Datapath
+    tracker: ChangeTracker
+    proxier: Proxier
+    semantics: ServiceSemantics
+    synced: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- Kubernetes objects ---------------------------------------------------------------
+    def service(
+        self,
+        name: str,
+        cluster_ips: Sequence[str],
+        port: int = 80,
+        *,
+        protocol: Protocol = Protocol.TCP,
+        affinity: int = 0,
+        itp: TrafficPolicy = TrafficPolicy.CLUSTER,
+        external_ips: Sequence[str] = (),
+    ) -> ServicePortName:
+        spn = ServicePortName(NS, name, "p", protocol)
+        sp = ServicePort(
+            spn,
+            tuple(ip(a) for a in cluster_ips),
+            port,
+            protocol,
+            affinity_timeout=affinity,
+            internal_traffic_policy=itp,
+            external_ips=tuple(ip(a) for a in external_ips),
+        )
+        self.tracker.on_service_update(Service(NS, name, (sp,)))
+        return spn
+
+    def endpoints(
+        self, name: str, endpoints: Sequence[Endpoint], protocol: Protocol = Protocol.TCP
+    ) -> None:
+        self.tracker.on_endpoint_slice_update(
+            EndpointSlice(NS, f"{name}-slice", name, (SlicePort("p", protocol, tuple(endpoints)),))
+        )
+
+    def delete_service(self, name: str) -> None:
+        self.tracker.on_service_delete(NS, name)
+
+    async def sync(self) -> None:
+        if not self.synced:
+            self.tracker.on_synced(SYNC_SERVICES)
+            self.tracker.on_synced(SYNC_ENDPOINT_SLICES)
+            self.synced = True
+        await self.proxier.sync()
+
+    # -- pods and traffic -------------------------------------------------------------------
+    def pod(self, name: str, **kw: Any) -> Pod:
+        return self.sandbox.add_pod(name, **kw)
+
+    async def http(self, client: Pod, url: str, count: int = 20, timeout: float = 2.0) -> dict:
+        return await asyncio.to_thread(
+            run_in_netns, client.netns, "http", url, "--count", str(count), "--timeout", str(timeout)
+        )
+
+    async def udp(
+        self, client: Pod, host: str, port: int, count: int = 3, timeout: float = 1.0, **kw: Any
+    ) -> dict:
+        args = ["udp", host, str(port), "--count", str(count), "--timeout", str(timeout)]
+        if kw.get("interval"):
+            args += ["--interval", str(kw["interval"])]
+        return await asyncio.to_thread(run_in_netns, client.netns, *args)
+
+    def learned_flows(self) -> list[str]:
+        table = self.datapath.tables.session_affinity
+        out = self.sandbox.ofctl("dump-flows", f"table={table}")
+        return [line.strip() for line in out.splitlines() if "cookie=" in line and "priority=0" not in line]
+
+
+def endpoint(pod: Pod, port: int = 8080, *, v6: bool = False, node: str = NODE, **kw: Any) -> Endpoint:
+    address = pod.ipv6.ip if v6 else pod.ipv4.ip  # type: ignore[union-attr]
+    return Endpoint(address, port, node_name=node, **kw)
+
+
+async def make_world(sandbox: Sandbox, **proxier_kw: Any) -> World:
+    dp: Datapath | None = None
+
+    async def hook() -> None:
+        assert dp is not None
+        await dp.on_connected()
+
+    channel = Channel(sandbox.openflow, on_connected=hook)
+    dp = Datapath(channel, pl.PipelineConfig(), generation=1)
+    semantics = ServiceSemantics(channel, dp, sweep_interval=3600)
+    channel.on_packet_in = semantics.handle
+    semantics.wrap_on_connected()
+    await channel.start()
+    tracker = ChangeTracker()
+
+    async def pods() -> list[PodPort]:
+        return [
+            PodPort(p.interface, p.ofport, p.name, p.namespace, tuple(p.ips), p.mac)
+            for p in sandbox.pods.values()
+        ]
+
+    kwargs = {"node_name": NODE, "pods": pods, **semantics.proxier_kwargs(), **proxier_kw}
+    proxier = Proxier(tracker, dp, **kwargs)
+    return World(sandbox, channel, dp, tracker, proxier, semantics)

@@ -1,0 +1,45 @@
+"""A Service without endpoints refuses at once, as kube-proxy's does: TCP connect gets
+"connection refused" (our RST), UDP gets ICMP / ICMPv6 port unreachable (ECONNREFUSED on a
+connected socket) — answered by the agent from a metered packet-in, out of the client's port."""
+
+from __future__ import annotations
+
+import pytest
+
+from ovsproxy.model import Protocol
+from tests.semantics.harness import World, endpoint
+
+pytestmark = pytest.mark.ovs
+
+
+async def test_no_endpoints_refuses_tcp_and_udp_at_once_v4_and_v6(world: World) -> None:
+    client = world.pod("client", ipv6="fd00:10:244::20/64")
+    web = world.pod("web", ipv6="fd00:10:244::21/64", http_ports=(8080,), udp_ports=(5353,))
+    world.service("web", ["10.96.0.10", "fd00:10:96::10"], 80)
+    world.service("dns", ["10.96.0.11", "fd00:10:96::11"], 53, protocol=Protocol.UDP)
+    await world.sync()
+    inst = world.proxier.services
+    assert all(s.rejecting for s in inst.values())
+    assert {s.status()["families"]["IPv4"]["action"] for s in inst.values()} == {"reject"}
+
+    for url in ("http://10.96.0.10:80/", "http://[fd00:10:96::10]:80/"):
+        result = await world.http(client, url, count=3, timeout=3.0)
+        assert result["failures"] == {"refused": 3}, result
+        assert result["max_latency_s"] < 1.0, result
+    for host in ("10.96.0.11", "fd00:10:96::11"):
+        result = await world.udp(client, host, 53, count=3, timeout=3.0)
+        assert result["failures"] == {"refused": 3}, result
+    stats = world.semantics.rejector.stats
+    assert stats.by_protocol.get("tcp-rst", 0) >= 6
+    assert stats.by_protocol.get("icmp", 0) >= 3 and stats.by_protocol.get("icmpv6", 0) >= 3
+    assert stats.meter == "installed" and stats.send_errors == 0
+
+    # With an endpoint, the same frontends answer.
+    world.endpoints("web", [endpoint(web), endpoint(web, v6=True)])
+    world.endpoints("dns", [endpoint(web, 5353), endpoint(web, 5353, v6=True)], Protocol.UDP)
+    await world.sync()
+    assert not any(s.rejecting for s in world.proxier.services.values())
+    ok = await world.http(client, "http://[fd00:10:96::10]:80/", count=3)
+    assert ok["counts"] == {"web": 3}, ok
+    ok = await world.udp(client, "10.96.0.11", 53, count=3)
+    assert ok["counts"] == {"web": 3}, ok
