@@ -402,3 +402,34 @@ def test_text_forms_match_ovs_ofctl_syntax() -> None:
         "actions=set_field:0xa000002->reg3,set_field:0x50/0xffff->reg4,resubmit(,42)"
     )
     assert of.format_flow(of.FlowMod(0, 0x8000, cookie=1)) == "cookie=0x1, actions=drop"
+
+
+@pytest.mark.parametrize(
+    ("fast", "general"),
+    [
+        ({"reg3": (5, 0xFFFFFFFF)}, {"reg3": "5"}),
+        ({"reg3": (5, 0), "reg0": 1}, {"reg0": "0x1"}),
+        ({"reg4": (0x12345, 0xFFFF), "reg5": 7}, {"reg5": "7", "reg4": ("0x2345", "0xffff")}),
+        ({"reg2": 1, "reg3": 2, "reg7": 3}, {"xreg1": "0x100000002", "reg7": "3"}),
+        (
+            {"eth_type": 0x800, "ip_proto": 6, "ipv4_dst": IP("10.0.0.1"), "tcp_dst": 80},
+            {"tcp_dst": "80", "ip_proto": "6", "ipv4_dst": "10.0.0.1", "eth_type": "0x800"},
+        ),
+    ],
+)
+def test_fast_and_general_match_paths_agree(fast: dict, general: dict) -> None:
+    built = of.Match(**fast)
+    assert built == of.Match(**general)
+    assert built == of.Match.from_entries(built.entries)
+    assert built.to_text() == of.Match(**general).to_text()
+
+
+def test_fast_path_still_reports_errors() -> None:
+    with pytest.raises(of.OpenFlowEncodeError, match="cannot be masked"):
+        of.Match(eth_type=(0x800, 0xFF00))
+    with pytest.raises(of.OpenFlowEncodeError, match="tcp_dst needs"):
+        of.Match(eth_type=0x800, ip_proto=17, tcp_dst=80)
+    with pytest.raises(of.OpenFlowEncodeError, match="does not fit"):
+        of.Match(reg1=-1)
+    with pytest.raises(of.OpenFlowEncodeError, match="twice"):
+        of.Match(nw_dst="10.0.0.1", ipv4_dst="10.0.0.1", eth_type=0x800)

@@ -295,6 +295,15 @@ class Resubmit(Action):
 
 
 _NAT = struct.Struct("!HHIH2xHH")
+_IPV4 = ipaddress.IPv4Address
+_NAT_DST_IPV4_PORT = _NAT.pack(
+    c.OFPAT_EXPERIMENTER,
+    24,
+    c.NX_VENDOR_ID,
+    c.NXAST_NAT,
+    c.NX_NAT_F_DST,
+    c.NX_NAT_RANGE_IPV4_MIN | c.NX_NAT_RANGE_PROTO_MIN,
+)
 
 
 class NAT(Action):
@@ -339,6 +348,21 @@ class NAT(Action):
         hash: bool = False,
         random: bool = False,
     ) -> NAT:
+        if (
+            dst is True
+            and type(ip_min) is _IPV4
+            and type(port_min) is int
+            and 0 < port_min <= 0xFFFF
+            and ip_max is None
+            and port_max is None
+            and not (src or persistent or hash or random)
+            and ip_min._ip
+        ):
+            # The endpoint DNAT of every Service: nat(dst=IP:PORT), built a lot.
+            wire = _NAT_DST_IPV4_PORT + ip_min.packed + port_min.to_bytes(2, "big") + b"\0\0"
+            return tuple.__new__(
+                cls, (wire, False, True, ip_min, None, port_min, None, False, False, False)
+            )
         if src and dst:
             raise OpenFlowEncodeError("nat: src and dst are exclusive")
         if hash and random:
@@ -446,6 +470,8 @@ def _nat_ip(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 _CT = struct.Struct("!HHIHHIHB3xH")
+_CT_COMMIT, _CT_FORCE = c.NX_CT_F_COMMIT, c.NX_CT_F_FORCE
+_NX, _NXAST_CT = c.NX_VENDOR_ID, c.NXAST_CT
 
 
 class CT(Action):
@@ -477,14 +503,17 @@ class CT(Action):
         actions: Iterable[Action] = (),
         force: bool = False,
     ) -> CT:
-        actions, nested = join_actions(actions, "ct")
+        if type(actions) is tuple and all(isinstance(a, Action) for a in actions):
+            nested = b"".join([a[0] for a in actions])
+        else:
+            actions, nested = join_actions(actions, "ct")
         if force and not commit:
             raise OpenFlowEncodeError("ct: force requires commit")
         if actions and not commit:
             raise OpenFlowEncodeError("ct: exec actions require commit")
         if nat is not None and not isinstance(nat, NAT):
             raise OpenFlowEncodeError("ct: nat must be a NAT action")
-        flags = (c.NX_CT_F_COMMIT if commit else 0) | (c.NX_CT_F_FORCE if force else 0)
+        flags = (_CT_COMMIT if commit else 0) | (_CT_FORCE if force else 0)
         if type(zone) is int or isinstance(zone, int):
             zone_src, zone_value = 0, zone
             zone_arg: int | Subfield = zone
@@ -498,17 +527,17 @@ class CT(Action):
             zone_src = sub.field.nxm_header
             zone_value = (sub.offset << 6) | (sub.n_bits - 1)
             zone_arg = sub
-        table_id = c.NX_CT_RECIRC_NONE if table is None else table
-        if table_id == c.NX_CT_RECIRC_NONE:
+        table_id = 0xFF if table is None else table
+        if table_id == 0xFF:
             table = None
         if nat is not None:
             nested = nat[0] + nested
         try:
             head = _CT.pack(
-                c.OFPAT_EXPERIMENTER,
+                0xFFFF,
                 24 + len(nested),
-                c.NX_VENDOR_ID,
-                c.NXAST_CT,
+                _NX,
+                _NXAST_CT,
                 flags,
                 zone_src,
                 zone_value,

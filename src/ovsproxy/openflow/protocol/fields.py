@@ -21,6 +21,7 @@ from .errors import OpenFlowDecodeError, OpenFlowEncodeError
 
 _U32 = struct.Struct("!I")
 _ORDER_REGS_END = 96
+_IPV4 = ipaddress.IPv4Address
 
 # Value kinds: how a field's value is parsed from Python values and printed.
 DEC = "dec"  # decimal integer (ports, protocols)
@@ -872,6 +873,132 @@ def _build_match(keyed: list[tuple[int, Field, int, int | None]]) -> Match:
     return tuple.__new__(Match, (wire, tuple(keyed)))
 
 
+def _regs_split(entries: list[Entry]) -> list[Entry]:
+    result: list[Entry] = []
+    for field, value, mask in entries:
+        if field.wide:
+            result.extend(_split_wide(field, value, mask))
+        else:
+            result.append((field, value, mask))
+    return result
+
+
+# Fast path. Flows are built by the hundred thousand with the same few field sets, so the
+# canonical order, the register pairing and the prerequisites of a set of keywords are worked
+# out once (a "plan"); building a match is then encoding its values in that order.
+# (kind, field or xreg field, index of the value or of the high register, index of the low)
+_PLAIN, _XREG = 0, 1
+_PLANS: dict[tuple[str, ...], tuple | bool] = {}
+
+
+def _make_plan(names: tuple[str, ...]) -> tuple | bool:
+    """The plan for a keyword set, or False when the general path must handle it."""
+    fields = [FIELDS.get(name) for name in names]
+    if None in fields or len(_PLANS) > 4096:
+        return False
+    seen = set()
+    for field in fields:
+        if field.wide or field in seen:  # type: ignore[union-attr]
+            return False
+        seen.add(field)
+    order = sorted(range(len(fields)), key=lambda i: fields[i].order)  # type: ignore[union-attr]
+    eth_index = next((i for i, f in enumerate(fields) if f is ETH_TYPE), -1)
+    proto_index = next((i for i, f in enumerate(fields) if f is IP_PROTO), -1)
+    ops: list[tuple[int, Field, int, int]] = []
+    checks: list[tuple[frozenset[int], int | None]] = []
+    position = 0
+    while position < len(order):
+        index = order[position]
+        field = fields[index]
+        assert field is not None
+        position += 1
+        if field.prereq_eth is not None:
+            if eth_index < 0 or (field.prereq_proto is not None and proto_index < 0):
+                return False  # the general path raises the prerequisite error
+            checks.append((field.prereq_eth, field.prereq_proto))
+        if field.reg_index < 0:
+            ops.append((_PLAIN, field, index, -1))
+            continue
+        reg = field.reg_index
+        high = low = -1
+        if reg & 1:
+            low = index
+        else:
+            high = index
+            if position < len(order):
+                nxt = fields[order[position]]
+                if nxt is not None and nxt.reg_index == reg + 1:
+                    low = order[position]
+                    position += 1
+        ops.append((_XREG, XREGS[reg >> 1], high, low))
+    return (tuple(ops), eth_index, proto_index, tuple(checks))
+
+
+def _plain_value(field: Field, raw: Any) -> tuple[int, int | None] | None:
+    """(value, mask) for the spellings the fast path handles, else None."""
+    kind = type(raw)
+    if kind is int:
+        return (raw, None) if 0 <= raw < field.limit else None
+    if kind is _IPV4 and field.n_bytes == 4:
+        return raw._ip, None
+    if kind is tuple and len(raw) == 2:
+        value, mask = raw
+        if type(value) is int and type(mask) is int and 0 <= value < field.limit:
+            if mask == field.limit - 1:
+                return value, None
+            if 0 < mask < field.limit and field.maskable:
+                return value & mask, mask
+    return None
+
+
+def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
+    ops, eth_index, proto_index, checks = plan
+    if checks:
+        eth_type = values[eth_index]
+        ip_proto = values[proto_index] if proto_index >= 0 else None
+        for allowed, proto in checks:
+            if eth_type not in allowed or (proto is not None and ip_proto != proto):
+                return None  # the general path raises the prerequisite error
+    parts: list[bytes] = []
+    append = parts.append
+    for kind, field, first, second in ops:
+        if kind == _PLAIN:
+            raw = values[first]
+            if type(raw) is int and 0 <= raw < field.limit:
+                append(field.hdr + raw.to_bytes(field.n_bytes, "big"))
+                continue
+            pair = _plain_value(field, raw)
+            if pair is None:
+                return None
+            value, mask = pair
+            if mask is None:
+                append(field.hdr + value.to_bytes(field.n_bytes, "big"))
+            else:
+                n_bytes = field.n_bytes
+                append(
+                    field.hdr_masked
+                    + value.to_bytes(n_bytes, "big")
+                    + mask.to_bytes(n_bytes, "big")
+                )
+            continue
+        x_value = x_mask = 0
+        for index, shift in ((first, 32), (second, 0)):
+            if index < 0:
+                continue
+            pair = _plain_value(REGS[0], values[index])
+            if pair is None:
+                return None
+            x_value |= pair[0] << shift
+            x_mask |= (_FULL32 if pair[1] is None else pair[1]) << shift
+        if x_mask == 0xFFFFFFFFFFFFFFFF:
+            append(field.hdr + x_value.to_bytes(8, "big"))
+        else:
+            append(field.hdr_masked + x_value.to_bytes(8, "big") + x_mask.to_bytes(8, "big"))
+    body = b"".join(parts)
+    length = 4 + len(body)
+    return _MATCH_HEADER.pack(c.OFPMT_OXM, length) + body + _ZEROS[: -length % 8]
+
+
 class Match(Value):
     """A flow match: ``Match(eth_type=0x0800, ip_proto=6, ipv4_dst=ip, tcp_dst=80)``.
 
@@ -883,17 +1010,36 @@ class Match(Value):
     """
 
     __slots__ = ()
-    _fields = ("items",)
-    items: tuple[tuple[int, Field, int, int | None], ...]  # (order, field, value, mask)
+    _fields = ()
+
+    @property
+    def items(self) -> tuple[tuple[int, Field, int, int | None], ...]:
+        """(order, field, value, mask) in canonical order (decoded from the wire when the
+        match was built on the fast path, which only produces the encoding)."""
+        items = self[1]
+        if items is None:
+            length = _MATCH_HEADER.unpack_from(self[0], 0)[1]
+            items = tuple(
+                (f.order, f, v, m) for f, v, m in _regs_split(decode_tlvs(self[0], 4, length))
+            )
+        return items  # type: ignore[no-any-return]
 
     @property
     def entries(self) -> tuple[Entry, ...]:
         """The (field, value, mask) entries in canonical order; mask None means exact."""
-        return tuple((f, v, m) for _, f, v, m in self[1])
+        return tuple((f, v, m) for _, f, v, m in self.items)
 
     def __new__(cls, **fields: Any) -> Match:
         if not fields:
             return _EMPTY_MATCH
+        names = tuple(fields)
+        plan = _PLANS.get(names)
+        if plan is None:
+            plan = _PLANS[names] = _make_plan(names)
+        if plan:
+            wire = _encode_with_plan(plan, tuple(fields.values()))
+            if wire is not None:
+                return tuple.__new__(cls, (wire, None))
         keyed: list[tuple[int, Field, int, int | None]] = []
         append = keyed.append
         get = FIELDS.get
@@ -903,12 +1049,9 @@ class Match(Value):
                 raise OpenFlowEncodeError(f"unknown match field {name!r}")
             if raw is None:
                 continue
-            if type(raw) is int and 0 <= raw < field.limit:
-                value, mask = raw, None
-            else:
-                value, mask = field.value_and_mask(raw)
-                if mask == 0:
-                    continue
+            value, mask = field.value_and_mask(raw)
+            if mask == 0:
+                continue
             if field.wide:
                 for sub in _split_wide(field, value, mask):
                     append((sub[0].order, *sub))
@@ -953,7 +1096,7 @@ class Match(Value):
             raise KeyError(name)
         if field.wide:
             return self._get_wide(field, default)
-        for _, f, value, mask in self[1]:
+        for _, f, value, mask in self.items:
             if f is field:
                 py = field.python_value(value)
                 return py if mask is None else (py, field.python_value(mask))
@@ -964,7 +1107,7 @@ class Match(Value):
         first = field.order - 80
         value = mask = 0
         found = False
-        regs = {f.reg_index: (v, m) for _, f, v, m in self[1] if f.reg_index >= 0}
+        regs = {f.reg_index: (v, m) for _, f, v, m in self.items if f.reg_index >= 0}
         for i in range(words):
             v, m = regs.get(first + i, (0, 0))
             if (first + i) in regs:
@@ -986,7 +1129,7 @@ class Match(Value):
 
     def as_kwargs(self) -> dict[str, Any]:
         """The match as ``Match(**kwargs)`` keywords (registers as 32-bit regs)."""
-        return {f.name: (v if m is None else (v, m)) for _, f, v, m in self[1]}
+        return {f.name: (v if m is None else (v, m)) for _, f, v, m in self.items}
 
     def replace(self, **changes: Any) -> Match:
         kwargs = self.as_kwargs()
@@ -998,7 +1141,7 @@ class Match(Value):
             f"{f.name}={f.python_value(v)!r}"
             if m is None
             else f"{f.name}=({f.python_value(v)!r}, {f.python_value(m)!r})"
-            for _, f, v, m in self[1]
+            for _, f, v, m in self.items
         )
         return f"Match({args})"
 
@@ -1031,7 +1174,7 @@ def _fmt_dec16(name: str, value: int, mask: int | None) -> str:
 
 def format_match(match: Match, priority: int | None = None) -> str:
     """Open vSwitch's ``match_format`` for the fields we model."""
-    values: dict[str, tuple[int, int | None]] = {f.name: (v, m) for _, f, v, m in match[1]}
+    values: dict[str, tuple[int, int | None]] = {f.name: (v, m) for _, f, v, m in match.items}
     out: list[str] = []
     if priority is not None and priority != c.OFP_DEFAULT_PRIORITY:
         out.append(f"priority={priority}")
@@ -1159,7 +1302,7 @@ def format_match(match: Match, priority: int | None = None) -> str:
         for proto in ("tcp", "udp", "sctp"):
             dec16("tp_src", f"{proto}_src")
             dec16("tp_dst", f"{proto}_dst")
-    for _, f, v, m in match[1]:
+    for _, f, v, m in match.items:
         if f.order >= 1000:  # fields we do not model, printed raw
             out.append(f"{f.name}={format_hex(v)}" + ("" if m is None else f"/{format_hex(m)}"))
     return ",".join(out)
