@@ -98,7 +98,14 @@ class World:
 
     async def http(self, client: Pod, url: str, count: int = 20, timeout: float = 2.0) -> dict:
         return await asyncio.to_thread(
-            run_in_netns, client.netns, "http", url, "--count", str(count), "--timeout", str(timeout)
+            run_in_netns,
+            client.netns,
+            "http",
+            url,
+            "--count",
+            str(count),
+            "--timeout",
+            str(timeout),
         )
 
     async def udp(
@@ -112,10 +119,16 @@ class World:
     def learned_flows(self) -> list[str]:
         table = self.datapath.tables.session_affinity
         out = self.sandbox.ofctl("dump-flows", f"table={table}")
-        return [line.strip() for line in out.splitlines() if "cookie=" in line and "priority=0" not in line]
+        return [
+            line.strip()
+            for line in out.splitlines()
+            if "cookie=" in line and "priority=0" not in line
+        ]
 
 
-def endpoint(pod: Pod, port: int = 8080, *, v6: bool = False, node: str = NODE, **kw: Any) -> Endpoint:
+def endpoint(
+    pod: Pod, port: int = 8080, *, v6: bool = False, node: str = NODE, **kw: Any
+) -> Endpoint:
     address = pod.ipv6.ip if v6 else pod.ipv4.ip  # type: ignore[union-attr]
     return Endpoint(address, port, node_name=node, **kw)
 
