@@ -8,7 +8,13 @@ canonical OpenFlow encoding, computed once when the value is built. Consequences
 * equality and hashing compare the encodings, which are canonical (a decoded value equals
   the value that was encoded, whatever spelling was used to build it: an
   ``IPv4Address`` or an ``int``, ``xxreg3`` or ``reg12..reg15``);
-* values are frozen and hashable, and cheap to build (a tuple, no ``__dict__``).
+* values are frozen and hashable, and cheap to build (a tuple, no ``__dict__``); they keep
+  fields by name and addresses packed (properties give the objects back), and a match only
+  its encoding, so they stay small.
+
+Note for big caches: CPython never untracks tuple subclasses, so a process holding hundreds
+of thousands of values pays for them in every full garbage collection; ``gc.freeze()`` after
+a full sync (or building it with the collector paused) avoids that.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ class Value(tuple):
         own = cls.__dict__.get("_fields")
         if own is not None:
             for index, name in enumerate(own, start=1):
-                setattr(cls, name, property(itemgetter(index), doc=f"the {name} field"))
+                if name not in cls.__dict__:  # a class may define a converting property
+                    setattr(cls, name, property(itemgetter(index), doc=f"the {name} field"))
 
     @property
     def wire(self) -> bytes:

@@ -140,9 +140,12 @@ class SetField(Action):
 
     __slots__ = ()
     _fields = ("field", "value", "mask")
-    field: Field
     value: int
     mask: int | None
+
+    @property
+    def field(self) -> Field:
+        return _FIELDS[self[1]]
 
     def __new__(cls, field: str | Field, value: Any, mask: Any = None) -> SetField:
         f = _FIELDS.get(field) if type(field) is str else None
@@ -158,9 +161,9 @@ class SetField(Action):
                 v &= m
                 prefix, pad = f.set_field_masked
                 wire = prefix + v.to_bytes(n, "big") + m.to_bytes(n, "big") + pad
-                return tuple.__new__(cls, (wire, f, v, m))
+                return tuple.__new__(cls, (wire, f.name, v, m))
         prefix, pad = f.set_field_exact
-        return tuple.__new__(cls, (prefix + v.to_bytes(n, "big") + pad, f, v, None))
+        return tuple.__new__(cls, (prefix + v.to_bytes(n, "big") + pad, f.name, v, None))
 
     def replace(self, **changes: Any) -> SetField:
         kwargs = {"field": self[1], "value": self[2], "mask": self[3], **changes}
@@ -168,10 +171,10 @@ class SetField(Action):
 
     def __repr__(self) -> str:
         mask = "" if self[3] is None else f", mask={self[3]:#x}"
-        return f"SetField({self[1].name!r}, {self[1].python_value(self[2])!r}{mask})"
+        return f"SetField({self[1]!r}, {self.field.python_value(self[2])!r}{mask})"
 
     def to_text(self) -> str:
-        f = self[1]
+        f = self.field
         return f"set_field:{f.format_value(self[2], self[3])}->{f.mf_name}"
 
 
@@ -193,8 +196,6 @@ class CopyField(Action):
 
     __slots__ = ()
     _fields = ("src", "dst", "n_bits", "src_offset", "dst_offset")
-    src: Field
-    dst: Field
     n_bits: int
     src_offset: int
     dst_offset: int
@@ -221,7 +222,15 @@ class CopyField(Action):
             + _U32.pack(_copy_header(d.field))
             + bytes(4)
         )
-        return tuple.__new__(cls, (wire, s.field, d.field, n_bits, s.offset, d.offset))
+        return tuple.__new__(cls, (wire, s[1], d[1], n_bits, s.offset, d.offset))
+
+    @property
+    def src(self) -> Field:
+        return _FIELDS[self[1]]
+
+    @property
+    def dst(self) -> Field:
+        return _FIELDS[self[2]]
 
     def to_text(self) -> str:
         src = Subfield(self[1], self[4], self[3])
@@ -327,8 +336,6 @@ class NAT(Action):
     )
     src: bool
     dst: bool
-    ip_min: ipaddress.IPv4Address | ipaddress.IPv6Address | None
-    ip_max: ipaddress.IPv4Address | ipaddress.IPv6Address | None
     port_min: int | None
     port_max: int | None
     persistent: bool
@@ -359,9 +366,10 @@ class NAT(Action):
             and ip_min._ip
         ):
             # The endpoint DNAT of every Service: nat(dst=IP:PORT), built a lot.
-            wire = _NAT_DST_IPV4_PORT + ip_min.packed + port_min.to_bytes(2, "big") + b"\0\0"
+            packed = ip_min.packed
+            wire = _NAT_DST_IPV4_PORT + packed + port_min.to_bytes(2, "big") + b"\0\0"
             return tuple.__new__(
-                cls, (wire, False, True, ip_min, None, port_min, None, False, False, False)
+                cls, (wire, False, True, packed, None, port_min, None, False, False, False)
             )
         if src and dst:
             raise OpenFlowEncodeError("nat: src and dst are exclusive")
@@ -419,8 +427,8 @@ class NAT(Action):
                 wire,
                 bool(src),
                 bool(dst),
-                ip_lo,
-                ip_hi,
+                None if ip_lo is None else ip_lo.packed,
+                None if ip_hi is None else ip_hi.packed,
                 port_min,
                 port_max,
                 bool(persistent),
@@ -429,8 +437,18 @@ class NAT(Action):
             ),
         )
 
+    @property
+    def ip_min(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        # Kept packed in the value (atomic, untracked by the garbage collector).
+        return None if self[3] is None else ipaddress.ip_address(self[3])
+
+    @property
+    def ip_max(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+        return None if self[4] is None else ipaddress.ip_address(self[4])
+
     def to_text(self) -> str:
-        (_, src, dst, ip_lo, ip_hi, port_lo, port_hi, persistent, hash_, random_) = self
+        (_, src, dst, _, _, port_lo, port_hi, persistent, hash_, random_) = self
+        ip_lo, ip_hi = self.ip_min, self.ip_max
         if not (src or dst):
             return "nat"
         text = "src" if src else "dst"
@@ -456,6 +474,8 @@ def _ip_text(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
 def _nat_ip(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if value is None:
         return None
+    if isinstance(value, bytes) and len(value) in (4, 16):
+        value = ipaddress.ip_address(value)
     if isinstance(value, _IP_TYPES):
         if not value._ip:  # type: ignore[union-attr]
             raise OpenFlowEncodeError("nat: address 0 is not a valid NAT address")

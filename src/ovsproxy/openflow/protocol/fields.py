@@ -617,8 +617,10 @@ def _unknown_field(header: int, header_bytes: bytes) -> Field:
     """A stand-in for a field we do not model, so foreign flows still decode and re-encode."""
     oxm_class, field_no = header >> 16, (header >> 9) & 0x7F
     n_bytes = header & 0xFF
-    name = f"oxm_{oxm_class:04x}_{field_no}"
-    return Field(
+    name = f"oxm_{oxm_class:04x}_{field_no}_{n_bytes}"
+    if name not in FIELDS and len(FIELDS) > 4096:
+        raise OpenFlowDecodeError("too many unknown OXM fields")
+    field = Field(
         name,
         name,
         name.upper(),
@@ -629,6 +631,10 @@ def _unknown_field(header: int, header_bytes: bytes) -> Field:
         True,
         1000 + (oxm_class << 7) + field_no,  # after every known field, unique per header
     )
+    # Registered, so values can refer to it by name and the next decode finds it.
+    FIELDS.setdefault(name, field)
+    _BY_OXM_HEADER.setdefault(field.oxm_header, field)
+    return FIELDS[name]
 
 
 # -- OXM TLV encoding ------------------------------------------------------------------------
@@ -711,9 +717,12 @@ class Subfield(Value):
 
     __slots__ = ()
     _fields = ("field", "offset", "n_bits")
-    field: Field
     offset: int
     n_bits: int
+
+    @property
+    def field(self) -> Field:
+        return FIELDS[self[1]]
 
     def __new__(cls, field: str | Field, offset: int = 0, n_bits: int | None = None) -> Subfield:
         f = get_field(field)
@@ -725,7 +734,7 @@ class Subfield(Value):
                 f"{f.name}[{offset}..{offset + (n_bits or 0) - 1}] is outside the {width}-bit field"
             )
         wire = _U32.pack(f.nxm_header) + offset.to_bytes(2, "big")
-        return tuple.__new__(cls, (wire, f, offset, n_bits))
+        return tuple.__new__(cls, (wire, f.name, offset, n_bits))
 
     @classmethod
     def parse(cls, text: str) -> Subfield:
@@ -870,7 +879,9 @@ def _build_match(keyed: list[tuple[int, Field, int, int | None]]) -> Match:
     body = b"".join(parts)
     length = 4 + len(body)
     wire = _MATCH_HEADER.pack(c.OFPMT_OXM, length) + body + _ZEROS[: -length % 8]
-    return tuple.__new__(Match, (wire, tuple(keyed)))
+    # Only the encoding is kept (the items are decoded again when asked for): the value
+    # then holds no object the garbage collector would have to track.
+    return tuple.__new__(Match, (wire, None))
 
 
 def _regs_split(entries: list[Entry]) -> list[Entry]:
@@ -985,11 +996,20 @@ def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
         for index, shift in ((first, 32), (second, 0)):
             if index < 0:
                 continue
-            pair = _plain_value(REGS[0], values[index])
-            if pair is None:
-                return None
-            x_value |= pair[0] << shift
-            x_mask |= (_FULL32 if pair[1] is None else pair[1]) << shift
+            raw = values[index]
+            kind = type(raw)
+            if kind is int and 0 <= raw <= _FULL32:
+                x_value |= raw << shift
+                x_mask |= _FULL32 << shift
+            elif kind is _IPV4:
+                x_value |= raw._ip << shift
+                x_mask |= _FULL32 << shift
+            else:
+                pair = _plain_value(REGS[0], raw)
+                if pair is None:
+                    return None
+                x_value |= pair[0] << shift
+                x_mask |= (_FULL32 if pair[1] is None else pair[1]) << shift
         if x_mask == 0xFFFFFFFFFFFFFFFF:
             append(field.hdr + x_value.to_bytes(8, "big"))
         else:

@@ -29,7 +29,7 @@ from .actions import (
     join_actions,
 )
 from .errors import MessageTooLarge, OpenFlowDecodeError, OpenFlowEncodeError
-from .fields import Field, Match, decode_tlvs, field_by_nxm_header, format_port, get_field
+from .fields import FIELDS, Field, Match, decode_tlvs, field_by_nxm_header, format_port, get_field
 
 _HEADER = struct.Struct("!BBHI")
 _U16 = struct.Struct("!H")
@@ -665,7 +665,6 @@ class GroupMod(Message):
     command_bucket_id: int
     selection_method: str | None
     selection_method_param: int
-    fields: tuple[Field, ...]
     msg_type = c.MsgType.GROUP_MOD
     raw_name = "OFPT_GROUP_MOD"
 
@@ -732,7 +731,7 @@ class GroupMod(Message):
                 command_bucket_id,
                 selection_method,
                 selection_method_param,
-                field_list,
+                tuple(f.name for f in field_list),
             ),
         )
 
@@ -750,6 +749,11 @@ class GroupMod(Message):
 
     def format_group(self) -> str:
         return format_group(self)
+
+    @property
+    def fields(self) -> tuple[Field, ...]:
+        """The hash fields of selection_method="hash" (kept by name in the value)."""
+        return tuple(FIELDS[name] for name in self[8])
 
 
 def bucket_length(bucket: Bucket) -> int:
