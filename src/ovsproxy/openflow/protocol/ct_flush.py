@@ -18,6 +18,7 @@ barrier (``Channel.send`` does).
 from __future__ import annotations
 
 import ipaddress
+import socket
 import struct
 from typing import Any
 
@@ -60,10 +61,10 @@ def _tuple_props(t: Tuple) -> bytes:
         out += _prop(NXT_CT_TUPLE_SRC, _addr16(src))
     if dst is not None:
         out += _prop(NXT_CT_TUPLE_DST, _addr16(dst))
-    if sport:
-        out += _prop(NXT_CT_TUPLE_SRC_PORT, sport.to_bytes(2, "big"))
+    if sport:  # 16-bit values are padded to 4 bytes (ofpprop_put_be16)
+        out += _prop(NXT_CT_TUPLE_SRC_PORT, sport.to_bytes(2, "big") + bytes(2))
     if dport:
-        out += _prop(NXT_CT_TUPLE_DST_PORT, dport.to_bytes(2, "big"))
+        out += _prop(NXT_CT_TUPLE_DST_PORT, dport.to_bytes(2, "big") + bytes(2))
     return out
 
 
@@ -116,7 +117,7 @@ class CtFlush(Message):
             if nested:  # a nested property's own header is padded to 8 bytes
                 body += _prop(prop_type, bytes(4) + nested)
         if zone is not None:
-            body += _prop(NXT_CT_ZONE_ID, zone.to_bytes(2, "big"))
+            body += _prop(NXT_CT_ZONE_ID, zone.to_bytes(2, "big") + bytes(2))
         return tuple.__new__(cls, (body, zone, ip_proto, orig, reply))
 
     def _family(self) -> int:
@@ -130,7 +131,10 @@ class CtFlush(Message):
         v4 = self._family() == 4
 
         def addr(ip: IPAddress | None) -> str:
-            return str(ip) if ip is not None else "::"
+            if ip is None:
+                return "::"
+            family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+            return socket.inet_ntop(family, ip.packed)  # as OVS formats (e.g. ::0.1.0.0)
 
         def tup(t: Tuple) -> str:
             src, dst, sport, dport = t
