@@ -1,0 +1,308 @@
+"""The proxier's Service semantics without a switch: endpoint selection per family and why,
+the flows it stages (reject, drop, affinity validation, external groups), and the work it does
+after a commit (UDP conntrack flushes, learned-flow deletes), in that order."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+
+import pytest
+
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.conntrack import FlushFilter
+from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.model import (
+    Endpoint,
+    EndpointSlice,
+    IPFamily,
+    Protocol,
+    Service,
+    ServicePort,
+    ServicePortName,
+    ServiceState,
+    SlicePort,
+    TrafficPolicy,
+)
+from ovsproxy.openflow import protocol as of
+from ovsproxy.proxy.proxier import DROP, FORWARD, REJECT, Proxier, select_endpoints
+from ovsproxy.proxy.tracker import ChangeTracker
+from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
+
+NODE = "node-a"
+REJECT_MARK = (of.Controller(128, userdata=b"reject!!"),)
+
+
+def ip(text: str):
+    return ipaddress.ip_address(text)
+
+
+def ep(address: str, port: int = 8080, **kw) -> Endpoint:
+    kw.setdefault("node_name", "node-b")
+    return Endpoint(ip(address), port, **kw)
+
+
+def port(*cluster_ips: str, protocol=Protocol.TCP, **kw) -> ServicePort:
+    name = ServicePortName("ns", kw.pop("name", "svc"), "p", protocol)
+    return ServicePort(name, tuple(ip(a) for a in cluster_ips), 80, protocol, **kw)
+
+
+# -- selection --------------------------------------------------------------------------------
+
+
+def test_dual_stack_rejects_per_family_as_kube_proxys_per_family_proxiers() -> None:
+    state = ServiceState(port("10.96.0.1", "fd00::1"), (ep("10.0.0.1"),))
+    v4 = select_endpoints(state, IPFamily.IPv4, NODE, None)
+    v6 = select_endpoints(state, IPFamily.IPv6, NODE, None)
+    assert (v4.action, v4.endpoints) == (FORWARD, (ep("10.0.0.1"),))
+    assert (v6.action, v6.reason, v6.endpoints) == (REJECT, "no usable endpoints", ())
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "action", "reason"),
+    [
+        ([], REJECT, "no usable endpoints"),
+        ([ep("10.0.0.1", ready=False, serving=False)], REJECT, "no usable endpoint"),
+        ([ep("10.0.0.1")], DROP, "internalTrafficPolicy Local: no usable endpoint on this node"),
+    ],
+)
+def test_local_policy_drops_only_when_endpoints_exist_elsewhere(endpoints, action, reason):
+    state = ServiceState(port("10.96.0.1", internal_traffic_policy=TrafficPolicy.LOCAL), endpoints)
+    sel = select_endpoints(state, IPFamily.IPv4, NODE, None)
+    assert (sel.action, sel.reason) == (action, reason)
+
+
+def test_terminating_fallback_topology_and_reasons_are_reported() -> None:
+    terminating = ServiceState(
+        port("10.96.0.1"),
+        (
+            ep("10.0.0.1", ready=False, serving=True, terminating=True),
+            ep("10.0.0.2", ready=False, serving=False, terminating=True),
+        ),
+    )
+    sel = select_endpoints(terminating, IPFamily.IPv4, NODE, None)
+    assert sel.terminating and [str(e) for e in sel.endpoints] == ["10.0.0.1:8080"]
+    assert dict(sel.excluded) == {"10.0.0.2:8080": "not ready (terminating)"}
+
+    zoned = ServiceState(
+        port("10.96.0.1"),
+        (
+            ep("10.0.0.1", hint_zones=frozenset({"a"})),
+            ep("10.0.0.2", hint_zones=frozenset({"b"})),
+            ep("10.0.0.3", ready=False, serving=True, terminating=True),
+        ),
+    )
+    sel = select_endpoints(zoned, IPFamily.IPv4, NODE, "a")
+    assert sel.topology == "PreferSameZone" and not sel.terminating
+    assert dict(sel.excluded) == {
+        "10.0.0.2:8080": "topology: no hint for this zone (PreferSameZone)",
+        "10.0.0.3:8080": "terminating (ready endpoints exist)",
+    }
+
+
+def test_external_ips_follow_the_external_policy() -> None:
+    p = port(
+        "10.96.0.1", internal_traffic_policy=TrafficPolicy.LOCAL, external_ips=(ip("192.0.2.1"),)
+    )
+    state = ServiceState(p, (ep("10.0.0.1", node_name=NODE), ep("10.0.0.2")))
+    sel = select_endpoints(state, IPFamily.IPv4, NODE, None)
+    assert [str(e) for e in sel.endpoints] == ["10.0.0.1:8080"]  # ClusterIP: local only
+    assert [str(e) for e in sel.external_endpoints] == ["10.0.0.1:8080", "10.0.0.2:8080"]
+    assert sel.external_differs
+
+
+# -- the proxier against a recording switch ------------------------------------------------------
+
+
+class Recorder:
+    """A switch, a conntrack flusher and a `send`, all logging into one list."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, object]] = []
+        self.fail = False
+
+    connected = True
+
+    async def commit_bundle(self, messages) -> None:
+        if self.fail:
+            raise RuntimeError("switch says no")
+        self.log.append(("bundle", list(messages)))
+
+    async def group_ids(self) -> set[int]:
+        return set()
+
+    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
+        return []
+
+    async def flush(self, filters) -> None:
+        self.log.append(("flush", list(filters)))
+
+    async def send(self, messages) -> None:
+        self.log.append(("send", list(messages)))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.log]
+
+    def take(self, kind: str) -> list:
+        out = [v for k, v in self.log if k == kind]
+        self.log.clear()
+        return out
+
+
+@pytest.fixture
+def rig():
+    recorder = Recorder()
+    tracker = ChangeTracker()
+    tracker.on_synced(SYNC_SERVICES)
+    tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    dp = Datapath(recorder, pl.PipelineConfig(), 1)
+    proxier = Proxier(
+        tracker,
+        dp,
+        node_name=NODE,
+        reject_action=REJECT_MARK,
+        conntrack=recorder,  # type: ignore[arg-type]
+        send=recorder.send,
+    )
+    return tracker, proxier, recorder
+
+
+def apply(tracker: ChangeTracker, p: ServicePort, endpoints) -> None:
+    tracker.on_service_update(Service("ns", p.name.name, (p,)))
+    tracker.on_endpoint_slice_update(
+        EndpointSlice(
+            "ns", f"{p.name.name}-1", p.name.name, (SlicePort("p", p.protocol, tuple(endpoints)),)
+        )
+    )
+
+
+def service_lb(proxier: Proxier, name: str) -> list[of.FlowMod]:
+    owner = next(n for n in proxier.services if n.name == name)
+    flows = proxier.datapath._owners[owner].flows.values()
+    return [f for f in flows if f.table_id == proxier.ctx.tables.service_lb]
+
+
+async def test_reject_drop_and_forward_flows(rig) -> None:
+    tracker, proxier, _ = rig
+    apply(tracker, port("10.96.0.1", name="empty"), [])
+    apply(
+        tracker,
+        port("10.96.0.2", name="local", internal_traffic_policy=TrafficPolicy.LOCAL),
+        [ep("10.0.0.1")],
+    )
+    apply(tracker, port("10.96.0.3", name="ok"), [ep("10.0.0.1")])
+    await proxier.sync()
+    (empty,) = service_lb(proxier, "empty")
+    assert empty.actions == REJECT_MARK and empty.priority == pl.PRIORITY_LOW
+    (drop,) = service_lb(proxier, "local")
+    assert drop.instructions == ()
+    (ok,) = service_lb(proxier, "ok")
+    assert isinstance(ok.actions[0], of.GroupAction)
+    statuses = {n.name: s.status() for n, s in proxier.services.items()}
+    assert json.loads(json.dumps(statuses))  # plain data
+    assert (
+        statuses["local"]["dropping"]
+        and not proxier.services[next(n for n in proxier.services if n.name == "local")].rejecting
+    )
+
+
+async def test_affinity_flows_validate_each_learned_endpoint(rig) -> None:
+    tracker, proxier, _ = rig
+    apply(
+        tracker,
+        port("10.96.0.1", name="web", affinity_timeout=600),
+        [ep("10.0.0.1"), ep("10.0.0.2")],
+    )
+    await proxier.sync()
+    flows = service_lb(proxier, "web")
+    low = [f for f in flows if f.priority == pl.PRIORITY_LOW]
+    learn = [f for f in flows if any(isinstance(a, of.Learn) for a in f.actions)]
+    valid = [f for f in flows if f.match.get("reg3") is not None]
+    assert len(low) == 1 and len(learn) == 1 and len(valid) == 2
+    assert {f.match.get("reg3") for f in valid} == {int(ip("10.0.0.1")), int(ip("10.0.0.2"))}
+    status = next(iter(proxier.services.values())).status()
+    assert status["affinity"] == "ClientIP 600s: OVS idle_timeout on learned flows"
+
+
+async def test_udp_removals_are_flushed_after_the_commit_and_survive_a_failed_one(rig) -> None:
+    tracker, proxier, rec = rig
+    p = port("10.96.0.1", "fd00::1", protocol=Protocol.UDP, name="dns")
+    apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2"), ep("fd00:1::1")])
+    await proxier.sync()
+    assert "flush" not in rec.kinds()
+    rec.log.clear()
+
+    apply(tracker, p, [ep("10.0.0.2"), ep("fd00:1::1")])
+    rec.fail = True
+    with pytest.raises(Exception, match="switch says no"):
+        await proxier.sync()
+    assert rec.kinds() == []  # nothing flushed before the removal is installed
+    rec.fail = False
+    await proxier.sync()
+    assert rec.kinds() == ["bundle", "flush"]
+    (flushes,) = rec.take("flush")
+    assert flushes == [FlushFilter(Protocol.UDP, ip("10.96.0.1"), 80, ip("10.0.0.1"), 8080)]
+
+    tracker.on_service_delete("ns", "dns")
+    await proxier.sync()
+    (flushes,) = rec.take("flush")
+    assert sorted(map(str, flushes)) == [
+        "UDP 10.96.0.1:80 -> * (zone 65520)",
+        "UDP fd00::1:80 -> * (zone 65510)",
+    ]
+
+
+async def test_tcp_removals_flush_nothing(rig) -> None:
+    tracker, proxier, rec = rig
+    p = port("10.96.0.1", name="web")
+    apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])
+    await proxier.sync()
+    apply(tracker, p, [ep("10.0.0.2")])
+    await proxier.sync()
+    assert "flush" not in rec.kinds()
+
+
+async def test_learned_flows_are_deleted_when_affinity_changes_not_when_endpoints_do(rig) -> None:
+    tracker, proxier, rec = rig
+    p = port("10.96.0.1", name="web", affinity_timeout=600)
+    apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])
+    await proxier.sync()
+    apply(tracker, p, [ep("10.0.0.2")])
+    await proxier.sync()
+    assert "send" not in rec.kinds()  # a stale learned choice falls through to the group
+
+    rec.log.clear()
+    changed = port("10.96.0.1", name="web", affinity_timeout=100000)
+    apply(tracker, changed, [ep("10.0.0.2")])
+    await proxier.sync()
+    assert rec.kinds() == ["bundle", "send"]
+    (sent,) = rec.take("send")
+    (delete,) = sent
+    assert delete.command == of.FlowModCommand.DELETE
+    assert delete.table_id == proxier.ctx.tables.session_affinity
+    assert delete.match.get("ipv4_dst") == ip("10.96.0.1") and delete.match.get("tcp_dst") == 80
+    assert "agent's sweep every 60s" in next(iter(proxier.services.values())).status()["affinity"]
+
+    tracker.on_service_delete("ns", "web")
+    await proxier.sync()
+    assert len(rec.take("send")) == 1
+
+
+async def test_external_group_only_when_the_sets_differ(rig) -> None:
+    tracker, proxier, _ = rig
+    same = port("10.96.0.1", name="same", external_ips=(ip("192.0.2.1"),))
+    differ = port(
+        "10.96.0.2",
+        name="differ",
+        internal_traffic_policy=TrafficPolicy.LOCAL,
+        external_ips=(ip("192.0.2.2"),),
+    )
+    apply(tracker, same, [ep("10.0.0.1")])
+    apply(tracker, differ, [ep("10.0.0.1", node_name=NODE), ep("10.0.0.2")])
+    await proxier.sync()
+    by_name = {n.name: s for n, s in proxier.services.items()}
+    assert by_name["same"].external_group_ids == {}
+    assert set(by_name["differ"].external_group_ids) == {IPFamily.IPv4}
+    groups = {f.match.get("ipv4_dst"): f.actions[0].group_id for f in service_lb(proxier, "differ")}
+    assert groups[ip("10.96.0.2")] != groups[ip("192.0.2.2")]
+    assert groups[ip("192.0.2.2")] == by_name["differ"].external_group_ids[IPFamily.IPv4]
