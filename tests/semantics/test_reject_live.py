@@ -4,6 +4,10 @@ connected socket) — answered by the agent from a metered packet-in, out of the
 
 from __future__ import annotations
 
+import asyncio
+import re
+import sys
+
 import pytest
 
 from ovsproxy.model import Protocol
@@ -43,3 +47,27 @@ async def test_no_endpoints_refuses_tcp_and_udp_at_once_v4_and_v6(world: World) 
     assert ok["counts"] == {"web": 3}, ok
     ok = await world.udp(client, "10.96.0.11", 53, count=3)
     assert ok["counts"] == {"web": 3}, ok
+
+
+async def test_a_flood_is_metered_before_it_reaches_the_agent(world: World) -> None:
+    client = world.pod("client")
+    world.service("dns", ["10.96.0.12"], 53, protocol=Protocol.UDP)
+    await world.sync()
+    assert "meter=24177" in world.sandbox.ofctl("dump-meters")
+    flood = (
+        "import socket,time\n"
+        "s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+        "t=time.monotonic()\n"
+        "for i in range(3000):\n"
+        "    s.sendto(b'x',('10.96.0.12',53))\n"
+        "print(time.monotonic()-t)\n"
+    )
+    started = asyncio.get_running_loop().time()
+    await asyncio.to_thread(client.exec, sys.executable, "-c", flood)
+    await asyncio.sleep(0.3)
+    elapsed = asyncio.get_running_loop().time() - started
+    stats = world.semantics.rejector.stats
+    # The meter (100/s, burst 200) lets through at most burst + rate * time of 3000 packets.
+    assert 0 < stats.packet_ins <= 200 + 100 * elapsed + 20, (stats, elapsed)
+    metered = re.search(r"packet_in_count:(\d+)", world.sandbox.ofctl("meter-stats"))
+    assert metered and int(metered.group(1)) > 3 * stats.packet_ins  # the rest was dropped

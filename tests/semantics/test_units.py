@@ -1,0 +1,160 @@
+"""Pure parts: affinity timeout realisation and the sweeper's choice; conntrack filters, the
+dump parser and the flusher's fallbacks."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.affinity import AffinitySweeper, delete_message, expired_flows
+from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter, parse_dump
+from ovsproxy.model import Protocol
+from ovsproxy.openflow import protocol as of
+
+TABLES = pl.Tables.for_config(pl.PipelineConfig())
+
+
+def ip(text: str):
+    return ipaddress.ip_address(text)
+
+
+@given(st.integers(0, 86400), st.integers(1, 0xFFFF))
+def test_timeouts_up_to_the_limit_are_ovs_idle_timeouts_above_it_agent_swept(timeout, limit):
+    idle, swept = svc.affinity_timeouts(timeout, limit)
+    if timeout == 0:
+        assert (idle, swept) == (0, False)
+    elif timeout <= limit:
+        assert (idle, swept) == (timeout, False)
+    else:
+        assert (idle, swept) == (0, True)
+    cookie = pl.learned_cookie(timeout, swept)
+    assert pl.learned_cookie_timeout(cookie) == (timeout, swept)
+    assert pl.cookie_generation(cookie) == pl.LEARNED_GENERATION
+    assert cookie & pl.LEARNED_CATEGORY_MASK == pl.learned_cookie()
+
+
+def test_kubernetes_maximum_is_not_capped() -> None:
+    assert svc.affinity_timeouts(86400) == (0, True)
+    assert svc.affinity_timeouts(65535) == (65535, False)
+    assert svc.affinity_timeouts(10800) == (10800, False)  # the Kubernetes default
+
+
+def desc(timeout: int, swept: bool, idle_age: int | None, idle_timeout: int = 0) -> of.FlowDesc:
+    flow = of.FlowMod(
+        table_id=TABLES.session_affinity,
+        priority=200,
+        match=of.Match(eth_type=0x800, ipv4_src=ip("10.0.0.1")),
+        cookie=pl.learned_cookie(timeout, swept),
+        idle_timeout=idle_timeout,
+    )
+    return of.FlowDesc(flow, idle_age=idle_age)
+
+
+def test_the_sweeper_expires_only_swept_flows_idle_for_their_timeout() -> None:
+    flows = [
+        desc(70000, True, 70000),  # expired
+        desc(70000, True, 69999),  # not yet
+        desc(90000, True, 100000),  # expired
+        desc(70000, False, 80000, idle_timeout=0),  # not swept: not ours to expire
+        desc(60, False, 100, idle_timeout=60),  # OVS's
+        desc(70000, True, None),  # no idle age reported: keep
+    ]
+    assert expired_flows(flows) == [flows[0], flows[2]]
+    delete = delete_message(flows[0].flow)
+    assert delete.command == of.FlowModCommand.DELETE_STRICT
+    assert (delete.cookie, delete.cookie_mask) == (flows[0].flow.cookie, 2**64 - 1)
+    assert delete.match == flows[0].flow.match
+
+
+async def test_sweep_once_dumps_swept_learned_flows_and_deletes_the_expired() -> None:
+    class Channel:
+        sent: list = []
+
+        async def dump_flows(self, table_id, *, cookie, cookie_mask):
+            assert table_id == TABLES.session_affinity
+            assert cookie & cookie_mask == pl.learned_cookie(0, swept=True)
+            return [desc(70000, True, 70001), desc(70000, True, 3)]
+
+        async def send(self, messages):
+            self.sent.extend(messages)
+
+    channel = Channel()
+    sweeper = AffinitySweeper(channel, TABLES)
+    assert await sweeper.sweep_once() == 1
+    assert len(channel.sent) == 1 and sweeper.stats.as_dict()["flows_under_agent_expiry"] == 2
+
+
+DUMP = """\
+udp,orig=(src=10.244.0.2,dst=10.96.0.40,sport=41234,dport=53),reply=(src=10.244.0.3,dst=10.244.0.2,sport=5353,dport=41234),zone=65520,mark=16
+udp,orig=(src=10.244.0.2,dst=10.96.0.40,sport=41235,dport=53),reply=(src=10.244.0.4,dst=10.244.0.2,sport=5353,dport=41235),zone=65520,mark=16
+tcp,orig=(src=10.244.0.2,dst=10.96.0.40,sport=40000,dport=53),reply=(src=10.244.0.3,dst=10.244.0.2,sport=5353,dport=40000),zone=65520,protoinfo=(state=ESTABLISHED)
+udp,orig=(src=fd00:10:244::2,dst=fd00:10:96::40,sport=1,dport=53),reply=(src=fd00:10:244::3,dst=fd00:10:244::2,sport=5353,dport=1),zone=65510
+icmp,orig=(src=10.244.0.2,dst=10.244.0.1,id=1,type=8,code=0),reply=(src=10.244.0.1,dst=10.244.0.2,id=1,type=0,code=0)
+"""
+
+
+def test_parse_dump_and_filters() -> None:
+    entries = parse_dump(DUMP)
+    assert [e.proto for e in entries] == [17, 17, 6, 17]  # icmp has no ports: skipped
+    one = FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53, ip("10.244.0.3"), 5353)
+    every = FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53)
+    v6 = FlushFilter(Protocol.UDP, ip("fd00:10:96::40"), 53, ip("fd00:10:244::3"), 5353)
+    assert [one.matches(e) for e in entries] == [True, False, False, False]
+    assert [every.matches(e) for e in entries] == [True, True, False, False]
+    assert [v6.matches(e) for e in entries] == [False, False, False, True]
+    assert entries[0].flush_tuple() == (
+        "ct_nw_src=10.244.0.2,ct_nw_dst=10.96.0.40,ct_nw_proto=17,ct_tp_src=41234,ct_tp_dst=53"
+    )
+    assert entries[3].flush_tuple().startswith("ct_ipv6_src=fd00:10:244::2,")
+    msg = one.message()
+    assert (msg.zone, msg.ip_proto) == (0xFFF0, 17)
+    assert msg.orig == (None, ip("10.96.0.40"), 0, 53)
+    assert msg.reply == (ip("10.244.0.3"), None, 5353, 0)
+
+
+class Refusing:
+    """A switch that refuses NXT_CT_FLUSH like OVS < 3.1."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    async def send(self, messages):
+        self.calls += 1
+        error = RuntimeError("refused")
+        error.name = self.name  # type: ignore[attr-defined]
+        raise error
+
+
+@pytest.mark.parametrize("with_appctl", [False, True])
+async def test_flusher_falls_back_when_the_switch_does_not_know_ct_flush(with_appctl) -> None:
+    calls: list[list[str]] = []
+
+    async def appctl(args):
+        calls.append(list(args))
+        return DUMP if args[0] == "dpctl/dump-conntrack" else ""
+
+    channel = Refusing("OFPET_BAD_REQUEST/OFPBRC_BAD_SUBTYPE")
+    flusher = ConntrackFlusher(channel, appctl=appctl if with_appctl else None)
+    filt = FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53)
+    await flusher.flush([filt])
+    await flusher.flush([filt])
+    assert channel.calls == 1  # detected once
+    if with_appctl:
+        assert flusher.stats.mode == "appctl" and flusher.stats.appctl_entries == 4
+        flushed = [c[2] for c in calls if c[0] == "dpctl/flush-conntrack"]
+        assert len(flushed) == 4 and all("ct_tp_dst=53" in t for t in flushed)
+    else:
+        assert flusher.stats.mode == "unsupported" and calls == []
+
+
+async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
+    channel = Refusing("OFPET_BAD_REQUEST/OFPBRC_EPERM")
+    flusher = ConntrackFlusher(channel)
+    await flusher.flush([FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53)])
+    assert flusher.stats.mode == "openflow" and flusher.stats.failures == 1
