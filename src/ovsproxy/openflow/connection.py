@@ -38,7 +38,7 @@ _HOOK_SESSION: contextvars.ContextVar[object | None] = contextvars.ContextVar(
     "ovsproxy_openflow_hook_session", default=None
 )
 _WRITE_CHUNK = 256 * 1024  # bundle adds are written in chunks of about this size
-_DRAIN_EVERY = 1024 * 1024  # and the transport drained after about this many bytes
+_DRAIN_EVERY = 256 * 1024  # and the loop given a turn (and flow control) this often
 
 
 # -- errors ---------------------------------------------------------------------------------
@@ -215,7 +215,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         # Bigger buffers: a full sync writes tens of megabytes.
-        self.transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[union-attr]
+        self.transport.set_write_buffer_limits(high=1024 * 1024)  # type: ignore[union-attr]
 
     def data_received(self, data: bytes) -> None:
         self.last_receive = time.monotonic()
@@ -246,6 +246,9 @@ class _Connection(asyncio.Protocol):
     async def drain(self) -> None:
         if self.transport is None or self.transport.is_closing():
             raise ConnectionLost("connection closed")
+        # Yield even when not paused: the loop must run to push buffered bytes to the
+        # socket (so the switch works while we encode) and to read its errors.
+        await asyncio.sleep(0)
         await self._can_write.wait()
         if self.transport.is_closing():
             raise ConnectionLost("connection closed")
