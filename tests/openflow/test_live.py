@@ -270,7 +270,11 @@ async def test_reconnects_after_vswitchd_restart_and_runs_the_hook(sandbox: Sand
         assert ofctl_flows(sandbox, "table=60") == [of.format_flow(marker)]
         await asyncio.to_thread(sandbox.restart_vswitchd)  # SIGKILL, then a new vswitchd
         restarted = time.monotonic()
-        await eventually(lambda: len(calls) == 2 and channel.connected, 5.0, "reconnection")
+        await eventually(
+            lambda: len(calls) == 2 and channel.connected,
+            5.0,
+            f"reconnection (hook calls {len(calls)}, last error {channel.last_error!r})",
+        )
         assert calls[1] - restarted < 5.0
         assert channel.connections == 2
         # The hook replayed the state the restart wiped out.
