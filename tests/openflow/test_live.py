@@ -126,6 +126,27 @@ async def test_group_and_flows_in_one_bundle_appear_exactly(
     assert sorted(await channel.flow_cookies(0x50, 0xF0)) == [0x51, 0x52]
 
 
+async def test_flow_options_appear_as_ovs_ofctl_prints_them(
+    sandbox: Sandbox, channel: Channel
+) -> None:
+    flow = of.FlowMod(
+        3,
+        0,
+        None,
+        [of.GotoTable(4)],
+        cookie=0x1234,
+        idle_timeout=100,
+        hard_timeout=200,
+        importance=3,
+        flags=of.FlowModFlags.SEND_FLOW_REM | of.FlowModFlags.NO_PKT_COUNTS,
+    )
+    await channel.commit_bundle([flow])
+    assert ofctl_flows(sandbox) == [of.format_flow(flow)]
+    (desc,) = await channel.dump_flows()
+    assert desc.flow == flow
+    assert desc.packet_count == 0 and desc.idle_age is not None
+
+
 async def test_duplicate_group_add_fails_the_whole_bundle(
     sandbox: Sandbox, channel: Channel
 ) -> None:

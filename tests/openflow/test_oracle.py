@@ -528,6 +528,13 @@ EXPECTED_TEXT = [
     ),
     (of.GroupDescRequest(), "OFPST_GROUP_DESC request (OF1.5) (xid=0x1): group_id=ALL"),
     (of.GroupDescRequest(5), "OFPST_GROUP_DESC request (OF1.5) (xid=0x1): group_id=5"),
+    (of.GroupStatsRequest(), "OFPST_GROUP request (OF1.5) (xid=0x1): group_id=ALL"),
+    (
+        of.GroupStatsReply([of.GroupStats(5, 1, 10, 600, 3, 5_000_000, ((1, 2), (3, 4)))]),
+        "OFPST_GROUP reply (OF1.5) (xid=0x1):\n group_id=5,duration=3.005s,ref_count=1,"
+        "packet_count=10,byte_count=600,bucket0:packet_count=1,byte_count=2,"
+        "bucket1:packet_count=3,byte_count=4",
+    ),
     (of.Hello(), "OFPT_HELLO (OF1.5) (xid=0x1):\n version bitmap: 0x06"),
     (of.Hello([1, 4, 6]), "OFPT_HELLO (OF1.5) (xid=0x1):\n version bitmap: 0x01, 0x04, 0x06"),
     (of.EchoReply(), "OFPT_ECHO_REPLY (OF1.5) (xid=0x1): 0 bytes of payload"),

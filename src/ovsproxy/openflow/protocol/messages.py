@@ -544,7 +544,7 @@ def format_flow(flow: FlowMod, table: bool = True) -> str:
         text += f"idle_timeout={flow.idle_timeout}, "
     if flow.hard_timeout:
         text += f"hard_timeout={flow.hard_timeout}, "
-    text += _flow_flags_text(flow.flags, ", ")
+    text += _flow_flags_text(flow.flags, " ")  # as ovs-ofctl prints them: no commas
     if flow.importance:
         text += f"importance={flow.importance}, "
     match = flow.match.to_text(flow.priority)
