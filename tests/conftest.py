@@ -8,7 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from ovsproxy.ovs.ovsdb import _import_ovsdbapp
 from ovsproxy.ovs.sandbox import NETNS_PREFIX, Sandbox, list_records
+
+# Before any test module imports os-ken (and with it eventlet): see _import_ovsdbapp.
+_import_ovsdbapp()
 
 
 def _our_netns() -> set[str]:

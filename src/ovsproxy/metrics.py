@@ -150,6 +150,8 @@ class HTTPEndpoint:
         self.host = host
         self.port = port
         self._server: asyncio.base_events.Server | None = None
+        # path -> callable returning a dict (served as JSON) or a str (served as text)
+        self.extra_routes: dict[str, Callable[[], Any]] = {}
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
@@ -177,6 +179,13 @@ class HTTPEndpoint:
                 status = "200 OK" if healthy else "503 Service Unavailable"
                 payload = json.dumps(body).encode()
                 ctype = "application/json"
+            elif path in self.extra_routes:
+                result = self.extra_routes[path]()
+                if isinstance(result, str):
+                    status, payload, ctype = "200 OK", result.encode(), "text/plain"
+                else:
+                    status, payload = "200 OK", json.dumps(result).encode()
+                    ctype = "application/json"
             elif path == "/metrics":
                 status, payload = "200 OK", self.metrics.render()
                 ctype = "text/plain; version=0.0.4; charset=utf-8"

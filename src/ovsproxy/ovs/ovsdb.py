@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Self
@@ -26,6 +27,27 @@ EXT_POD_MAC = "attached-mac"
 
 class OVSDBError(RuntimeError):
     pass
+
+
+def _import_ovsdbapp() -> tuple[Any, Any]:
+    """Import ovsdbapp without letting the `ovs` library pick up eventlet.
+
+    `ovs.poller` imports eventlet when it is installed (os-ken, our test-only oracle, pulls it
+    in); eventlet's greenlets then keep every thread that used the OVSDB IDL from finishing,
+    and asyncio's executor waits for them forever at exit. We never use eventlet.
+    """
+    hidden = "eventlet" not in sys.modules
+    if hidden:
+        sys.modules["eventlet"] = None  # type: ignore[assignment]  # import -> ImportError
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from ovsdbapp.backend.ovs_idl import connection
+            from ovsdbapp.schema.open_vswitch import impl_idl
+    finally:
+        if hidden:
+            del sys.modules["eventlet"]
+    return connection, impl_idl
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,11 +79,7 @@ class OVSDB:
     def __init__(self, endpoint: str, timeout: float = 10.0) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        with warnings.catch_warnings():
-            # The `ovs` package probes for eventlet (pulled in by test-only os-ken) at import.
-            warnings.simplefilter("ignore")
-            from ovsdbapp.backend.ovs_idl import connection
-            from ovsdbapp.schema.open_vswitch import impl_idl
+        connection, impl_idl = _import_ovsdbapp()
         try:
             idl = connection.OvsdbIdl.from_server(endpoint, "Open_vSwitch")
             self._conn = connection.Connection(idl=idl, timeout=timeout)

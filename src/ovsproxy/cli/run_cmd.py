@@ -1,0 +1,96 @@
+"""`ovsproxy run`: the agent. With no flags it runs the embedded default: a private OVS sandbox
+with the bundled example manifests and the pods they point at."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+import click
+
+from ovsproxy.config import ConfigError, load
+
+
+def _options(func: Any) -> Any:
+    options = [
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(exists=True, dir_okay=False),
+            help="YAML file; flags override its keys",
+        ),
+        click.option("--manifests", multiple=True, help="manifest file or directory (repeat)"),
+        click.option("--kubeconfig", help="read the Kubernetes API with this kubeconfig"),
+        click.option(
+            "--in-cluster",
+            is_flag=True,
+            default=None,
+            help="read the Kubernetes API with the pod's service account",
+        ),
+        click.option("--ovsdb", help="OVSDB endpoint, e.g. unix:/var/run/openvswitch/db.sock"),
+        click.option(
+            "--openflow", help="OpenFlow endpoint, e.g. unix:/var/run/openvswitch/br-int.mgmt"
+        ),
+        click.option("--bridge", help="bridge name [br0]"),
+        click.option("--gateway", help="gateway port/device for Service routes [gw0]"),
+        click.option("--netns", help="network namespace of the node's routes (default: ours)"),
+        click.option(
+            "--mode",
+            type=click.Choice(["standalone", "integrated"]),
+            help="own the bridge, or a table range in a CNI's bridge",
+        ),
+        click.option("--first-table", type=int, help="first of our 5 tables [10]"),
+        click.option("--next-table", type=int, help="table that takes forwarded packets [20]"),
+        click.option("--group-id-min", type=int),
+        click.option("--group-id-max", type=int),
+        click.option("--node-name", help="this node's name (internalTrafficPolicy: Local)"),
+        click.option("--zone", help="this node's topology zone"),
+        click.option(
+            "--service-cidr",
+            multiple=True,
+            help="Service range(s) to route; else ServiceCIDR API, else aggregation",
+        ),
+        click.option("--manage-routes/--no-routes", default=None),
+        click.option(
+            "--metrics-address", help="HOST:PORT for /healthz and /metrics [127.0.0.1:10256]"
+        ),
+        click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
+        click.option("--log-format", type=click.Choice(["text", "json"])),
+        click.option("--min-sync-interval", type=float, help="seconds between syncs [1]"),
+        click.option("--full-resync-interval", type=float, help="seconds [3600]"),
+        click.option(
+            "--cleanup",
+            is_flag=True,
+            default=None,
+            help="on exit, remove our flows, groups and routes",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.command()
+@_options
+def run(config_file: str | None, **flags: Any) -> None:
+    """Run the proxy agent (Ctrl-C to stop; flows and routes stay unless --cleanup)."""
+    from ovsproxy.agent import Agent, setup_logging
+
+    try:
+        config = load(config_file, **flags)
+    except ConfigError as exc:
+        raise click.ClickException(f"configuration: {exc}") from exc
+    setup_logging(config.log_level, config.log_format)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await Agent(config).run(stop)
+
+    try:
+        asyncio.run(main())
+    except Exception as exc:  # start-up errors: one clear line, not a traceback
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
