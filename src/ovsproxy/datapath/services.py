@@ -303,6 +303,14 @@ def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.F
     )
 
 
+# With session affinity, a select group hashes in the slow path ("hash" without fields: OVS's
+# default symmetric L4 hash at translation time), so each new connection is its own datapath
+# flow and is translated against the learned flows as they are now. With OVS's default dp_hash
+# the datapath flow before the group is shared by every connection of a client: the ones that
+# arrive before the revalidators catch up with a just-learned flow would pick a bucket anew.
+AFFINITY_SELECTION_METHOD = "hash"
+
+
 @dataclass(frozen=True, slots=True)
 class FrontendSet:
     """Frontends of one family that share one endpoint set and one select group: the
@@ -351,7 +359,13 @@ def frontend_objects(
             )
             for ep in fset.endpoints
         )
-        groups.append(GroupSpec(group_id=fset.group_id, buckets=buckets))
+        groups.append(
+            GroupSpec(
+                group_id=fset.group_id,
+                buckets=buckets,
+                selection_method=AFFINITY_SELECTION_METHOD if affinity else None,
+            )
+        )
         for ip in fset.frontends:
             family = IPFamily.of(ip)
             if fset.endpoints:
