@@ -306,3 +306,36 @@ async def test_external_group_only_when_the_sets_differ(rig) -> None:
     groups = {f.match.get("ipv4_dst"): f.actions[0].group_id for f in service_lb(proxier, "differ")}
     assert groups[ip("10.96.0.2")] != groups[ip("192.0.2.2")]
     assert groups[ip("192.0.2.2")] == by_name["differ"].external_group_ids[IPFamily.IPv4]
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "expected", "terminating"),
+    [
+        # iTP Local: no ready local endpoint, a local one still serving while terminating
+        # is used (kube-proxy decides the local fallback separately from the cluster's).
+        (
+            [
+                ep("10.0.0.1", node_name=NODE, ready=False, serving=True, terminating=True),
+                ep("10.0.0.2"),
+            ],
+            ["10.0.0.1:8080"],
+            True,
+        ),
+        # a ready local endpoint wins over a terminating local one
+        (
+            [
+                ep("10.0.0.1", node_name=NODE, ready=False, serving=True, terminating=True),
+                ep("10.0.0.3", node_name=NODE),
+            ],
+            ["10.0.0.3:8080"],
+            False,
+        ),
+        # terminating but not serving: never used
+        ([ep("10.0.0.1", node_name=NODE, ready=False, serving=False, terminating=True)], [], False),
+    ],
+)
+def test_local_sets_fall_back_to_serving_terminating_endpoints(endpoints, expected, terminating):
+    state = ServiceState(port("10.96.0.1", internal_traffic_policy=TrafficPolicy.LOCAL), endpoints)
+    sel = select_endpoints(state, IPFamily.IPv4, NODE, None)
+    assert [str(e) for e in sel.endpoints] == expected
+    assert sel.terminating == terminating

@@ -42,6 +42,7 @@ async def test_affinity_sticks_refreshes_on_new_connections_and_expires(world: W
     await three_backends(world, affinity=2)
     inst = world.proxier.services[next(iter(world.proxier.services))]
     assert "OVS idle_timeout" in inst.status()["affinity"]
+    assert "selection_method=hash" in world.sandbox.ofctl("dump-groups")
 
     first = sole(await world.http(client, URL, count=20))
     (flow,) = world.learned_flows()

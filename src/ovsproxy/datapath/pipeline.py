@@ -12,9 +12,14 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
      11    ConntrackState    +inv -> drop; established/related -> Forwarding (skip Service
                              selection); new -> SessionAffinity
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
-                             it used last (reg3/xxreg3, reg4); miss: mark "endpoint to select"
-     13    ServiceLB         one flow per (ClusterIP, protocol, port) -> group:G; with affinity
-                             a second flow learns into SessionAffinity; no endpoints -> reject
+                             it used last (reg3/xxreg3, reg4), idle timeout = the affinity
+                             timeout (refreshed by each new connection); miss: "to select"
+     13    ServiceLB         per frontend (ClusterIP/external IP, protocol, port), priority
+                             LOW: -> group:G, or with no usable endpoint the reject action
+                             (metered controller) / drop; with affinity, NORMAL: "selected,
+                             learn it" -> learn + EndpointDNAT, and one flow per endpoint
+                             accepting a learned choice that is still valid -> EndpointDNAT
+                             (a stale one falls to LOW: the group picks and learns anew)
      14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
                              Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
      20    L3Forwarding      local pod IP -> set eth_dst to the pod MAC, output to its port
