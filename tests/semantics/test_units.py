@@ -158,3 +158,35 @@ async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
     flusher = ConntrackFlusher(channel)
     await flusher.flush([FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53)])
     assert flusher.stats.mode == "openflow" and flusher.stats.failures == 1
+
+
+async def test_agent_wiring_installs_the_meter_before_the_replay_and_gives_proxier_hooks() -> None:
+    from ovsproxy.datapath.reject import agent_wiring
+
+    order: list[str] = []
+
+    class Channel:
+        async def replay(self) -> None:
+            order.append("replay")
+
+        def __init__(self) -> None:
+            self.on_connected = self.replay
+            self.connected = True
+
+        async def send(self, messages) -> None:
+            order.append(type(messages[0]).__name__)
+
+    class Datapath:
+        tables = TABLES
+
+    channel = Channel()
+    semantics, kwargs = agent_wiring(channel, Datapath())
+    assert set(kwargs) == {"reject_action", "conntrack", "send"}
+    await channel.on_connected()
+    assert order == ["MeterMod", "replay"]
+    assert semantics.status()["reject"]["meter"] == "installed"
+    semantics.handle(
+        of.PacketIn(of.PacketInReason.ACTION, 13, 0, of.Match(in_port=1), b"", userdata=b"x")
+    )
+    assert semantics.rejector.stats.foreign == 1
+    await semantics.close()
