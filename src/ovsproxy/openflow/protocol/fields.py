@@ -903,7 +903,12 @@ _PLANS: dict[tuple[str, ...], tuple | bool] = {}
 
 
 def _make_plan(names: tuple[str, ...]) -> tuple | bool:
-    """The plan for a keyword set, or False when the general path must handle it."""
+    """The plan for a keyword set, or False when the general path must handle it.
+
+    A plan is (ops, eth_index, proto_index, eth_allowed, proto_required): the fields in
+    canonical order, registers paired into xregs, with what each encoding needs at hand,
+    and the prerequisites folded into one check on the eth_type and ip_proto values.
+    """
     fields = [FIELDS.get(name) for name in names]
     if None in fields or len(_PLANS) > 4096:
         return False
@@ -915,8 +920,9 @@ def _make_plan(names: tuple[str, ...]) -> tuple | bool:
     order = sorted(range(len(fields)), key=lambda i: fields[i].order)  # type: ignore[union-attr]
     eth_index = next((i for i, f in enumerate(fields) if f is ETH_TYPE), -1)
     proto_index = next((i for i, f in enumerate(fields) if f is IP_PROTO), -1)
-    ops: list[tuple[int, Field, int, int]] = []
-    checks: list[tuple[frozenset[int], int | None]] = []
+    eth_allowed: frozenset[int] | None = None
+    protos = set()
+    ops: list[tuple] = []
     position = 0
     while position < len(order):
         index = order[position]
@@ -926,9 +932,13 @@ def _make_plan(names: tuple[str, ...]) -> tuple | bool:
         if field.prereq_eth is not None:
             if eth_index < 0 or (field.prereq_proto is not None and proto_index < 0):
                 return False  # the general path raises the prerequisite error
-            checks.append((field.prereq_eth, field.prereq_proto))
+            eth_allowed = (
+                field.prereq_eth if eth_allowed is None else eth_allowed & field.prereq_eth
+            )
+            if field.prereq_proto is not None:
+                protos.add(field.prereq_proto)
         if field.reg_index < 0:
-            ops.append((_PLAIN, field, index, -1))
+            ops.append((_PLAIN, field, index, -1, field.hdr, field.n_bytes, field.limit))
             continue
         reg = field.reg_index
         high = low = -1
@@ -941,8 +951,11 @@ def _make_plan(names: tuple[str, ...]) -> tuple | bool:
                 if nxt is not None and nxt.reg_index == reg + 1:
                     low = order[position]
                     position += 1
-        ops.append((_XREG, XREGS[reg >> 1], high, low))
-    return (tuple(ops), eth_index, proto_index, tuple(checks))
+        xfield = XREGS[reg >> 1]
+        ops.append((_XREG, xfield, high, low, xfield.hdr, 8, 0))
+    if len(protos) > 1:
+        return False
+    return (tuple(ops), eth_index, proto_index, eth_allowed, protos.pop() if protos else None)
 
 
 def _plain_value(field: Field, raw: Any) -> tuple[int, int | None] | None:
@@ -963,29 +976,31 @@ def _plain_value(field: Field, raw: Any) -> tuple[int, int | None] | None:
 
 
 def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
-    ops, eth_index, proto_index, checks = plan
-    if checks:
-        eth_type = values[eth_index]
-        ip_proto = values[proto_index] if proto_index >= 0 else None
-        for allowed, proto in checks:
-            if eth_type not in allowed or (proto is not None and ip_proto != proto):
-                return None  # the general path raises the prerequisite error
+    ops, eth_index, proto_index, eth_allowed, proto_required = plan
+    if eth_allowed is not None and (
+        values[eth_index] not in eth_allowed
+        or (proto_required is not None and values[proto_index] != proto_required)
+    ):
+        return None  # the general path raises the prerequisite error
     parts: list[bytes] = []
     append = parts.append
-    for kind, field, first, second in ops:
+    for kind, field, first, second, hdr, n_bytes, limit in ops:
         if kind == _PLAIN:
             raw = values[first]
-            if type(raw) is int and 0 <= raw < field.limit:
-                append(field.hdr + raw.to_bytes(field.n_bytes, "big"))
+            raw_type = type(raw)
+            if raw_type is int and 0 <= raw < limit:
+                append(hdr + raw.to_bytes(n_bytes, "big"))
+                continue
+            if raw_type is _IPV4 and n_bytes == 4:
+                append(hdr + raw._ip.to_bytes(4, "big"))
                 continue
             pair = _plain_value(field, raw)
             if pair is None:
                 return None
             value, mask = pair
             if mask is None:
-                append(field.hdr + value.to_bytes(field.n_bytes, "big"))
+                append(hdr + value.to_bytes(n_bytes, "big"))
             else:
-                n_bytes = field.n_bytes
                 append(
                     field.hdr_masked
                     + value.to_bytes(n_bytes, "big")
@@ -997,11 +1012,11 @@ def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
             if index < 0:
                 continue
             raw = values[index]
-            kind = type(raw)
-            if kind is int and 0 <= raw <= _FULL32:
+            raw_type = type(raw)
+            if raw_type is int and 0 <= raw <= _FULL32:
                 x_value |= raw << shift
                 x_mask |= _FULL32 << shift
-            elif kind is _IPV4:
+            elif raw_type is _IPV4:
                 x_value |= raw._ip << shift
                 x_mask |= _FULL32 << shift
             else:
@@ -1011,12 +1026,12 @@ def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
                 x_value |= pair[0] << shift
                 x_mask |= (_FULL32 if pair[1] is None else pair[1]) << shift
         if x_mask == 0xFFFFFFFFFFFFFFFF:
-            append(field.hdr + x_value.to_bytes(8, "big"))
+            append(hdr + x_value.to_bytes(8, "big"))
         else:
             append(field.hdr_masked + x_value.to_bytes(8, "big") + x_mask.to_bytes(8, "big"))
     body = b"".join(parts)
     length = 4 + len(body)
-    return _MATCH_HEADER.pack(c.OFPMT_OXM, length) + body + _ZEROS[: -length % 8]
+    return _MATCH_HEADER.pack(1, length) + body + _ZEROS[: -length % 8]
 
 
 class Match(Value):
