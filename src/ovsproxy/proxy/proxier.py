@@ -166,14 +166,17 @@ def select_endpoints(
 ) -> FamilySelection:
     """kube-proxy's choice for one family of a Service port (see the module docstring)."""
     port = state.port
-    candidates = state.endpoints_of(family)
-    cats = categorize_endpoints(candidates, port, node_name, zone, family=family)
+    # The tracker keeps only endpoints of the port's families: single-stack needs no filter.
+    candidates = state.endpoints if len(port.families) == 1 else state.endpoints_of(family)
+    cats = categorize_endpoints(candidates, port, node_name, zone)
     internal = cats.local if port.internal_policy_local else cats.cluster
     internal = internal if internal is not None else cats.all_reachable
     frontends = port.cluster_ips_of(family)
-    external_frontends = tuple(
-        ip for ip in svc.service_frontend_ips(port, family) if ip not in frontends
-    )
+    external_frontends: tuple[IPAddress, ...] = ()
+    if port.external_ips or port.load_balancer_ips:
+        external_frontends = tuple(
+            ip for ip in svc.service_frontend_ips(port, family) if ip not in frontends
+        )
     external: tuple[Endpoint, ...] = ()
     if external_frontends:
         chosen = cats.local if port.external_policy_local else cats.cluster
@@ -191,15 +194,17 @@ def select_endpoints(
     if external_frontends:
         ext_action, ext_reason = decide(external, "externalTrafficPolicy")
     mode = TopologyMode.NONE
-    if port.uses_cluster_endpoints:
+    if port.uses_cluster_endpoints and any(ep.hint_zones or ep.hint_nodes for ep in candidates):
         mode = topology_mode(candidates, node_name, zone or "")
-    used = set(internal)
     uses_ready = any(ep.ready for ep in internal)
-    excluded = tuple(
-        (str(ep), _why_excluded(ep, port, node_name, mode, uses_ready))
-        for ep in candidates
-        if ep not in used
-    )[:MAX_EXCLUDED]
+    excluded: tuple[tuple[str, str], ...] = ()
+    if len(internal) < len(candidates):  # (the common case, all used, costs nothing more)
+        used = {id(ep) for ep in internal}
+        excluded = tuple(
+            (str(ep), _why_excluded(ep, port, node_name, mode, uses_ready))
+            for ep in candidates
+            if id(ep) not in used
+        )[:MAX_EXCLUDED]
     return FamilySelection(
         family=family,
         frontends=frontends,
@@ -404,6 +409,8 @@ class Proxier:
         if old is None:
             return
         old_port = old.state.port
+        if old_port.protocol != Protocol.UDP and not old_port.session_affinity:
+            return  # (most ports: nothing to do, and nothing to compute)
         new_port = new.state.port if new is not None else None
         same_l4 = new_port is not None and (new_port.port, new_port.protocol) == (
             old_port.port,
