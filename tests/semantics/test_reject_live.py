@@ -71,3 +71,22 @@ async def test_a_flood_is_metered_before_it_reaches_the_agent(world: World) -> N
     assert 0 < stats.packet_ins <= 200 + 100 * elapsed + 20, (stats, elapsed)
     metered = re.search(r"packet_in_count:(\d+)", world.sandbox.ofctl("meter-stats"))
     assert metered and int(metered.group(1)) > 3 * stats.packet_ins  # the rest was dropped
+
+
+async def test_rejecting_survives_a_vswitchd_restart_meter_first(world: World) -> None:
+    client = world.pod("client")
+    world.service("web", ["10.96.0.13"], 80)
+    await world.sync()
+    connections = world.channel.connections
+    await asyncio.to_thread(world.sandbox.restart_vswitchd)
+    for _ in range(100):  # the channel reconnects; its hook installs the meter, then replays
+        await asyncio.sleep(0.05)
+        if world.channel.connections > connections and world.channel.connected:
+            break
+    assert world.channel.connected
+    assert "meter=24177" in world.sandbox.ofctl("dump-meters")
+    result = await world.http(client, "http://10.96.0.13:80/", count=3, timeout=3.0)
+    assert result["failures"] == {"refused": 3}, result
+    # The replayed reject flow is bound to the meter (it was added after the meter).
+    stats = world.sandbox.ofctl("meter-stats")
+    assert re.search(r"packet_in_count:[1-9]", stats), stats
