@@ -171,16 +171,16 @@ def pod_forwarding_flows(
 
 
 # -- Services -----------------------------------------------------------------------------
-@functools.cache
-def endpoint_bucket_actions(
-    ip: IPAddress, port: int, affinity: bool, tables: pl.Tables
-) -> tuple[of.Action, ...]:
-    """A bucket: endpoint address into reg3/xxreg3, port and selection state into reg4 (one
-    masked set_field), then on to EndpointDNAT (or back to ServiceLB to learn affinity)."""
-    family = IPFamily.of(ip)
+# Endpoint values are cached: a full resync re-uses the same objects (equal by identity, so
+# staging compares them for free), and an endpoint's values are built once however many
+# Services share it. The caches are bounded (pods come and go with new addresses).
+ENDPOINT_CACHE_SIZE = 1 << 18
+
+
+@functools.lru_cache(maxsize=256)
+def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
     state = pl.Selection.TO_LEARN if affinity else pl.Selection.SELECTED
     return (
-        of.SetField(pl.endpoint_ip_reg(family), _ip_value(ip)),
         of.SetField(
             pl.ENDPOINT_PORT_REG, port | state.value_bits, pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK
         ),
@@ -188,34 +188,77 @@ def endpoint_bucket_actions(
     )
 
 
+@functools.lru_cache(maxsize=ENDPOINT_CACHE_SIZE)
+def endpoint_bucket_actions(
+    ip: IPAddress, port: int, affinity: bool, tables: pl.Tables
+) -> tuple[of.Action, ...]:
+    """A bucket: endpoint address into reg3/xxreg3, port and selection state into reg4 (one
+    masked set_field), then on to EndpointDNAT (or back to ServiceLB to learn affinity)."""
+    reg = pl.ENDPOINT_IP_REG if ip.version == 4 else pl.ENDPOINT_IP6_REG
+    return (of.SetField(reg, int(ip)), *_bucket_tail(port, affinity, tables))
+
+
+_CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
+# eth_type, ip_proto, endpoint IP register, ct zone, table after ct, EndpointDNAT table, cookie
+_DnatParts = tuple[int, int, str, int, int, int, int]
+
+
+@functools.lru_cache(maxsize=64)
+def _dnat_parts(ctx: Context, version: int, protocol: Protocol) -> _DnatParts:
+    """What every EndpointDNAT flow of one family and protocol shares."""
+    family = IPFamily(version)
+    return (
+        eth_type(family),
+        protocol.ip_proto,
+        pl.endpoint_ip_reg(family),
+        pl.ct_zone(family),
+        ctx.tables.forwarding,
+        ctx.tables.endpoint_dnat,
+        ctx.cookie(pl.Category.ENDPOINT),
+    )
+
+
+# (shared parts, address as an int, port) -> flow; oldest first, so the bound evicts the
+# least recently *built* flow. A dict keyed by ints and a cached tuple hashes in C (a key with
+# the Context and the ipaddress object spent 2 us hashing per endpoint).
+_dnat_flows: dict[tuple[_DnatParts, int, int], of.FlowMod] = {}
+
+
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
-    return _endpoint_dnat_flow(ctx, ip, port, protocol)
+    parts = _dnat_parts(ctx, ip.version, protocol)
+    key = (parts, int(ip), port)
+    flow = _dnat_flows.get(key)
+    if flow is None:
+        flow = _endpoint_dnat_flow(parts, ip, port)
+        if len(_dnat_flows) >= ENDPOINT_CACHE_SIZE:
+            del _dnat_flows[next(iter(_dnat_flows))]
+        _dnat_flows[key] = flow
+    return flow
 
 
-@functools.lru_cache(maxsize=1 << 18)
-def _endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
-    family = IPFamily.of(ip)
+def _endpoint_dnat_flow(parts: _DnatParts, ip: IPAddress, port: int) -> of.FlowMod:
+    eth, proto, reg, zone, forwarding, table, cookie = parts
     match = of.Match(
         **{
-            "eth_type": eth_type(family),
-            "ip_proto": protocol.ip_proto,
-            pl.endpoint_ip_reg(family): _ip_value(ip),
+            "eth_type": eth,
+            "ip_proto": proto,
+            reg: int(ip),
             pl.ENDPOINT_PORT_REG: (port, pl.ENDPOINT_PORT_MASK),
         }
     )
     ct = of.CT(
         commit=True,
-        zone=pl.ct_zone(family),
-        table=ctx.tables.forwarding,
+        zone=zone,
+        table=forwarding,
         nat=of.NAT(dst=True, ip_min=ip, port_min=port),
-        actions=(of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK),),
+        actions=(_CT_MARK_SERVICE,),
     )
     return of.FlowMod(
-        table_id=ctx.tables.endpoint_dnat,
-        priority=pl.PRIORITY_NORMAL,
-        match=match,
-        instructions=_apply(ct),
-        cookie=ctx.cookie(pl.Category.ENDPOINT),
+        table,
+        pl.PRIORITY_NORMAL,
+        match,
+        (of.ApplyActions((ct,)),),
+        cookie=cookie,
     )
 
 

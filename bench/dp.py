@@ -1,0 +1,357 @@
+"""Shared pieces of the datapath benchmarks (``full-sync``, ``incremental``, ``memory``).
+
+* a synthetic cluster as model values (ServicePorts and their endpoints, IPv4, unique
+  endpoint addresses, so every endpoint has its own EndpointDNAT flow);
+* our full sync: model values -> ``service_objects`` -> ``Datapath.stage`` -> ``commit`` (one
+  bundle streamed through the ``Channel``), timed to the commit reply;
+* the content that full sync sends, captured from the same ``Datapath`` with a recording
+  switch, as messages (for the floor) and as ``ovs-ofctl`` text (for the baseline);
+* the baseline: ``ovs-ofctl --bundle add-groups`` + ``add-flows`` loading those files;
+* the floor: the same messages pre-encoded as BUNDLE_ADDs and written by the channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import hashlib
+import ipaddress
+import resource
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.connection import Channel
+from ovsproxy.ovs.sandbox import Sandbox, SandboxError
+
+CONFIG = pl.PipelineConfig()
+GENERATION = 1
+PIPELINE_OWNER = ("pipeline",)
+ENDPOINT_PORT = 8080
+_CLUSTER_IP_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
+_ENDPOINT_BASE = int(ipaddress.IPv4Address("10.0.1.0"))
+
+Cluster = list[tuple[ServicePort, tuple[Endpoint, ...]]]
+
+
+def cluster(services: int, endpoints: int, *, namespace: str = "bench") -> Cluster:
+    """``services`` ClusterIP Services (TCP 80) with ``endpoints`` endpoints each (:8080)."""
+    result: Cluster = []
+    for i in range(services):
+        name = ServicePortName(namespace, f"svc-{i}", "http", Protocol.TCP)
+        port = ServicePort(name, (ipaddress.IPv4Address(_CLUSTER_IP_BASE + 1 + i),), 80)
+        eps = tuple(
+            Endpoint(ipaddress.IPv4Address(_ENDPOINT_BASE + i * endpoints + j), ENDPOINT_PORT)
+            for j in range(endpoints)
+        )
+        result.append((port, eps))
+    return result
+
+
+def group_ids(index: int) -> dict[IPFamily, int]:
+    return {IPFamily.IPv4: CONFIG.group_id_min + index}
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def clear_value_caches() -> None:
+    """Forget every cached flow/bucket value, so a full sync is measured cold (agent start)."""
+    for value in vars(svc).values():
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()
+    flows = getattr(svc, "_dnat_flows", None)  # the EndpointDNAT flow cache
+    if flows is not None:
+        flows.clear()
+
+
+# -- the sandbox ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sandbox(attempts: int = 3) -> Iterator[Sandbox]:
+    """A private OVS; retried, because concurrent sandbox start-ups on a shared machine can
+    trip over each other (the registry sweep)."""
+    last: Exception | None = None
+    for _ in range(attempts):
+        sb = Sandbox()
+        try:
+            sb.up()
+        except SandboxError as exc:
+            last = exc
+            time.sleep(0.5)
+            continue
+        try:
+            yield sb
+        finally:
+            sb.down()
+        return
+    raise SandboxError(f"no sandbox after {attempts} attempts: {last}")
+
+
+def ofctl(sb: Sandbox, command: str, *args: str, options: Sequence[str] = ()) -> str:
+    cmd = ["ovs-ofctl", "-O", "OpenFlow15", *options, command, sb.openflow, *args]
+    return subprocess.run(cmd, env=sb.env, capture_output=True, text=True, check=True).stdout
+
+
+def reset_switch(sb: Sandbox) -> None:
+    ofctl(sb, "del-flows")
+    ofctl(sb, "del-groups")
+
+
+def flow_count(sb: Sandbox) -> int:
+    text = ofctl(sb, "dump-aggregate")
+    return int(text.split("flow_count=")[1].split()[0])
+
+
+def fingerprint(sb: Sandbox) -> str:
+    """A hash of the switch's flows (no counters) and groups, to show two loads are equal."""
+    flows = sorted(
+        line.strip()
+        for line in ofctl(sb, "dump-flows", options=["--no-stats"]).splitlines()
+        if "actions=" in line
+    )
+    groups = sorted(
+        line.strip() for line in ofctl(sb, "dump-groups").splitlines() if "group_id=" in line
+    )
+    digest = hashlib.sha256()
+    for line in (*flows, *groups):
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()[:16]
+
+
+async def connect(sb: Sandbox) -> tuple[Channel, Datapath]:
+    dp: Datapath | None = None
+
+    async def hook() -> None:
+        assert dp is not None
+        await dp.on_connected()
+
+    channel = Channel(sb.openflow, on_connected=hook, bundle_timeout=600)
+    dp = Datapath(channel, CONFIG, GENERATION)
+    await channel.start()
+    return channel, dp
+
+
+# -- our full sync -------------------------------------------------------------------------
+
+
+class GcTimer:
+    """Time spent in cyclic garbage collections while active."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections += 1
+
+    def __enter__(self) -> GcTimer:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+
+@dataclass
+class SyncRun:
+    build_s: float = 0.0
+    stage_s: float = 0.0
+    commit_s: float = 0.0
+    total_s: float = 0.0
+    gc_s: float = 0.0
+    messages: int = 0
+    bytes: int = 0  # everything written to the switch for the sync (framing included)
+    inner_bytes: int = 0  # the FLOW_MODs and GROUP_MODs themselves
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+def stage_cluster(dp: Datapath, ports: Cluster, ctx: svc.Context) -> tuple[float, float]:
+    """What the proxier does for every changed Service port: build its values, stage them.
+    Returns (build seconds, stage seconds)."""
+    clock = time.perf_counter
+    started = clock()
+    staging = 0.0
+    dp.stage(PIPELINE_OWNER, (), svc.pipeline_flows(ctx))
+    service_objects, stage = svc.service_objects, dp.stage
+    for index, (port, endpoints) in enumerate(ports):
+        objects = service_objects(ctx, port, endpoints, group_ids(index))
+        before = clock()
+        stage(port.name, objects.groups, objects.flows)
+        staging += clock() - before
+    return clock() - started - staging, staging
+
+
+async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
+    """Model values -> groups and flows in a fresh switch, timed to the commit reply."""
+    channel, dp = await connect(sb)
+    try:
+        ctx = svc.Context(dp.tables, GENERATION)
+        clear_value_caches()
+        gc.collect()
+        sent_before = channel.counters.total("sent")[1]
+        with GcTimer() as gct:
+            started = time.perf_counter()
+            build_s, stage_s = stage_cluster(dp, ports, ctx)
+            staged = time.perf_counter()
+            stats = await dp.commit()
+            done = time.perf_counter()
+        inner = sum(row[1] for row in channel.counters.bundled.values())
+        return SyncRun(
+            build_s=build_s,
+            stage_s=stage_s,
+            commit_s=done - staged,
+            total_s=done - started,
+            gc_s=gct.seconds,
+            messages=stats.messages,
+            bytes=channel.counters.total("sent")[1] - sent_before,
+            inner_bytes=inner,
+            kinds=dict(stats.kinds),
+        )
+    finally:
+        await channel.close()
+
+
+# -- the same content, for the baselines ---------------------------------------------------
+
+
+class RecordingSwitch:
+    """A switch that accepts every bundle and keeps its messages (empty at the start)."""
+
+    connected = True
+
+    def __init__(self) -> None:
+        self.bundles: list[list[of.Message]] = []
+
+    async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
+        self.bundles.append(list(messages))
+
+    async def group_ids(self) -> set[int]:
+        return set()
+
+    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
+        return []
+
+
+def full_sync_messages(ports: Cluster) -> list[of.Message]:
+    """Exactly what our full sync sends, in the same order."""
+    switch = RecordingSwitch()
+    dp = Datapath(switch, CONFIG, GENERATION)  # type: ignore[arg-type]
+    ctx = svc.Context(dp.tables, GENERATION)
+    stage_cluster(dp, ports, ctx)
+    asyncio.run(dp.commit())
+    (messages,) = switch.bundles
+    return messages
+
+
+def ofctl_text(messages: Sequence[of.Message]) -> tuple[list[str], list[str]]:
+    """The messages as ``ovs-ofctl add-groups`` and ``add-flows`` lines (our values' own text
+    form; a group over the message limit is an add plus insert_bucket lines)."""
+    groups: list[str] = []
+    flows: list[str] = []
+    for msg in messages:
+        if isinstance(msg, of.GroupMod):
+            if msg.command == of.GroupModCommand.ADD:
+                groups.append(of.format_group(msg))
+            elif msg.command == of.GroupModCommand.INSERT_BUCKET:
+                buckets = ",".join(b.to_text(msg.group_type) for b in msg.buckets)
+                groups.append(
+                    f"insert_bucket group_id={msg.group_id},command_bucket_id=last,{buckets}"
+                )
+            else:
+                raise ValueError(f"unexpected group mod in a full sync: {of.to_text(msg)}")
+        elif isinstance(msg, of.FlowMod):
+            if msg.command != of.FlowModCommand.ADD:
+                raise ValueError(f"unexpected flow mod in a full sync: {of.to_text(msg)}")
+            flows.append(of.format_flow(msg))
+        else:
+            raise ValueError(f"unexpected message {msg!r}")
+    return groups, flows
+
+
+@dataclass
+class OfctlRun:
+    groups_s: float
+    flows_s: float
+    total_s: float
+    cpu_s: float  # ovs-ofctl's own user + system time
+
+
+def run_ofctl(sb: Sandbox, groups_file: Path, flows_file: Path) -> OfctlRun:
+    """``ovs-ofctl --bundle add-groups`` then ``--bundle add-flows``: process start to exit."""
+
+    def child_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    base = ["ovs-ofctl", "-O", "OpenFlow15", "--bundle"]
+    cpu = child_cpu()
+    started = time.perf_counter()
+    subprocess.run([*base, "add-groups", sb.openflow, str(groups_file)], env=sb.env, check=True)
+    middle = time.perf_counter()
+    subprocess.run([*base, "add-flows", sb.openflow, str(flows_file)], env=sb.env, check=True)
+    done = time.perf_counter()
+    return OfctlRun(middle - started, done - middle, done - started, child_cpu() - cpu)
+
+
+async def floor(sb: Sandbox, messages: Sequence[of.Message], chunk: int = 256 * 1024) -> float:
+    """The same messages, encoded as BUNDLE_ADDs before the clock starts, written by the
+    channel as one bundle: what Open vSwitch itself needs to take them in and commit."""
+    channel = Channel(sb.openflow, bundle_timeout=600)
+    await channel.start()
+    try:
+        bundle = channel.bundle()
+        blobs: list[bytes] = []
+        parts: list[bytes] = []
+        size = 0
+        xid = 0x40000000
+        for msg in messages:
+            xid += 1
+            data = of.encode_bundle_add(bundle.bundle_id, msg, xid, bundle.flags)
+            parts.append(data)
+            size += len(data)
+            if size >= chunk:
+                blobs.append(b"".join(parts))
+                parts, size = [], 0
+        if parts:
+            blobs.append(b"".join(parts))
+        conn = bundle.conn
+        gc.collect()
+        started = time.perf_counter()
+        for blob in blobs:
+            conn.write(blob)
+            await conn.drain()
+            await asyncio.sleep(0)
+        await bundle.commit()
+        return time.perf_counter() - started
+    finally:
+        await channel.close()
+
+
+def alternate(runners: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[Any]]:
+    """Run each runner ``rounds`` times, rotating the order every round (drift spreads
+    evenly over the contenders)."""
+    names = list(runners)
+    results: dict[str, list[Any]] = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            results[name].append(runners[name]())
+    return results
