@@ -23,10 +23,10 @@ def _our_netns() -> set[str]:
 @pytest.fixture(scope="session", autouse=True)
 def _no_leftovers() -> Iterator[None]:
     """Every test cleans up: no sandbox of this test run may outlive the session."""
-    before = _our_netns()
     yield
     mine = [r for r in list_records() if r.owner_pid == os.getpid()]
-    leaked_ns = _our_netns() - before
+    # Only ours: other test runs (or a developer's sandbox) may be up at the same time.
+    leaked_ns = _our_netns() & Sandbox.created_netns
     assert not mine and not leaked_ns, f"leftover sandboxes {mine} namespaces {leaked_ns}"
 
 

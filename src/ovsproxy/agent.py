@@ -60,7 +60,16 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "ovsdbapp", "pyroute2"):
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "httpcore",
+        "httpcore2",
+        "ovsdbapp",
+        "pyroute2",
+        "pyroute2.netlink.core",
+        "pyroute2.ndb",
+    ):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
 
 
@@ -121,6 +130,7 @@ class Agent:
         self._pods: list[PodPort] = []
         self._tasks: list[asyncio.Task[Any]] = []
         self.rejector: Any = None
+        self._routes_reconciled = False
 
     # -- wiring -----------------------------------------------------------------------------
     async def _start_ovs(self) -> tuple[str, str, str | None]:
@@ -230,6 +240,11 @@ class Agent:
             raise
         if not self.tracker.synced:
             return
+        if self.routes is not None and not self._routes_reconciled:
+            # Start-up: converge the node's routes once, from the complete ClusterIP list,
+            # before we call ourselves healthy.
+            await self.routes.reconcile(self.discoverer.desired)
+            self._routes_reconciled = True
         self.metrics.sync_duration.labels(kind).observe(time.perf_counter() - started)
         self.metrics.syncs.labels("ok").inc()
         self.metrics.last_sync_success.set(time.time())
@@ -238,9 +253,6 @@ class Agent:
         self.metrics.endpoints.set(self.proxier.endpoint_count())
         self.metrics.groups.set(len(self.datapath.installed_groups))
         self.metrics.flows.set(len(self.datapath.installed_flows))
-        if self.routes is not None and not getattr(self, "_routes_reconciled", False):
-            self._routes_reconciled = True
-            await self.routes.reconcile(self.discoverer.desired)
         if not self.ready.is_set():
             self.ready.set()
             log.info(
@@ -318,8 +330,7 @@ class Agent:
             if self.routes is None:
                 return {}
             return {
-                (k.op, k.result, str(int(k.family))): float(v)
-                for k, v in self.routes.counters.items()
+                (k.op, k.result, str(k.family)): float(v) for k, v in self.routes.counters.items()
             }
 
         m.add_counter(
@@ -434,6 +445,9 @@ class Agent:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+        if self.rejector is not None:
+            with contextlib.suppress(Exception):
+                await self.rejector.close()
         if self.source is not None:
             with contextlib.suppress(Exception):
                 await self.source.stop()

@@ -4,6 +4,8 @@ with the bundled example manifests and the pods they point at."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
 from typing import Any
 
@@ -86,8 +88,19 @@ def run(config_file: str | None, **flags: Any) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        main_pid = os.getpid()
+
+        def on_signal(signum: int, frame: object) -> None:
+            # Not loop.add_signal_handler: its wakeup fd is shared with children forked
+            # from us (pyroute2 forks a helper per network namespace), whose signals would
+            # then stop the agent.
+            if os.getpid() != main_pid:
+                return
+            logging.getLogger("ovsproxy.agent").info("%s: stopping", signal.Signals(signum).name)
+            loop.call_soon_threadsafe(stop.set)
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            signal.signal(sig, on_signal)
         await Agent(config).run(stop)
 
     try:

@@ -218,6 +218,9 @@ class Pod:
 class Sandbox:
     """A private OVS (ovsdb-server + ovs-vswitchd) in its own network namespace."""
 
+    # Namespaces this process created (node and pods): tests check none outlives them.
+    created_netns: set[str] = set()
+
     def __init__(
         self,
         name: str | None = None,
@@ -312,6 +315,7 @@ class Sandbox:
         return self
 
     def _start(self) -> None:
+        Sandbox.created_netns.add(self.netns)
         _run(["ip", "netns", "add", self.netns])
         _run(["ip", "link", "set", "lo", "up"], netns=self.netns)
         _run(["ovsdb-tool", "create", str(self.rundir / "conf.db"), str(VSCHEMA)])
@@ -526,6 +530,7 @@ class Sandbox:
         assert self.record is not None
         self.record.pod_netns.append(pod_ns)
         self.record.save()
+        Sandbox.created_netns.add(pod_ns)
         _run(["ip", "netns", "add", pod_ns])
         _run(["ip", "link", "set", "lo", "up"], netns=pod_ns)
         _run(
@@ -539,6 +544,17 @@ class Sandbox:
         if v6 is not None:
             _run(["ip", "addr", "add", str(v6), "dev", "eth0", "nodad"], netns=pod_ns)
         _run(["ip", "link", "set", "eth0", "up"], netns=pod_ns)
+        # The bridge-side veth lives in the node namespace, whose kernel also sees its frames
+        # (the userspace datapath reads them with AF_PACKET). Keep that kernel out: it would
+        # answer the pod's ARP for the gateway address with this veth's MAC (Linux answers
+        # for any local address on any interface) and NDP likewise, and the pod's replies
+        # would then bypass OVS and its conntrack.
+        _run(["ip", "link", "set", host_if, "arp", "off"], netns=self.netns)
+        _run(
+            ["sysctl", "-qw", f"net.ipv6.conf.{host_if}.disable_ipv6=1"],
+            netns=self.netns,
+            check=False,
+        )
         _run(["ip", "link", "set", host_if, "up"], netns=self.netns)
         if self.gateway_ipv4 and v4.ip in self.gateway_ipv4.network:
             _run(["ip", "route", "add", "default", "via", str(self.gateway_ipv4.ip)], netns=pod_ns)

@@ -1,0 +1,149 @@
+"""The agent as users run it: a real `ovsproxy run` process against a test's sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ovsproxy.lab import EXAMPLES
+from ovsproxy.ovs.sandbox import Sandbox
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def copy_examples(target: Path) -> Path:
+    target.mkdir(parents=True, exist_ok=True)
+    for item in EXAMPLES.glob("*.yaml"):
+        shutil.copy(item, target / item.name)
+    return target
+
+
+class AgentProcess:
+    def __init__(self, sandbox: Sandbox, manifests: Path, log: Path, *extra: str) -> None:
+        self.sandbox = sandbox
+        self.manifests = manifests
+        self.log_path = log
+        self.extra = extra
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30) -> AgentProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "ovsproxy",
+            "run",
+            "--ovsdb",
+            self.sandbox.ovsdb,
+            "--openflow",
+            self.sandbox.openflow,
+            "--netns",
+            self.sandbox.netns,
+            "--manifests",
+            str(self.manifests),
+            "--min-sync-interval",
+            "0",
+            "--metrics-address",
+            f"127.0.0.1:{self.port}",
+            "--node-name",
+            "node-1",
+            "--log-level",
+            "debug",
+            *self.extra,
+        ]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+            )
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent exited {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except Exception as exc:
+                last = str(exc)
+            time.sleep(0.1)
+        raise TimeoutError(f"agent not healthy after {timeout}s ({last}):\n{self.log()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def get(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+                return resp.status, resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def status(self) -> dict[str, Any]:
+        code, body = self.get("/status")
+        assert code == 200, body
+        result: dict[str, Any] = json.loads(body)
+        return result
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of /metrics (0 when absent)."""
+        _, text = self.get("/metrics")
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith("#") or not line.startswith(name):
+                continue
+            metric, _, value = line.rpartition(" ")
+            mname, _, mlabels = metric.partition("{")
+            if mname != name:
+                continue
+            got = ",".join(sorted(mlabels.rstrip("}").split(","))) if mlabels else ""
+            if all(f'{k}="{v}"' in got for k, v in labels.items()) or (not want and not got):
+                total += float(value)
+        return total
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_for(self, predicate: Any, timeout: float = 10, what: str = "condition") -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out waiting for {what}")
