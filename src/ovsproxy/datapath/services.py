@@ -352,6 +352,7 @@ def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.F
 # the datapath flow before the group is shared by every connection of a client: the ones that
 # arrive before the revalidators catch up with a just-learned flow would pick a bucket anew.
 AFFINITY_SELECTION_METHOD = "hash"
+GROUP_SELECTION_METHOD = "hash"
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,7 +407,11 @@ def frontend_objects(
             GroupSpec(
                 group_id=fset.group_id,
                 buckets=buckets,
-                selection_method=AFFINITY_SELECTION_METHOD if affinity else None,
+                # Every group, not only affinity ones: Open vSwitch 3.1's dp_hash method sends
+                # all new connections to the bucket an INSERT_BUCKET added (until the next
+                # MODIFY or REMOVE_BUCKET); "hash" (highest random weight over the 5-tuple)
+                # stays balanced and moves only the connections of changed buckets.
+                selection_method=GROUP_SELECTION_METHOD,
             )
         )
         for ip in fset.frontends:
