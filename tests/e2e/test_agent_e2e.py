@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -254,3 +257,58 @@ def test_healthz_metrics_and_openflow_counters(lab: Lab) -> None:
     # /healthz turns 503 when OVS is gone.
     lab.sandbox.appctl("exit", target="ovs-vswitchd")
     lab.agent.wait_for(lambda: lab.agent.get("/healthz")[0] == 503, what="503")
+
+
+def test_status_and_dump_commands_show_what_is_installed(lab: Lab) -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "COLUMNS": "200"}
+    address = f"127.0.0.1:{lab.agent.port}"
+    out = subprocess.run(
+        [sys.executable, "-m", "ovsproxy", "status", "--address", address],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    for text in (
+        "demo/web:http/TCP",
+        "10.96.0.10:80",
+        "10.244.0.11:8080",
+        "[fd00:10:96::20]:80",
+        "10.96.0.0/",
+        "forwarding",
+    ):
+        assert text in out.stdout, text
+    as_json = subprocess.run(
+        [sys.executable, "-m", "ovsproxy", "status", "--address", address, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    info = json.loads(as_json.stdout)
+    web = next(s for s in info["services"] if s["name"] == "demo/web:http/TCP")
+    dump = subprocess.run(
+        [sys.executable, "-m", "ovsproxy", "dump", "--address", address],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    lines = dump.stdout.splitlines()
+    gid = web["group_ids"]["4"]
+    group = next(line for line in lines if line.startswith(f"group_id={gid},"))
+    assert group.count("bucket=") == 2 and "selection_method=hash" in group
+    assert any("nat(dst=10.244.0.11:8080)" in line for line in lines)
+    # The dump is what the switch holds: same flow count as ovs-ofctl sees.
+    switch = [line for line in lab.sandbox.ofctl("dump-flows").splitlines() if "cookie=" in line]
+    assert len([line for line in lines if "table=" in line or "priority=" in line]) == len(switch)
+    # No agent there: a clear error, not a traceback.
+    none = subprocess.run(
+        [sys.executable, "-m", "ovsproxy", "status", "--address", "127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    assert none.returncode == 1 and "no ovsproxy agent answers" in none.stderr

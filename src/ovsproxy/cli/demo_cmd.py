@@ -1,0 +1,241 @@
+"""`ovsproxy demo`: ClusterIPs load-balanced by OVS, with real pods and real HTTP, in one command.
+
+Builds the example lab in a private sandbox, runs the agent on the bundled example manifests,
+sends HTTP requests to every ClusterIP from a pod and from the node (through the Service
+route), shows which endpoint answered how often, then changes the endpoints and shows the
+traffic follow. Everything is removed at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+from rich.table import Table
+
+from ovsproxy.config import load
+from ovsproxy.lab import EXAMPLES, build_lab
+from ovsproxy.ovs.sandbox import Sandbox
+from ovsproxy.ovs.traffic import run_in_netns
+
+
+@dataclass(frozen=True)
+class Target:
+    service: str
+    url: str
+    expected: frozenset[str]
+
+
+INITIAL = (
+    Target(
+        "demo/web (ClusterIP, 2 endpoints)", "http://10.96.0.10/", frozenset({"web-1", "web-2"})
+    ),
+    Target("demo/api (dual-stack)", "http://10.96.0.20/", frozenset({"api-1", "api-2"})),
+    Target(
+        "demo/api (dual-stack, IPv6)", "http://[fd00:10:96::20]/", frozenset({"api-1", "api-2"})
+    ),
+    Target("demo/shop:http", "http://10.96.0.30/", frozenset({"web-1", "api-1"})),
+    Target(
+        "demo/shop:admin (multi-port)", "http://10.96.0.30:9000/", frozenset({"web-1", "api-1"})
+    ),
+)
+AFTER_CHANGE = (
+    Target("demo/web after the change", "http://10.96.0.10/", frozenset({"web-1", "api-2"})),
+)
+# The endpoint change: web-2 leaves Service web, api-2 joins it.
+OLD_WEB_2 = """  - addresses: [10.244.0.12]
+    conditions: {ready: true, serving: true, terminating: false}
+    nodeName: node-1
+    targetRef: {kind: Pod, namespace: demo, name: web-2}
+"""
+NEW_API_2 = """  - addresses: [10.244.0.14]
+    conditions: {ready: true, serving: true, terminating: false}
+    nodeName: node-1
+    targetRef: {kind: Pod, namespace: demo, name: api-2}
+"""
+
+
+def _measure(
+    sandbox: Sandbox,
+    pods: dict[str, Any],
+    targets: tuple[Target, ...],
+    requests: int,
+    progress: Progress | None,
+) -> list[dict[str, Any]]:
+    clients = {"pod demo/client": pods["client"].netns, "node (Service route)": sandbox.netns}
+    results = []
+    task = None
+    if progress is not None:
+        task = progress.add_task("requests", total=len(targets) * len(clients) * requests)
+    for target in targets:
+        for client, netns in clients.items():
+            out = run_in_netns(
+                netns, "http", target.url, "--count", str(requests), "--timeout", "2"
+            )
+            ok = out["failed"] == 0 and set(out["counts"]) == set(target.expected)
+            results.append(
+                {
+                    "service": target.service,
+                    "url": target.url,
+                    "client": client,
+                    "counts": dict(sorted(out["counts"].items())),
+                    "failed": out["failed"],
+                    "failures": out["failures"],
+                    "expected": sorted(target.expected),
+                    "ok": ok,
+                }
+            )
+            if progress is not None and task is not None:
+                progress.advance(task, requests)
+    return results
+
+
+def _table(title: str, results: list[dict[str, Any]]) -> Table:
+    table = Table(title=title)
+    for column in ("Service and URL", "client", "answers per endpoint", "failed", ""):
+        table.add_column(column)
+    for r in results:
+        total = sum(r["counts"].values()) or 1
+        answers = "\n".join(
+            f"{name}: {count} ({100 * count // total}%)" for name, count in r["counts"].items()
+        )
+        table.add_row(
+            f"{r['service']}\n{escape(r['url'])}",
+            r["client"],
+            answers,
+            str(r["failed"]),
+            "[green]ok[/]" if r["ok"] else "[red]UNEXPECTED[/]",
+        )
+    return table
+
+
+async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str, Any]:
+    from ovsproxy.agent import Agent
+
+    say = (lambda *a, **k: None) if as_json else console.print
+    workdir = Path(tempfile.mkdtemp(prefix="ovsproxy-demo-"))
+    manifests = workdir / "manifests"
+    shutil.copytree(EXAMPLES, manifests)
+    sandbox = Sandbox("demo-" + workdir.name[-6:].replace("_", "x").lower())
+    report: dict[str, Any] = {"phases": [], "ok": False}
+    stop = asyncio.Event()
+    agent_task: asyncio.Task[None] | None = None
+    try:
+        say(
+            "[bold]1.[/] private Open vSwitch (ovsdb-server + ovs-vswitchd, userspace datapath) "
+            "in its own network namespace, and 5 pods"
+        )
+        await asyncio.to_thread(sandbox.up)
+        pods = await asyncio.to_thread(build_lab, sandbox)
+        config = load(
+            ovsdb=sandbox.ovsdb,
+            openflow=sandbox.openflow,
+            netns=sandbox.netns,
+            manifests=[str(manifests)],
+            min_sync_interval=0.0,
+            metrics_address="127.0.0.1:0",
+            node_name="node-1",
+            log_level="warning",
+        )
+        agent = Agent(config)
+        agent_task = asyncio.create_task(agent.run(stop))
+        say(
+            "[bold]2.[/] ovsproxy agent on the example manifests "
+            f"({', '.join(p.name for p in sorted(manifests.glob('*.yaml')))})"
+        )
+        ready = asyncio.create_task(agent.ready.wait())
+        done, _ = await asyncio.wait(
+            {ready, agent_task}, timeout=60, return_when=asyncio.FIRST_COMPLETED
+        )
+        if agent_task in done:
+            agent_task.result()  # raises the start-up error
+        if ready not in done:
+            raise RuntimeError("the agent did not finish its first sync within 60 s")
+        status = agent.status_json()
+        report["installed"] = {
+            "groups": status["groups"],
+            "flows": status["flows"],
+            "routes": status["routes"],
+        }
+        say(
+            f"   installed {status['groups']} select groups and {status['flows']} flows; "
+            f"node routes: {', '.join(status['routes'])}"
+        )
+        say(f"[bold]3.[/] {requests} HTTP requests per ClusterIP, from a pod and from the node")
+        with Progress(console=console, transient=True, disable=as_json) as progress:
+            first = await asyncio.to_thread(_measure, sandbox, pods, INITIAL, requests, progress)
+        report["phases"].append({"phase": "initial", "results": first})
+        say(_table("Which endpoint answered", first))
+
+        say("[bold]4.[/] endpoint change in web.yaml: web-2 leaves, api-2 joins")
+        web = manifests / "web.yaml"
+        web.write_text(web.read_text().replace(OLD_WEB_2, NEW_API_2))
+        sent_before = agent.channel.counters.total("sent") if agent.channel else (0, 0)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            eps = {s["name"]: s["endpoints"] for s in agent.status_json()["services"]}
+            if eps.get("demo/web:http/TCP") == ["10.244.0.11:8080", "10.244.0.14:8080"]:
+                break
+            await asyncio.sleep(0.1)
+        sent_after = agent.channel.counters.total("sent") if agent.channel else (0, 0)
+        change = {
+            "openflow_messages": sent_after[0] - sent_before[0],
+            "openflow_bytes": sent_after[1] - sent_before[1],
+        }
+        report["change"] = change
+        say(
+            f"   applied with {change['openflow_messages']} OpenFlow messages "
+            f"({change['openflow_bytes']} bytes, bundle control included)"
+        )
+        with Progress(console=console, transient=True, disable=as_json) as progress:
+            second = await asyncio.to_thread(
+                _measure, sandbox, pods, AFTER_CHANGE, requests, progress
+            )
+        report["phases"].append({"phase": "after endpoint change", "results": second})
+        say(_table("Traffic follows the endpoints", second))
+        report["ok"] = all(r["ok"] for phase in report["phases"] for r in phase["results"])
+    finally:
+        stop.set()
+        if agent_task is not None:
+            try:
+                await agent_task
+            except Exception as exc:
+                report.setdefault("error", f"{type(exc).__name__}: {exc}")
+        await asyncio.to_thread(sandbox.down)
+        shutil.rmtree(workdir, ignore_errors=True)
+        say("[bold]5.[/] cleaned up: agent stopped, sandbox, pods and namespaces removed")
+    return report
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="print the results as one JSON object")
+@click.option("--requests", default=60, show_default=True, help="requests per ClusterIP and client")
+def demo(as_json: bool, requests: int) -> None:
+    """Show ClusterIPs load-balanced by OVS with real traffic (needs root)."""
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    console = Console(stderr=as_json)
+    try:
+        report = asyncio.run(_run_demo(requests, as_json, console))
+    except Exception as exc:
+        if as_json:
+            click.echo(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))
+            sys.exit(1)
+        raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    elif report["ok"]:
+        console.print("[bold green]every endpoint answered its share; no request failed[/]")
+    sys.exit(0 if report["ok"] else 1)

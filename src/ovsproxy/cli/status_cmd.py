@@ -1,0 +1,111 @@
+"""`ovsproxy status` and `ovsproxy dump`: what a running agent has installed, from its HTTP
+endpoint (the same address as /healthz and /metrics)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+ADDRESS_HELP = "the agent's --metrics-address"
+
+
+def _get(address: str, path: str) -> str:
+    url = f"http://{address}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return str(resp.read().decode())
+    except (urllib.error.URLError, OSError) as exc:
+        raise click.ClickException(
+            f"no ovsproxy agent answers at {url} ({exc}); is `ovsproxy run` running, and with "
+            "which --metrics-address?"
+        ) from exc
+
+
+def _affinity(service: dict[str, Any]) -> str:
+    seconds = service.get("session_affinity_s") or 0
+    return f"ClientIP {seconds}s" if seconds else "-"
+
+
+def render_status(info: dict[str, Any], console: Console) -> None:
+    head = Table(show_header=False, title="ovsproxy agent")
+    head.add_row("version", str(info["version"]))
+    head.add_row("healthy", "yes" if info["healthy"] else "[red]NO[/]")
+    head.add_row(
+        "OpenFlow",
+        f"connected={info['openflow']['connected']} connections={info['openflow']['connections']}",
+    )
+    if info.get("sandbox"):
+        head.add_row("sandbox", f"{info['sandbox']} (node namespace {info['node_namespace']})")
+    head.add_row(
+        "installed",
+        f"{info['groups']} groups, {info['flows']} flows, cookie generation {info['generation']}",
+    )
+    head.add_row("Service routes", ", ".join(info["routes"]) or "-")
+    last = info.get("last_sync", {})
+    head.add_row(
+        "last sync",
+        f"{last.get('last_sync_age_s')}s ago"
+        + (f", error: {last['last_sync_error']}" if last.get("last_sync_error") else ""),
+    )
+    console.print(head)
+    table = Table(title="Service ports")
+    for column in (
+        "Service port",
+        "frontends",
+        "group",
+        "endpoints in use",
+        "affinity",
+        "traffic policy",
+        "state",
+    ):
+        table.add_column(column)
+    for svc in info["services"]:
+        groups = ", ".join(f"v{family}:{gid}" for family, gid in svc["group_ids"].items())
+        port = svc["port"]
+        frontends = "\n".join(
+            escape(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}") for ip in svc["cluster_ips"]
+        )
+        used = "\n".join(escape(ep) for ep in svc["endpoints"]) or "-"
+        if len(svc["endpoints"]) != svc["all_endpoints"]:
+            used += f"\n({svc['all_endpoints']} in the slices)"
+        state = "[yellow]rejecting[/]" if svc["rejecting"] else "forwarding"
+        table.add_row(
+            svc["name"],
+            frontends,
+            groups,
+            used,
+            _affinity(svc),
+            svc["internal_traffic_policy"],
+            state,
+        )
+    console.print(table)
+    if info.get("problems"):
+        console.print("[bold red]problems in the sources[/]")
+        for problem in info["problems"]:
+            console.print(f"  {escape(problem)}")
+
+
+@click.command()
+@click.option("--address", default="127.0.0.1:10256", show_default=True, help=ADDRESS_HELP)
+@click.option("--json", "as_json", is_flag=True)
+def status(address: str, as_json: bool) -> None:
+    """Services, ClusterIPs, group ids, endpoints and routes of a running agent."""
+    info = json.loads(_get(address, "/status"))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        render_status(info, Console())
+
+
+@click.command()
+@click.option("--address", default="127.0.0.1:10256", show_default=True, help=ADDRESS_HELP)
+def dump(address: str) -> None:
+    """The groups and flows the agent owns, in ovs-ofctl -O OpenFlow15 syntax."""
+    click.echo(_get(address, "/dump"), nl=False)
