@@ -420,6 +420,25 @@ class Agent:
         finally:
             await self.shutdown()
 
+    def _embedded_banner(self) -> None:
+        """How to try the embedded default: the lab's ClusterIPs answer from its namespaces."""
+        assert self.sandbox is not None and self.http is not None
+        ns = self.sandbox.netns
+        ips = sorted({str(ip) for ip in self.tracker.cluster_ips()})
+        lines = [
+            "embedded default is up. Try (as root, in another terminal):",
+            f"  ip netns exec {ns} curl -s http://10.96.0.10/        # from the node",
+            f"  ip netns exec {ns}-client curl -s http://10.96.0.10/  # from a pod",
+            f"  ip netns exec {ns} curl -s 'http://[fd00:10:96::20]/'",
+            f"  ovsproxy status --address 127.0.0.1:{self.http.port}",
+            f"  ovsproxy dump --address 127.0.0.1:{self.http.port}",
+            f"ClusterIPs: {', '.join(ips)}",
+            f"Edit the manifests in {', '.join(self._manifest_paths())}: changes apply live. "
+            "Ctrl-C stops and removes the sandbox.",
+        ]
+        for line in lines:
+            log.info("%s", line)
+
     def _semantics_kwargs(self) -> dict[str, Any]:
         """Hooks of the Service-semantics features (reject on no endpoints), when present."""
         try:
