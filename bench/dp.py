@@ -71,9 +71,13 @@ def clear_value_caches() -> None:
     for value in vars(svc).values():
         if callable(getattr(value, "cache_clear", None)):
             value.cache_clear()
-    flows = getattr(svc, "_dnat_flows", None)  # the EndpointDNAT flow cache
-    if flows is not None:
-        flows.clear()
+    for name in ("_dnat_flows", "_bucket_actions"):  # hand-made endpoint value caches
+        cache = getattr(svc, name, None)
+        if cache is not None:
+            cache.clear()
+    last = getattr(svc, "_last_bucket_cache", None)
+    if last is not None:
+        last[:] = [None, None]
 
 
 # -- the sandbox ---------------------------------------------------------------------------

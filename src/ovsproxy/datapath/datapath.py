@@ -17,13 +17,20 @@ planned, encoded and written while Open vSwitch decodes the ones before them, so
 costs about max(planning, OVS) instead of their sum; otherwise the planned list goes to
 ``commit_bundle``.
 
-Garbage collection: a full sync builds millions of long-lived, acyclic values (flows, buckets,
-their matches and actions), and every full collection of the cyclic collector would traverse
-all of them again (60% of a 10,000-Service sync). So the collector is paused from a ``stage``
-until the event loop next runs (a burst of staging is synchronous code: the proxier stages
-every changed Service, then awaits the commit), and during a commit that touches more than
-``GC_PAUSE_THRESHOLD`` groups and flows. Reference counting still frees everything that
-becomes garbage; the collector resumes with the next loop iteration.
+Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
+buckets, their matches and actions; CPython never untracks tuple subclasses), and every
+collection of the cyclic collector would traverse them again (60% of a 10,000-Service sync
+with the default thresholds, and ~1 s per full collection afterwards). So:
+
+* the collector is paused from a ``stage`` until the event loop next runs (a burst of staging
+  is synchronous code: the proxier stages every changed Service, then awaits the commit), and
+  a commit started in that burst keeps it paused until it is done;
+* a commit touching more than ``GC_PAUSE_THRESHOLD`` groups and flows runs paused too, and
+  when it succeeds (with ``Datapath.freeze_gc``, the default) everything alive is moved to the
+  permanent generation (``gc.freeze()``) before the collector resumes: the new state is never
+  traversed again. Reference counting still frees whatever becomes garbage later; only
+  reference cycles that exist at that moment (and cycles through frozen objects) are never
+  collected, which for this state (acyclic values in dicts) is nothing.
 
 On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group id
 it has in our range is rewritten (MODIFY) or deleted, every flow is re-added with the current
@@ -35,9 +42,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import operator
 import struct
 import time
+from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -57,6 +67,7 @@ _MISSING: Any = object()
 _GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
 _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED = GroupPlan((), None, "delete")
+_COMMAND = operator.attrgetter("command")
 # A commit that touches more groups + flows than this pauses the cyclic GC while it runs.
 GC_PAUSE_THRESHOLD = 5000
 # Streaming: yield to the event loop (so the transport writes) every this many messages.
@@ -111,8 +122,13 @@ class CommitStats:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Owner:
+    """What one owner wants. Compared and hashed by identity: the merged state refers to
+    owners by this object (updated in place by each ``stage``), not by their key, so the
+    commit never hashes an owner key (a dataclass ServicePortName hashes in Python)."""
+
+    key: Hashable
     groups: dict[int, GroupSpec] = field(default_factory=dict)
     flows: dict[FlowKey, of.FlowMod] = field(default_factory=dict)
 
@@ -164,6 +180,9 @@ class _Commit:
 
 
 class Datapath:
+    # After a big commit, move what is alive out of the cyclic collector's sight (see above).
+    freeze_gc = True
+
     def __init__(self, switch: Switch, config: pl.PipelineConfig, generation: int) -> None:
         self.switch = switch
         self.config = config
@@ -171,9 +190,9 @@ class Datapath:
         self.generation = generation
         self._owners: dict[Hashable, _Owner] = {}
         # desired state, merged over owners: the owner that wants a flow, or (shared) a dict
-        # of them in the order they asked (an owner is hashable, so never a dict)
-        self._flow_refs: dict[FlowKey, Any] = {}
-        self._group_owner: dict[int, Hashable] = {}
+        # of them in the order they asked
+        self._flow_refs: dict[FlowKey, _Owner | dict[_Owner, None]] = {}
+        self._group_owner: dict[int, _Owner] = {}
         # installed state (what the switch holds once the last commit succeeded)
         self.installed_flows: dict[FlowKey, of.FlowMod] = {}
         self.installed_groups: dict[int, InstalledGroup] = {}
@@ -203,54 +222,57 @@ class Datapath:
         pack = _KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
         new_flows = {pack(f.table_id, f.priority) + f.match.wire: f for f in flows}
+        old = self._owners.get(owner)
         group_owner = self._group_owner
         for gid in new_groups:
             holder = group_owner.get(gid)
-            if holder is not None and holder != owner:
-                raise DatapathError(f"group {gid} is already owned by {holder}, not {owner}")
-        old = self._owners.get(owner)
+            if holder is not None and holder is not old:
+                raise DatapathError(f"group {gid} is already owned by {holder.key}, not {owner}")
         refs = self._flow_refs
         dirty_flows = self._dirty_flows
         if old is None:
+            if not (new_groups or new_flows):
+                return
+            me = self._owners[owner] = _Owner(owner, new_groups, new_flows)
             for key in new_flows:
                 ref = refs.get(key, _MISSING)
                 if ref is _MISSING:
-                    refs[key] = owner
+                    refs[key] = me
                 else:
-                    self._ref_shared(key, ref, owner)
+                    self._ref_shared(key, ref, me)
             dirty_flows.update(new_flows)
             for gid in new_groups:
-                group_owner[gid] = owner
+                group_owner[gid] = me
             self._dirty_groups.update(new_groups)
-        else:
-            old_flows = old.flows
-            for key, flow in old_flows.items():
-                now = new_flows.get(key)
-                if now is not flow and now != flow:
-                    self._unref_flow(key, owner)
-            for key, flow in new_flows.items():
-                was = old_flows.get(key)
-                if was is not flow and was != flow:
-                    ref = refs.get(key, _MISSING)
-                    if ref is _MISSING:
-                        refs[key] = owner
-                    else:
-                        self._ref_shared(key, ref, owner)
-                    dirty_flows[key] = None
-            old_groups = old.groups
-            for gid, spec in old_groups.items():
-                if new_groups.get(gid) != spec:
-                    self._dirty_groups.add(gid)
-                    if gid not in new_groups:
-                        group_owner.pop(gid, None)
-            for gid, spec in new_groups.items():
-                group_owner[gid] = owner
-                if old_groups.get(gid) != spec:
-                    self._dirty_groups.add(gid)
+            return
+        old_flows = old.flows
+        for key, flow in old_flows.items():
+            now = new_flows.get(key)
+            if now is not flow and now != flow:
+                self._unref_flow(key, old)
+        for key, flow in new_flows.items():
+            was = old_flows.get(key)
+            if was is not flow and was != flow:
+                ref = refs.get(key, _MISSING)
+                if ref is _MISSING:
+                    refs[key] = old
+                else:
+                    self._ref_shared(key, ref, old)
+                dirty_flows[key] = None
+        old_groups = old.groups
+        for gid, spec in old_groups.items():
+            if new_groups.get(gid) != spec:
+                self._dirty_groups.add(gid)
+                if gid not in new_groups:
+                    group_owner.pop(gid, None)
+        for gid, spec in new_groups.items():
+            group_owner[gid] = old
+            if old_groups.get(gid) != spec:
+                self._dirty_groups.add(gid)
         if new_groups or new_flows:
-            self._owners[owner] = _Owner(new_groups, new_flows)
+            old.groups, old.flows = new_groups, new_flows
         else:
-            self._owners.pop(owner, None)
+            del self._owners[owner]
 
     def unstage(self, owner: Hashable) -> None:
         self.stage(owner, (), ())
@@ -271,14 +293,14 @@ class Datapath:
         if pause is not None:
             pause.__exit__(None, None, None)
 
-    def _ref_shared(self, key: FlowKey, ref: Any, owner: Hashable) -> None:
+    def _ref_shared(self, key: FlowKey, ref: Any, owner: _Owner) -> None:
         if type(ref) is dict:
             ref.pop(owner, None)
             ref[owner] = None  # the newest asker goes last
-        elif ref != owner:
+        elif ref is not owner:
             self._flow_refs[key] = {ref: None, owner: None}
 
-    def _unref_flow(self, key: FlowKey, owner: Hashable) -> None:
+    def _unref_flow(self, key: FlowKey, owner: _Owner) -> None:
         refs = self._flow_refs
         ref = refs.get(key, _MISSING)
         if ref is not _MISSING:
@@ -288,7 +310,7 @@ class Datapath:
                     refs[key] = next(iter(ref))
                 elif not ref:
                     del refs[key]
-            elif ref == owner:
+            elif ref is owner:
                 del refs[key]
         self._dirty_flows[key] = None
 
@@ -300,18 +322,18 @@ class Datapath:
         if ref is _MISSING:
             return None
         if type(ref) is not dict:
-            return self._owners[ref].flows[key]
+            return ref.flows[key]  # type: ignore[union-attr]
         # Owners that share a flow want the same one; if not, the newest wins (and we say so).
-        flows = [self._owners[o].flows[key] for o in ref]
+        flows = [o.flows[key] for o in ref]
         if any(f != flows[0] for f in flows[1:]):
-            log.warning("owners %s want different flows for %r", list(ref), key)
+            log.warning("owners %s want different flows for %r", [o.key for o in ref], key)
         return flows[-1]
 
     def desired_group(self, gid: int) -> GroupSpec | None:
         owner = self._group_owner.get(gid)
         if owner is None:
             return None
-        return self._owners[owner].groups.get(gid)
+        return owner.groups.get(gid)
 
     @property
     def pending(self) -> bool:
@@ -354,29 +376,25 @@ class Datapath:
         # Groups before the flows that use them...
         installed_flows = self.installed_flows
         refs = self._flow_refs
-        owners = self._owners
         add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
+        add_key, add_flow = add_keys.append, add_flows.append
         for key in diff.dirty_flows:
-            ref = refs.get(key, _MISSING)
-            if ref is _MISSING:
-                want = None
-            elif type(ref) is dict:
-                want = self.desired_flow(key)
-            else:
-                want = owners[ref].flows[key]
+            ref = refs.get(key)
             have = installed_flows.get(key)
-            if want is have or want == have:
+            if ref is None:
+                if have is not None:
+                    delete_keys.append(key)
                 continue
-            if want is None:
-                delete_keys.append(key)
-            else:
-                # ADD replaces a flow with the same match and priority
-                add_keys.append(key)
-                add_flows.append(want)
-                yield want
-        for flow in add_flows:
-            name = _FLOW_KINDS.get(flow.command, "flow")
-            kinds[name] = kinds.get(name, 0) + 1
+            want = ref.flows[key] if type(ref) is _Owner else self.desired_flow(key)
+            if want is have or (have is not None and want == have):
+                continue
+            # ADD replaces a flow with the same match and priority
+            add_key(key)
+            add_flow(want)
+            yield want  # type: ignore[misc]
+        for command, count in Counter(map(_COMMAND, add_flows)).items():
+            name = _FLOW_KINDS.get(command, "flow")
+            kinds[name] = kinds.get(name, 0) + count
         stats.flows_added = len(add_flows)
         # ...flows before the groups they used.
         for key in delete_keys:
@@ -471,7 +489,8 @@ class Datapath:
         # the next commit.
         diff = _Commit(self._dirty_groups, self._dirty_flows, self._stale_generations)
         self._dirty_groups, self._dirty_flows, self._stale_generations = set(), {}, set()
-        with _gc_paused(diff.size > GC_PAUSE_THRESHOLD):
+        big = diff.size > GC_PAUSE_THRESHOLD
+        with _gc_paused(big):
             try:
                 await self._send(diff)
             except asyncio.CancelledError:
@@ -494,6 +513,8 @@ class Datapath:
                     f"bundle of {diff.stats.messages} messages failed: {exc}"
                 ) from exc
             self._record(diff)
+            if big and self.freeze_gc:
+                gc.freeze()  # the collector is paused here: nothing young is traversed first
         stats = diff.stats
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats

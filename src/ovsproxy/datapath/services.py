@@ -12,6 +12,7 @@ import functools
 import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec
@@ -188,14 +189,34 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
     )
 
 
-@functools.lru_cache(maxsize=ENDPOINT_CACHE_SIZE)
+# tables -> {(address, version, port, affinity): actions}. The tables of the last lookup are
+# remembered by identity, so a lookup hashes four ints (an lru_cache key hashed the Tables
+# dataclass and the ipaddress object in Python: 1 us per endpoint).
+_bucket_actions: dict[pl.Tables, dict[tuple[int, int, int, bool], tuple[of.Action, ...]]] = {}
+_last_bucket_cache: list[Any] = [None, None]
+
+
 def endpoint_bucket_actions(
     ip: IPAddress, port: int, affinity: bool, tables: pl.Tables
 ) -> tuple[of.Action, ...]:
     """A bucket: endpoint address into reg3/xxreg3, port and selection state into reg4 (one
     masked set_field), then on to EndpointDNAT (or back to ServiceLB to learn affinity)."""
-    reg = pl.ENDPOINT_IP_REG if ip.version == 4 else pl.ENDPOINT_IP6_REG
-    return (of.SetField(reg, int(ip)), *_bucket_tail(port, affinity, tables))
+    last = _last_bucket_cache
+    if last[0] is tables:
+        cache = last[1]
+    else:
+        cache = _bucket_actions.setdefault(tables, {})
+        last[0], last[1] = tables, cache
+    version = ip.version
+    key = (int(ip), version, port, affinity)
+    actions = cache.get(key)
+    if actions is None:
+        reg = pl.ENDPOINT_IP_REG if version == 4 else pl.ENDPOINT_IP6_REG
+        actions = (of.SetField(reg, key[0]), *_bucket_tail(port, affinity, tables))
+        if len(cache) >= ENDPOINT_CACHE_SIZE:
+            del cache[next(iter(cache))]
+        cache[key] = actions
+    return actions
 
 
 _CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
@@ -222,10 +243,17 @@ def _dnat_parts(ctx: Context, version: int, protocol: Protocol) -> _DnatParts:
 # least recently *built* flow. A dict keyed by ints and a cached tuple hashes in C (a key with
 # the Context and the ipaddress object spent 2 us hashing per endpoint).
 _dnat_flows: dict[tuple[_DnatParts, int, int], of.FlowMod] = {}
+_last_dnat_parts: list[Any] = [None, 0, None, None]  # ctx, version, protocol -> parts
 
 
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
-    parts = _dnat_parts(ctx, ip.version, protocol)
+    version = ip.version
+    last = _last_dnat_parts
+    if last[0] is ctx and last[1] == version and last[2] is protocol:
+        parts = last[3]
+    else:
+        parts = _dnat_parts(ctx, version, protocol)
+        last[:] = (ctx, version, protocol, parts)
     key = (parts, int(ip), port)
     flow = _dnat_flows.get(key)
     if flow is None:
