@@ -36,13 +36,35 @@ def available() -> dict[str, Any]:
 def machine() -> dict[str, Any]:
     import os
 
-    return {
+    info: dict[str, Any] = {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "kernel": platform.release(),
     }
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gb"] = round(int(line.split()[1]) / 1024**2, 1)
+                break
+    except OSError:
+        pass
+    try:
+        import subprocess
+
+        version = subprocess.run(
+            ["ovs-vswitchd", "--version"], capture_output=True, text=True, timeout=5
+        ).stdout.splitlines()
+        if version:
+            info["openvswitch"] = version[0].split()[-1]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
 
 
 def to_markdown(name: str, result: dict[str, Any]) -> str:
@@ -92,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
             stem.with_suffix(".md").write_text(to_markdown(name, result))
         if not args.json:
             print(to_markdown(name, result))
+    if args.scenario == "all" and not args.no_save:
+        # One file with every scenario's figures, for the README to quote.
+        stem = RESULTS / f"{today}-all{'-quick' if args.quick else ''}"
+        stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+        header = f"# Benchmarks {today}{' (quick)' if args.quick else ''}\n\n"
+        header += "`" + json.dumps(report["machine"]) + "`\n\n"
+        body = "\n".join(to_markdown(name, report[name]) for name in names)
+        stem.with_suffix(".md").write_text(header + body)
     if args.json:
         print(json.dumps(report, indent=2))
     return 1 if failed else 0

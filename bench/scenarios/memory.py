@@ -1,0 +1,130 @@
+"""Memory: resident set size of 10,000 Services x 10 endpoints, and the cost per Service.
+
+Each measurement runs in a fresh Python process (clean numbers: no other scenario's heap, no
+warm caches), which reports its VmRSS (``/proc/self/status``) after each layer:
+
+* ``baseline``: interpreter and ovsproxy imported;
+* ``model``: the ServicePorts and their endpoints (what the tracker holds);
+* ``desired``: every Service's groups and flows built (``service_objects``, with the endpoint
+  value caches) and staged in a ``Datapath``;
+* ``installed``: after the commit (to a switch that accepts everything): the installed-state
+  cache, which shares the flow values with the desired state.
+
+Two cluster sizes are measured (1,000 and 10,000 Services; 200 and 2,000 with ``--quick``);
+the per-Service figures are the difference between them divided by the difference in
+Services, so fixed costs (imports, the pipeline, allocator slack) cancel out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+NAME = "memory"
+DESCRIPTION = "RSS of 10,000 Services x 10 endpoints (model + desired + installed) and per Service"
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+ENDPOINTS = 10
+
+
+def _rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+class _DiscardingSwitch:
+    connected = True
+
+    async def commit_bundle(self, messages: Any) -> None:
+        return None
+
+    async def group_ids(self) -> set[int]:
+        return set()
+
+    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
+        return []
+
+
+def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
+    """Runs in its own process: RSS in kB after each layer."""
+    import asyncio
+
+    from bench import dp
+    from ovsproxy.datapath import services as svc
+    from ovsproxy.datapath.datapath import Datapath
+
+    rss = {"baseline": _rss_kb()}
+    ports = dp.cluster(services, endpoints)
+    rss["model"] = _rss_kb()
+
+    async def build_and_commit() -> Datapath:
+        datapath = Datapath(_DiscardingSwitch(), dp.CONFIG, dp.GENERATION)  # type: ignore[arg-type]
+        ctx = svc.Context(datapath.tables, dp.GENERATION)
+        dp.stage_cluster(datapath, ports, ctx)
+        rss["desired"] = _rss_kb()
+        await datapath.commit()
+        return datapath
+
+    datapath = asyncio.run(build_and_commit())
+    rss["installed"] = _rss_kb()
+    return {
+        "services": services,
+        "endpoints": services * endpoints,
+        "flows": len(datapath.installed_flows),
+        "groups": len(datapath.installed_groups),
+        "rss_kb": rss,
+    }
+
+
+def _measure(services: int) -> dict[str, Any]:
+    code = (
+        "import json; from bench.scenarios.memory import probe; "
+        f"print(json.dumps(probe({services})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(quick: bool) -> dict[str, Any]:
+    small_n, big_n = (200, 2_000) if quick else (1_000, 10_000)
+    small, big = _measure(small_n), _measure(big_n)
+    s, b = small["rss_kb"], big["rss_kb"]
+
+    def mb(kb: int) -> float:
+        return round(kb / 1024, 1)
+
+    def per_service(low: str, high: str) -> float:
+        """kB per Service for the layers between `low` and `high`."""
+        grown = (b[high] - b[low]) - (s[high] - s[low])
+        return round(grown / (big_n - small_n), 2)
+
+    return {
+        "services": big_n,
+        "endpoints_per_service": ENDPOINTS,
+        "flows": big["flows"],
+        "groups": big["groups"],
+        "rss_total_mb": mb(b["installed"]),
+        "rss_baseline_mb": mb(b["baseline"]),
+        "model_mb": mb(b["model"] - b["baseline"]),
+        "desired_mb": mb(b["desired"] - b["model"]),
+        "installed_mb": mb(b["installed"] - b["desired"]),
+        "datapath_mb": mb(b["installed"] - b["model"]),
+        "per_service_kb": per_service("baseline", "installed"),
+        "per_service_model_kb": per_service("baseline", "model"),
+        "per_service_datapath_kb": per_service("model", "installed"),
+        "per_endpoint_datapath_bytes": round(per_service("model", "installed") * 1024 / ENDPOINTS),
+        "small_cluster": {"services": small_n, "rss_kb": s},
+        "big_cluster": {"services": big_n, "rss_kb": b},
+    }
