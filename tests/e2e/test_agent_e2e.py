@@ -312,3 +312,14 @@ def test_status_and_dump_commands_show_what_is_installed(lab: Lab) -> None:
         timeout=30,
     )
     assert none.returncode == 1 and "no ovsproxy agent answers" in none.stderr
+
+
+def test_hairpin_a_pod_reaches_itself_through_its_service(lab: Lab) -> None:
+    # web-1 is an endpoint of web: the requests it sends to itself are SNATed to the virtual
+    # Service IP, so its replies come back through OVS and are un-NATed.
+    own = lab.http(WEB, 40, source="web-1")
+    assert own["failed"] == 0 and set(own["counts"]) == {"web-1", "web-2"}, own
+    assert set(own["seen_as"]) == {"169.254.0.253", "10.244.0.11"}, own["seen_as"]
+    v6 = lab.http(API_V6, 40, source="api-1")
+    assert v6["failed"] == 0 and set(v6["counts"]) == {"api-1", "api-2"}, v6
+    assert "fc01::aabb:ccdd:eeff" in v6["seen_as"]

@@ -48,9 +48,10 @@ learned flows, which must survive an agent restart (session affinity state).
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass, field
 
-from ovsproxy.model import IPFamily
+from ovsproxy.model import IPAddress, IPFamily
 
 # -- conntrack ----------------------------------------------------------------------------
 CT_ZONE_V4 = 0xFFF0  # Antrea's SNAT-free Service zones; distinct per family
@@ -66,6 +67,23 @@ REJECT_METER_RATE = 100  # packets per second
 REJECT_METER_BURST = 200
 REJECT_MAX_LEN = 256  # bytes of the rejected packet sent to the agent (headers + ICMP quote)
 REJECT_USERDATA = b"ovsp-rej"  # marks our reject packet-ins (8 bytes: no padding)
+
+
+# Hairpin (a pod reaching itself through a Service, standalone mode): the DNATed packet is also
+# SNATed to the virtual Service IP in its own zone, so the pod's reply comes back through OVS.
+HAIRPIN_CT_ZONE_V4 = 0xFFF1
+HAIRPIN_CT_ZONE_V6 = 0xFFE7
+# The node's virtual Service IP (Antrea's): next hop of the Service routes and hairpin SNAT
+# source. Nobody owns it; a permanent neighbour entry resolves it to VIRTUAL_MAC.
+VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = {
+    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.253"),
+    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eeff"),
+}
+VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
+
+
+def hairpin_ct_zone(family: IPFamily) -> int:
+    return HAIRPIN_CT_ZONE_V4 if family == IPFamily.IPv4 else HAIRPIN_CT_ZONE_V6
 
 
 def ct_zone(family: IPFamily) -> int:
@@ -99,7 +117,9 @@ def endpoint_ip_reg(family: IPFamily) -> str:
 
 
 # -- priorities ---------------------------------------------------------------------------
+PRIORITY_HAIRPIN_SNAT = 220
 PRIORITY_HIGH = 210
+PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200
 PRIORITY_LOW = 190
 PRIORITY_MISS = 0

@@ -103,6 +103,22 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             )
         add(t.classifier, pl.PRIORITY_MISS, of.Match(), _goto(t.conntrack_zone))
     for family in IPFamily:
+        if ctx.standalone:
+            # A hairpin reply (to the virtual Service IP): undo its SNAT first, then it meets
+            # the Service zone like any reply.
+            add(
+                t.conntrack_zone,
+                pl.PRIORITY_HIGH,
+                of.Match(
+                    **{
+                        "eth_type": eth_type(family),
+                        _dst_field(family): pl.VIRTUAL_SERVICE_IP[family],
+                    }
+                ),
+                _apply(
+                    of.CT(zone=pl.hairpin_ct_zone(family), table=t.conntrack_zone, nat=of.NAT())
+                ),
+            )
         # Un-NAT replies and re-apply NAT to established Service connections.
         add(
             t.conntrack_zone,
@@ -154,16 +170,48 @@ def pod_forwarding_flows(
     ctx: Context, ips: Iterable[IPAddress], mac: str, ofport: int
 ) -> list[of.FlowMod]:
     """Deliver to a pod on this bridge: the DNATed packet still carries the MAC the client
-    sent it to (the gateway's, or the virtual next hop's), so set the pod's."""
+    sent it to (the gateway's, or the virtual next hop's), so set the pod's.
+
+    Hairpin: a pod whose Service connection was DNATed to itself (source = destination) is
+    SNATed to the virtual Service IP, so its reply comes back through OVS to be un-NATed, and
+    is sent back out the port it came in on."""
     ck = ctx.cookie(pl.Category.FORWARDING)
+    t = ctx.tables
     flows = []
     for ip in ips:
         family = IPFamily.of(ip)
+        src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
+        to_pod = {"eth_type": eth_type(family), _dst_field(family): ip}
         flows.append(
             of.FlowMod(
-                table_id=ctx.tables.forwarding,
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_HAIRPIN_SNAT,
+                match=of.Match(in_port=ofport, **to_pod, **{src: ip}),
+                instructions=_apply(
+                    of.CT(
+                        commit=True,
+                        zone=pl.hairpin_ct_zone(family),
+                        table=t.forwarding,
+                        nat=of.NAT(src=True, ip_min=pl.VIRTUAL_SERVICE_IP[family]),
+                    )
+                ),
+                cookie=ck,
+            )
+        )
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_HAIRPIN_OUT,
+                match=of.Match(in_port=ofport, **to_pod),
+                instructions=_apply(of.SetField("eth_dst", mac), of.Output(of.OFPP_IN_PORT)),
+                cookie=ck,
+            )
+        )
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
                 priority=pl.PRIORITY_NORMAL,
-                match=of.Match(**{"eth_type": eth_type(family), _dst_field(family): ip}),
+                match=of.Match(**to_pod),
                 instructions=_apply(of.SetField("eth_dst", mac), of.Output(ofport)),
                 cookie=ck,
             )

@@ -36,8 +36,8 @@ def _error_kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def http_once(url: str, timeout: float) -> tuple[str, str]:
-    """One request on a new connection: (pod name, served port)."""
+def http_once(url: str, timeout: float) -> tuple[str, str, str]:
+    """One request on a new connection: (pod name, served port, client address seen)."""
     parts = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
     try:
@@ -46,7 +46,7 @@ def http_once(url: str, timeout: float) -> tuple[str, str]:
         body = response.read().decode().strip()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}")
-        return body, response.getheader("X-Served-Port", "")
+        return body, response.getheader("X-Served-Port", ""), response.getheader("X-Client", "")
     finally:
         conn.close()
 
@@ -56,6 +56,7 @@ def http_load(
 ) -> dict[str, Any]:
     counts: collections.Counter[str] = collections.Counter()
     ports: collections.Counter[str] = collections.Counter()
+    seen_as: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
     failure_times: list[float] = []
     latencies: list[float] = []
@@ -65,9 +66,10 @@ def http_load(
         sent += 1
         t0 = time.monotonic()
         try:
-            name, port = http_once(url, timeout)
+            name, port, client = http_once(url, timeout)
             counts[name] += 1
             ports[port] += 1
+            seen_as[client.removeprefix("::ffff:")] += 1
             latencies.append(time.monotonic() - t0)
         except Exception as exc:
             failures[_error_kind(exc)] += 1
@@ -77,6 +79,7 @@ def http_load(
             time.sleep(interval)
     return {
         "url": url,
+        "seen_as": dict(seen_as),
         "sent": sent,
         "counts": dict(counts),
         "ports": dict(ports),

@@ -8,20 +8,19 @@ the backend executes. Two implementations: ``linux`` (netlink via pyroute2) and 
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from ovsproxy.datapath.pipeline import VIRTUAL_MAC as PIPELINE_VIRTUAL_MAC
+from ovsproxy.datapath.pipeline import VIRTUAL_SERVICE_IP
 from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 
 # The virtual next hop (Antrea's choice, kept so the pipeline and host look familiar): an
 # address nobody owns, resolved by a permanent neighbour entry to a MAC nobody owns, reachable
 # through a host route on the gateway. OVS matches the MAC to take the packet in.
-VIRTUAL_NEXT_HOP: dict[IPFamily, IPAddress] = {
-    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.253"),
-    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eeff"),
-}
-VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
+# (Defined once in the pipeline module: the datapath SNATs hairpin traffic to the same address.)
+VIRTUAL_NEXT_HOP: dict[IPFamily, IPAddress] = VIRTUAL_SERVICE_IP
+VIRTUAL_MAC = PIPELINE_VIRTUAL_MAC
 
 
 class RouteBackendError(Exception):
