@@ -8,7 +8,8 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
       0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL; everything else ->
                              ConntrackZone
      10    ConntrackZone     IP: ct(zone=Z, nat, table=ConntrackState) — un-NATs replies and
-                             re-applies DNAT to established Service connections
+                             re-applies DNAT to established Service connections; a hairpin
+                             reply (to the virtual Service IP) is first un-SNATed in zone H
      11    ConntrackState    +inv -> drop; established/related -> Forwarding (skip Service
                              selection); new -> SessionAffinity
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
@@ -23,7 +24,13 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
      14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
                              Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
      20    L3Forwarding      local pod IP -> set eth_dst to the pod MAC, output to its port
-                             (standalone only); other -> NORMAL
+                             (standalone only); hairpin (source = destination pod, after
+                             DNAT) -> ct(commit, zone=H, nat(src=virtual Service IP)) and out
+                             the port it came in on; other -> NORMAL
+
+Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT, H = 0xfff1 / 0xffe7 for hairpin
+SNAT. The virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC aa:bb:cc:dd:ee:ff) is
+the next hop of the node's Service routes and the hairpin SNAT source.
 
 Integrated mode — another controller (a CNI) manages the bridge: ovsproxy owns only the five
 tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends packets there
