@@ -1,0 +1,334 @@
+"""The datapath's staging and commit logic against fake switches (no OVS): ordering, shared
+flows, failures, staging while a commit is in flight, streaming, and the collector."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import ipaddress
+from collections.abc import Iterator, Sequence
+
+import pytest
+
+from ovsproxy.datapath import datapath as dpm
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.datapath import Datapath, DatapathError, flow_key
+from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
+from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.connection import BundleError, RequestTimeout
+
+CONFIG = pl.PipelineConfig()
+CMD = of.GroupModCommand
+
+
+class ListSwitch:
+    """Takes whole bundles (``commit_bundle``); can be told to fail the next one."""
+
+    connected = True
+
+    def __init__(self) -> None:
+        self.bundles: list[list[of.Message]] = []
+        self.fail: BaseException | None = None
+        self.present_groups: set[int] = set()
+        self.cookies: list[int] = []
+        self.during: list[object] = []  # callables run while a bundle is "in flight"
+
+    async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
+        for hook in self.during:
+            hook()  # type: ignore[operator]
+        await asyncio.sleep(0)
+        if self.fail is not None:
+            fail, self.fail = self.fail, None
+            raise fail
+        self.bundles.append(list(messages))
+
+    async def group_ids(self) -> set[int]:
+        return set(self.present_groups)
+
+    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
+        return list(self.cookies)
+
+
+class _Bundle:
+    def __init__(self, switch: StreamSwitch) -> None:
+        self.switch = switch
+        self.messages: list[of.Message] = []
+        self.state = "open"
+
+    def add(self, msg: of.Message) -> int:
+        assert self.state == "open"
+        self.messages.append(msg)
+        return len(self.messages)
+
+    async def drain(self) -> None:
+        self.switch.drains += 1
+
+    async def commit(self) -> None:
+        self.state = "committed"
+        await self.switch.commit_bundle(self.messages)
+
+    async def discard(self) -> None:
+        self.state = "discarded"
+        self.switch.discarded += 1
+
+
+class StreamSwitch(ListSwitch):
+    """Offers the channel's streaming bundle API."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = 0
+        self.drains = 0
+        self.discarded = 0
+
+    def bundle(self) -> _Bundle:
+        self.opened += 1
+        return _Bundle(self)
+
+
+def ctx_for(dp: Datapath) -> svc.Context:
+    return svc.Context(dp.tables, dp.generation)
+
+
+def service(
+    dp: Datapath, name: str, n: int, gid: int, *, first: int = 1, vip: str = "10.96.0.10"
+) -> tuple[ServicePortName, svc.ServiceObjects]:
+    spn = ServicePortName("ns", name, "http", Protocol.TCP)
+    port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
+    base = int(ipaddress.IPv4Address("10.244.0.0"))
+    eps = [Endpoint(ipaddress.IPv4Address(base + first + i), 8080) for i in range(n)]
+    return spn, svc.service_objects(ctx_for(dp), port, eps, {IPFamily.IPv4: gid})
+
+
+def stage(dp: Datapath, name: str, n: int, gid: int, **kw: object) -> ServicePortName:
+    spn, objs = service(dp, name, n, gid, **kw)  # type: ignore[arg-type]
+    dp.stage(spn, objs.groups, objs.flows)
+    return spn
+
+
+async def adopted(switch: ListSwitch | None = None) -> tuple[Datapath, ListSwitch]:
+    switch = switch or ListSwitch()
+    dp = Datapath(switch, CONFIG, 1)  # type: ignore[arg-type]
+    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    await dp.commit()
+    return dp, switch
+
+
+def kinds(messages: Sequence[of.Message]) -> list[str]:
+    out = []
+    for m in messages:
+        if isinstance(m, of.GroupMod):
+            out.append(f"group_{CMD(m.command).name.lower()}")
+        else:
+            out.append(f"flow_{of.FlowModCommand(m.command).name.lower()}")
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _collector() -> Iterator[None]:
+    """Leave the collector as we found it (commits may freeze and pause it)."""
+    enabled = gc.isenabled()
+    yield
+    gc.unfreeze()
+    if enabled:
+        gc.enable()
+
+
+async def test_order_groups_then_flow_adds_then_deletes_then_group_deletes() -> None:
+    dp, switch = await adopted()
+    stage(dp, "a", 2, gid=1)
+    await dp.commit()
+    assert kinds(switch.bundles[-1]) == ["group_add", "flow_add", "flow_add", "flow_add"]
+    dp.unstage(ServicePortName("ns", "a", "http", Protocol.TCP))
+    stage(dp, "b", 1, gid=2, first=50, vip="10.96.0.11")
+    stats = await dp.commit()
+    assert kinds(switch.bundles[-1]) == [
+        "group_add",
+        "flow_add",
+        "flow_add",
+        "flow_delete_strict",
+        "flow_delete_strict",
+        "flow_delete_strict",
+        "group_delete",
+    ]
+    assert stats.groups_added == 1 and stats.groups_deleted == 1
+    assert stats.flows_added == 2 and stats.flows_deleted == 3
+    assert stats.messages == 7 and stats.group_messages == 2 and stats.flow_messages == 5
+    assert stats.kinds == {
+        "group_add": 1,
+        "flow_add": 2,
+        "flow_delete_strict": 3,
+        "group_delete": 1,
+    }
+
+
+async def test_streaming_sends_what_the_list_path_sends_and_nothing_when_unchanged() -> None:
+    plain, listed = await adopted(ListSwitch())
+    streamed_dp, streamed = await adopted(StreamSwitch())
+    assert isinstance(streamed, StreamSwitch)
+    for dp in (plain, streamed_dp):
+        for i in range(40):  # enough messages to cross the streaming yield point
+            stage(dp, f"s{i}", 15, gid=i + 1, first=i * 15 + 1, vip=f"10.96.1.{i + 1}")
+        await dp.commit()
+    assert listed.bundles[-1] == streamed.bundles[-1]
+    assert len(streamed.bundles[-1]) == 40 + 40 + 600 and streamed.drains >= 1
+    opened = streamed.opened
+    for i in range(40):  # re-staging the same content is no change at all
+        stage(streamed_dp, f"s{i}", 15, gid=i + 1, first=i * 15 + 1, vip=f"10.96.1.{i + 1}")
+    stats = await streamed_dp.commit()
+    assert stats.messages == 0 and streamed.opened == opened  # not even an empty bundle
+
+
+async def test_shared_flow_stays_while_any_owner_wants_it() -> None:
+    dp, switch = await adopted()
+    a = stage(dp, "a", 2, gid=1)
+    b = stage(dp, "b", 2, gid=2, vip="10.96.0.11")  # the same two endpoints
+    stats = await dp.commit()
+    assert stats.flows_added == 2 + 2  # two ServiceLB flows, two shared DNAT flows
+    dp.unstage(a)
+    stats = await dp.commit()
+    assert kinds(switch.bundles[-1]) == ["flow_delete_strict", "group_delete"]
+    dp.unstage(b)
+    stats = await dp.commit()
+    assert stats.flows_deleted == 3 and stats.groups_deleted == 1
+    assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
+
+
+async def test_a_changed_flow_under_the_same_key_is_re_added() -> None:
+    dp, switch = await adopted()
+    spn, objs = service(dp, "a", 1, gid=1)
+    dp.stage(spn, objs.groups, objs.flows)
+    await dp.commit()
+    lb = objs.flows[0]
+    changed = of.FlowMod(lb.table_id, lb.priority, lb.match, (), cookie=lb.cookie)  # now a drop
+    dp.stage(spn, objs.groups, (changed, *objs.flows[1:]))
+    stats = await dp.commit()
+    assert switch.bundles[-1] == [changed] and stats.flows_added == 1
+    assert dp.installed_flows[flow_key(lb)] == changed
+
+
+async def test_a_group_owned_by_another_owner_is_refused_and_nothing_changes() -> None:
+    dp, _ = await adopted()
+    stage(dp, "a", 2, gid=1)
+    spn, objs = service(dp, "b", 2, gid=1, vip="10.96.0.11")
+    with pytest.raises(DatapathError, match="already owned"):
+        dp.stage(spn, objs.groups, objs.flows)
+    assert spn not in dp.owners()
+    assert dp.desired_flow(flow_key(objs.flows[0])) is None
+
+
+async def test_a_refused_bundle_keeps_the_diff_and_is_not_uncertain() -> None:
+    dp, switch = await adopted()
+    stage(dp, "a", 2, gid=1)
+    error = BundleError(1, of.Error(1, 1), 7, [], "commit")
+    switch.fail = error
+    with pytest.raises(DatapathError, match="refused"):
+        await dp.commit()
+    assert dp.pending and 1 not in dp.installed_groups
+    stats = await dp.commit()  # the same diff again: an ADD, not a MODIFY of an unknown group
+    assert kinds(switch.bundles[-1])[0] == "group_add" and stats.groups_added == 1
+
+
+async def test_a_timeout_at_commit_makes_the_groups_uncertain() -> None:
+    dp, switch = await adopted()
+    stage(dp, "a", 2, gid=1)
+    switch.fail = RequestTimeout("no reply to bundle commit")
+    with pytest.raises(DatapathError):
+        await dp.commit()
+    await dp.commit()  # the group may exist: it is rewritten whole
+    assert kinds(switch.bundles[-1])[0] == "group_modify"
+
+
+async def test_a_planning_error_discards_the_bundle_and_keeps_the_diff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    switch = StreamSwitch()
+    dp, _ = await adopted(switch)
+    stage(dp, "a", 2, gid=1)
+    stage(dp, "b", 2, gid=2, first=10, vip="10.96.0.11")
+
+    def broken(desired: object, installed: object, **kw: object) -> object:
+        if getattr(desired, "group_id", None) == 2:
+            raise ValueError("planning bug")
+        return plan_group(desired, installed, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dpm, "plan_group", broken)
+    with pytest.raises(ValueError, match="planning bug"):
+        await dp.commit()
+    assert switch.discarded == 1 and dp.pending and not dp.installed_groups
+    monkeypatch.setattr(dpm, "plan_group", plan_group)
+    stats = await dp.commit()
+    assert stats.groups_added == 2
+
+
+async def test_staging_while_a_commit_is_in_flight_is_not_lost() -> None:
+    dp, switch = await adopted()
+    stage(dp, "a", 2, gid=1)
+    late: list[ServicePortName] = []
+    switch.during.append(lambda: late.append(stage(dp, "b", 1, gid=2, first=9, vip="10.96.0.12")))
+    await dp.commit()
+    switch.during.clear()
+    assert late and dp.pending and 2 not in dp.installed_groups
+    stats = await dp.commit()
+    assert stats.groups_added == 1 and 2 in dp.installed_groups
+
+
+async def test_resync_deletes_flows_we_installed_and_no_longer_want() -> None:
+    dp, switch = await adopted()
+    spn = stage(dp, "a", 2, gid=1)
+    await dp.commit()
+    dp.unstage(spn)
+    switch.present_groups = {1}
+    stats = await dp.resync_switch()  # e.g. after a reconnection, before the next commit
+    assert stats.flows_deleted == 3 and stats.groups_deleted == 1
+    assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
+
+
+async def test_the_collector_is_paused_for_a_staging_burst_and_its_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gc.enable()
+    dp, _ = await adopted()
+    stage(dp, "a", 2, gid=1)
+    assert not gc.isenabled()  # synchronous staging: paused...
+    await asyncio.sleep(0)
+    assert gc.isenabled()  # ...until the loop runs again
+    stage(dp, "a", 3, gid=1)
+    await dp.commit()
+    assert gc.isenabled()
+    monkeypatch.setattr(dpm, "GC_PAUSE_THRESHOLD", 1)
+    stage(dp, "a", 4, gid=1)
+    await dp.commit()  # a big commit freezes what is alive before the collector resumes
+    assert gc.isenabled() and gc.get_freeze_count() > 0
+
+
+def test_without_a_loop_staging_leaves_the_collector_alone() -> None:
+    gc.enable()
+    dp = Datapath(ListSwitch(), CONFIG, 1)  # type: ignore[arg-type]
+    stage(dp, "a", 1, gid=1)
+    assert gc.isenabled()
+
+
+def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
+    tables = pl.Tables.for_config(CONFIG)
+
+    def spec(keys: list[int]) -> GroupSpec:
+        buckets = []
+        for k in keys:
+            ip = ipaddress.ip_address(f"10.244.{k // 250}.{k % 250 + 1}")
+            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_actions(ip, 80, False, tables)))
+        return GroupSpec(3, tuple(buckets))
+
+    first = plan_group(spec(list(range(100))), None).result
+    assert first is not None and first.bucket_bytes > 0
+    unknown = InstalledGroup(3, dict(first.ids), dict(first.buckets), None)  # bucket_bytes -1
+    for after in (list(range(101)), list(range(1, 100)), list(range(50, 150))):
+        known_plan = plan_group(spec(after), first)
+        unknown_plan = plan_group(spec(after), unknown)
+        assert known_plan.messages == unknown_plan.messages
+        assert known_plan.result is not None and unknown_plan.result is not None
+        assert known_plan.result.bucket_bytes == unknown_plan.result.bucket_bytes
+        wire = sum(len(of.Bucket(0, b.actions, b.weight).wire) for b in spec(after).buckets)
+        assert known_plan.result.bucket_bytes == wire
