@@ -26,7 +26,7 @@ from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics
 from ovsproxy.model import IPAddress
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel, OpenFlowError
-from ovsproxy.ovs.ovsdb import OVSDB, PodPort
+from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry, PodPort
 from ovsproxy.ovs.sandbox import Sandbox
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.runner import SyncRunner
@@ -264,20 +264,16 @@ class Agent:
         del result
 
     async def _switch_drifted(self) -> bool:
-        """Cheap drift check for the periodic full resync: do the switch's counts of our
-        groups and flows still match the cache?"""
+        """Cheap drift check for the periodic full resync: does the switch still hold as many
+        flows of this generation as the cache says? (Groups are not listed: OpenFlow cannot
+        describe large ones; a lost group also loses the flows that use it.)"""
         assert self.channel is not None and self.datapath is not None
         dp = self.datapath
-        gids = {
-            g
-            for g in await self.channel.group_ids()
-            if dp.config.group_id_min <= g <= dp.config.group_id_max
-        }
         cookies = await self.channel.flow_cookies(
             (pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (dp.generation << pl.COOKIE_GENERATION_SHIFT),
             pl.COOKIE_APP_GENERATION_MASK,
         )
-        return len(gids) != len(dp.installed_groups) or len(cookies) != len(dp.installed_flows)
+        return len(cookies) != len(dp.installed_flows)
 
     def _register_metrics(self) -> None:
         m = self.metrics
@@ -380,7 +376,12 @@ class Agent:
             self.channel = Channel(
                 openflow_ep, on_connected=on_connected, on_packet_in=self._on_packet_in
             )
-            self.datapath = Datapath(self.channel, cfg.pipeline, generation)
+            self.datapath = Datapath(
+                self.channel,
+                cfg.pipeline,
+                generation,
+                registry=OVSDBGroupRegistry(self.ovsdb, cfg.bridge),
+            )
             self._register_metrics()
             host, port = cfg.metrics_host_port
             self.http = HTTPEndpoint(self.metrics, self.health, host, port)

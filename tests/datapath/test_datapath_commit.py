@@ -237,8 +237,8 @@ async def test_a_timeout_at_commit_makes_the_groups_uncertain() -> None:
     switch.fail = RequestTimeout("no reply to bundle commit")
     with pytest.raises(DatapathError):
         await dp.commit()
-    await dp.commit()  # the group may exist: it is rewritten whole
-    assert kinds(switch.bundles[-1])[0] == "group_modify"
+    await dp.commit()  # the group may exist or not: ADD_OR_MOD rewrites it whole
+    assert kinds(switch.bundles[-1])[0] == "group_add_or_mod"
 
 
 async def test_a_planning_error_discards_the_bundle_and_keeps_the_diff(

@@ -160,7 +160,7 @@ async def test_5000_ipv4_and_2000_ipv6_endpoints_install_and_dump(rig: Rig) -> N
     rig.stage_service("v6", "fd00:10:96::12", eps(2000, base="fd00:10:244::"), gid=4)
     stats = await rig.datapath.commit()
     assert stats.groups_added == 2
-    assert stats.kinds["group_add"] == 2 and stats.kinds["group_insert_bucket"] >= 5
+    assert stats.kinds["group_add_or_mod"] == 2 and stats.kinds["group_insert_bucket"] >= 5
     v4_ids, v4_trace = traced_buckets(
         rig.sandbox, "in_port=1,tcp,nw_src=10.244.250.1,nw_dst=10.96.0.12,tp_src=999,tp_dst=80"
     )

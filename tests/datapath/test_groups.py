@@ -139,9 +139,9 @@ def test_plan_takes_the_switch_to_the_desired_group_with_stable_ids(
     assert sum(of.group_mod_length(m) for m in plan.messages) <= max(full, 24)
 
 
-def test_unknown_present_group_is_rewritten_with_modify() -> None:
+def test_unknown_present_group_is_rewritten_with_add_or_mod() -> None:
     plan = plan_group(group([1, 2]), None, present_unknown=True)
-    assert [m.command for m in plan.messages] == [CMD.MODIFY]
+    assert [m.command for m in plan.messages] == [CMD.ADD_OR_MOD]
 
 
 def test_installed_group_counts_endpoints() -> None:

@@ -323,3 +323,54 @@ def test_hairpin_a_pod_reaches_itself_through_its_service(lab: Lab) -> None:
     v6 = lab.http(API_V6, 40, source="api-1")
     assert v6["failed"] == 0 and set(v6["counts"]) == {"api-1", "api-2"}, v6
     assert "fc01::aabb:ccdd:eeff" in v6["seen_as"]
+
+
+def test_restart_with_a_group_too_large_to_list_cleans_up_through_ovsdb(lab: Lab) -> None:
+    # 4,500 buckets: OVS cannot describe this group over OpenFlow (stats or desc), so the agent
+    # must know its groups from OVSDB, not by listing them.
+    addresses = "\n".join(f"  - addresses: [10.250.{i // 250}.{i % 250 + 1}]" for i in range(4500))
+    big = lab.manifests / "big.yaml"
+    big.write_text(f"""apiVersion: v1
+kind: Service
+metadata: {{name: big, namespace: demo}}
+spec:
+  clusterIP: 10.96.0.99
+  ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: big-1
+  namespace: demo
+  labels: {{kubernetes.io/service-name: big}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+{addresses}
+""")
+    lab.agent.wait_for(lambda: lab.agent.status()["groups"] == 6, what="the big Service")
+    before = {gid for s in lab.agent.status()["services"] for gid in s["group_ids"].values()}
+    lab.agent.stop()
+    (lab.manifests / "shop-multiport.yaml").unlink()  # deleted while no agent runs
+    lab.agent.start()
+    status = lab.agent.status()
+    assert status["openflow"]["connections"] == 1  # no reconnect loop on unreadable groups
+    assert status["groups"] == 4
+    kept = {gid for s in status["services"] for gid in s["group_ids"].values()}
+    registry = lab.sandbox.vsctl("get", "bridge", "br0", "external_ids:ovsproxy-group-ids")
+    from ovsproxy.ovs.ovsdb import decode_id_ranges
+
+    assert decode_id_ranges(registry.strip().strip('"')) == kept
+    # The groups of the deleted Service are gone from the switch: their ids can be added anew
+    # (an ADD of an existing group would fail with OFPGMFC_GROUP_EXISTS).
+    gone = before - kept
+    assert len(gone) == 2
+    for gid in gone:
+        lab.sandbox.ofctl("add-group", f"group_id={gid},type=select,bucket=actions=drop")
+    trace = lab.sandbox.appctl(
+        "ofproto/trace",
+        "br0",
+        "in_port=1,tcp,nw_src=10.244.0.1,nw_dst=10.96.0.30,tp_src=1000,tp_dst=9000",
+    )
+    assert "group:" not in trace
+    assert lab.http(WEB, 10)["failed"] == 0

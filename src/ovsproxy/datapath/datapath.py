@@ -179,12 +179,34 @@ class _Commit:
         return len(self.dirty_groups) + len(self.dirty_flows)
 
 
+class GroupRegistry(Protocol):
+    """Where the ids of the groups we installed are kept across restarts (the agent keeps them
+    in OVSDB). Needed because OpenFlow cannot list groups reliably: OVS 3.1 overflows the
+    16-bit entry length of GROUP_DESC (over ~1,000 buckets) and GROUP_STATS (over ~4,000)."""
+
+    async def load(self) -> set[int] | None: ...
+
+    async def save(self, group_ids: set[int]) -> None: ...
+
+
+# A GROUP_STATS entry is 40 + 16 bytes per bucket, with a 16-bit length.
+STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16
+
+
 class Datapath:
     # After a big commit, move what is alive out of the cyclic collector's sight (see above).
     freeze_gc = True
 
-    def __init__(self, switch: Switch, config: pl.PipelineConfig, generation: int) -> None:
+    def __init__(
+        self,
+        switch: Switch,
+        config: pl.PipelineConfig,
+        generation: int,
+        registry: GroupRegistry | None = None,
+    ) -> None:
         self.switch = switch
+        self.registry = registry
+        self._saved_group_ids: set[int] | None = None
         self.config = config
         self.tables = pl.Tables.for_config(config)
         self.generation = generation
@@ -519,6 +541,7 @@ class Datapath:
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats
         self.commits += 1
+        await self._save_group_ids()
         return stats
 
     def _record(self, diff: _Commit) -> None:
@@ -558,8 +581,42 @@ class Datapath:
         async with self._lock:
             return await self._resync_locked()
 
+    async def _group_ids_in_switch(self) -> set[int]:
+        """Group ids the switch may hold that are ours (a superset is fine: deleting a missing
+        group is harmless, and every group we want is written with ADD_OR_MOD)."""
+        believed = set(self.installed_groups) | self._unknown_groups
+        if self.registry is not None:
+            saved = await self.registry.load()
+            if saved is not None:
+                return {gid for gid in saved | believed if self._ours(gid)}
+        largest = max(
+            (
+                len(spec.buckets)
+                for owner in self._owners.values()
+                for spec in owner.groups.values()
+            ),
+            default=0,
+        )
+        if largest > STATS_SAFE_BUCKETS:
+            log.warning(
+                "not listing the switch's groups: a group of %d buckets would overflow "
+                "OpenFlow's group statistics; older groups of ours may stay behind",
+                largest,
+            )
+            return {gid for gid in believed if self._ours(gid)}
+        listed = await self.switch.group_ids()
+        return {gid for gid in listed | believed if self._ours(gid)}
+
+    async def _save_group_ids(self) -> None:
+        if self.registry is None:
+            return
+        ids = set(self.installed_groups)
+        if ids != self._saved_group_ids:
+            await self.registry.save(ids)
+            self._saved_group_ids = ids
+
     async def _resync_locked(self) -> CommitStats:
-        present = {gid for gid in await self.switch.group_ids() if self._ours(gid)}
+        present = await self._group_ids_in_switch()
         cookies = await self.switch.flow_cookies(
             pl.COOKIE_APP << pl.COOKIE_APP_SHIFT, pl.COOKIE_APP_MASK
         )
@@ -574,8 +631,10 @@ class Datapath:
         refs = self._flow_refs
         self.installed_flows = {k: f for k, f in self.installed_flows.items() if k not in refs}
         self.installed_groups.clear()
-        self._unknown_groups = set(present)
-        self._dirty_groups = set(present) | set(self._group_owner)
+        # Every group we want is written whole with ADD_OR_MOD: right whether the switch lost
+        # it (vswitchd restart) or holds an older agent's version of it.
+        self._unknown_groups = set(present) | set(self._group_owner)
+        self._dirty_groups = set(self._unknown_groups)
         self._dirty_flows = dict.fromkeys(self.installed_flows)
         self._dirty_flows.update(dict.fromkeys(refs))
         stats = await self._commit_locked()

@@ -35,6 +35,7 @@ MAX_BUCKET_ID = 0xFFFFFF00 - 1  # above are OFPG_BUCKET_FIRST/LAST/ALL
 _SELECT = of.GroupType.SELECT
 _ADD = of.GroupModCommand.ADD
 _MODIFY = of.GroupModCommand.MODIFY
+_ADD_OR_MOD = of.GroupModCommand.ADD_OR_MOD
 _INSERT = of.GroupModCommand.INSERT_BUCKET
 _REMOVE = of.GroupModCommand.REMOVE_BUCKET
 _BASE_OVERHEAD = of.group_mod_overhead(None)
@@ -191,8 +192,9 @@ def plan_group(
 ) -> GroupPlan:
     """The GroupMods that take the switch from ``installed`` to ``desired``.
 
-    ``present_unknown``: the switch has a group with this id whose content we do not know
-    (after an agent restart or an uncertain commit): it is rewritten whole with MODIFY.
+    ``present_unknown``: the switch may have a group with this id whose content we do not
+    know (after an agent restart, a reconnection or an uncertain commit): it is written whole
+    with ADD_OR_MOD, which works whether or not the group exists.
     """
     if desired is None:
         if installed is None and not present_unknown:
@@ -207,7 +209,7 @@ def plan_group(
         buckets = [of.Bucket(i, s[1], s[2]) for i, s in enumerate(wanted.values())]
         total = sum([len(b[0]) for b in buckets])
         ids = dict(zip(wanted, range(len(wanted)), strict=True))
-        command = _MODIFY if present_unknown else _ADD
+        command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(
             tuple(_chunked(command, group_id, buckets, method, total)),
             InstalledGroup(group_id, ids, wanted, method, total),

@@ -11,6 +11,7 @@ import ipaddress
 import logging
 import sys
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
@@ -176,3 +177,69 @@ class OVSDB:
                 )
             )
         return sorted(pods, key=lambda p: p.ofport)
+
+
+# -- the group-id registry ------------------------------------------------------------------
+GROUP_IDS_KEY = "ovsproxy-group-ids"
+
+
+def encode_id_ranges(ids: Iterable[int]) -> str:
+    """``{1, 2, 3, 7}`` -> ``"1-3,7"`` (compact: ids are allocated lowest first)."""
+    parts: list[str] = []
+    ordered = sorted(set(ids))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def decode_id_ranges(text: str) -> set[int]:
+    ids: set[int] = set()
+    for part in filter(None, text.split(",")):
+        first, sep, last = part.partition("-")
+        lo, hi = int(first), int(last) if sep else int(first)
+        if hi < lo or hi - lo > 0xFFFFFFFF:
+            raise ValueError(f"bad id range {part!r}")
+        ids.update(range(lo, hi + 1))
+    return ids
+
+
+class OVSDBGroupRegistry:
+    """Keeps the ids of our groups in the bridge's external_ids, so a restarted agent (or a
+    reconnection) knows which groups are ours without listing them over OpenFlow."""
+
+    def __init__(self, db: OVSDB, bridge: str) -> None:
+        self.db = db
+        self.bridge = bridge
+
+    def _load(self) -> set[int] | None:
+        ext = self.db.api.db_get("Bridge", self.bridge, "external_ids").execute(check_error=True)
+        text = (ext or {}).get(GROUP_IDS_KEY)
+        if text is None:
+            return None
+        try:
+            return decode_id_ranges(text)
+        except ValueError:
+            log.warning(
+                "bridge %s: unreadable external_ids:%s=%r", self.bridge, GROUP_IDS_KEY, text
+            )
+            return None
+
+    def _save(self, group_ids: set[int]) -> None:
+        self.db.api.db_set(
+            "Bridge", self.bridge, ("external_ids", {GROUP_IDS_KEY: encode_id_ranges(group_ids)})
+        ).execute(check_error=True)
+
+    async def load(self) -> set[int] | None:
+        import asyncio
+
+        return await asyncio.to_thread(self._load)
+
+    async def save(self, group_ids: set[int]) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self._save, group_ids)

@@ -134,9 +134,19 @@ class GroupModCommand(IntEnum):
     DELETE = 2
     INSERT_BUCKET = 3
     REMOVE_BUCKET = 5
+    # Open Vswitch extension (OFPGC11_ADD_OR_MOD, `ovs-ofctl mod-group --may-create`): create
+    # the group or replace it, for a switch whose groups we cannot list.
+    ADD_OR_MOD = 0x8000
 
 
-GROUP_MOD_COMMAND_NAMES = {0: "ADD", 1: "MOD", 2: "DEL", 3: "INSERT_BUCKET", 5: "REMOVE_BUCKET"}
+GROUP_MOD_COMMAND_NAMES = {
+    0: "ADD",
+    1: "MOD",
+    2: "DEL",
+    3: "INSERT_BUCKET",
+    5: "REMOVE_BUCKET",
+    0x8000: "ADD_OR_MOD",
+}
 
 
 class GroupType(IntEnum):

@@ -697,9 +697,12 @@ class GroupMod(Message):
         if selection_method is not None and command not in (
             c.GroupModCommand.ADD,
             c.GroupModCommand.MODIFY,
+            c.GroupModCommand.ADD_OR_MOD,
         ):
             # Open vSwitch rejects the property on other commands (OFPBPC_BAD_VALUE).
-            raise OpenFlowEncodeError("group: selection_method is only allowed on ADD/MODIFY")
+            raise OpenFlowEncodeError(
+                "group: selection_method is only allowed on ADD/MODIFY/ADD_OR_MOD"
+            )
         if command in (c.GroupModCommand.DELETE, c.GroupModCommand.REMOVE_BUCKET) and buckets:
             raise OpenFlowEncodeError("group: DELETE and REMOVE_BUCKET carry no buckets")
         try:
@@ -833,6 +836,7 @@ def group_mod_chunks(
             if command not in (
                 c.GroupModCommand.ADD,
                 c.GroupModCommand.MODIFY,
+                c.GroupModCommand.ADD_OR_MOD,
                 c.GroupModCommand.INSERT_BUCKET,
             ):
                 raise MessageTooLarge("group mod", limit - budget + size, limit)
