@@ -272,7 +272,7 @@ def ofctl_text(messages: Sequence[of.Message]) -> tuple[list[str], list[str]]:
     flows: list[str] = []
     for msg in messages:
         if isinstance(msg, of.GroupMod):
-            if msg.command == of.GroupModCommand.ADD:
+            if msg.command in _GROUP_WRITES:  # ADD (or ADD_OR_MOD, the same on a fresh switch)
                 groups.append(of.format_group(msg))
             elif msg.command == of.GroupModCommand.INSERT_BUCKET:
                 buckets = ",".join(b.to_text(msg.group_type) for b in msg.buckets)
@@ -288,6 +288,9 @@ def ofctl_text(messages: Sequence[of.Message]) -> tuple[list[str], list[str]]:
         else:
             raise ValueError(f"unexpected message {msg!r}")
     return groups, flows
+
+
+_GROUP_WRITES = {int(c) for c in of.GroupModCommand if c.name in ("ADD", "ADD_OR_MOD")}
 
 
 @dataclass
