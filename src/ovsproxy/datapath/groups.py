@@ -22,8 +22,8 @@ the installed group's running byte count, not from encoding the whole group agai
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from ovsproxy.openflow import protocol as of
 
@@ -60,23 +60,65 @@ class GroupSpec(NamedTuple):
         return {b[0]: b for b in self.buckets}
 
 
-@dataclass(slots=True)
 class InstalledGroup:
     """What the switch holds for a group we own: bucket ids by endpoint key.
 
     ``bucket_bytes`` is the encoded size of all its buckets (what a full MODIFY carries
     besides its header), or -1 when unknown (then it is computed when needed).
+
+    ``ids=None`` means the ids are 0..n-1 in the order of ``buckets`` (a group written whole):
+    the dict is built on first use. Most groups never change, and a full sync then hashes each
+    endpoint key once (an (ipaddress, port) key hashes in Python), and keeps one dict less
+    per group.
     """
 
-    group_id: int
-    ids: dict[Hashable, int] = field(default_factory=dict)
-    buckets: dict[Hashable, BucketSpec] = field(default_factory=dict)
-    selection_method: str | None = None
-    bucket_bytes: int = -1
+    __slots__ = ("_ids", "bucket_bytes", "buckets", "group_id", "selection_method")
+
+    def __init__(
+        self,
+        group_id: int,
+        ids: dict[Hashable, int] | None = None,
+        buckets: dict[Hashable, BucketSpec] | None = None,
+        selection_method: str | None = None,
+        bucket_bytes: int = -1,
+    ) -> None:
+        self.group_id = group_id
+        self._ids = ids
+        self.buckets: dict[Hashable, BucketSpec] = {} if buckets is None else buckets
+        self.selection_method = selection_method
+        self.bucket_bytes = bucket_bytes
+
+    @property
+    def ids(self) -> dict[Hashable, int]:
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = dict(zip(self.buckets, range(len(self.buckets)), strict=True))
+        return ids
+
+    @ids.setter
+    def ids(self, value: dict[Hashable, int]) -> None:
+        self._ids = value
 
     @property
     def endpoint_count(self) -> int:
         return len(self.buckets)
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.group_id, self.ids, self.buckets, self.selection_method, self.bucket_bytes)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not InstalledGroup:
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
+
+    def __repr__(self) -> str:
+        return (
+            f"InstalledGroup(group_id={self.group_id}, ids={self.ids!r}, "
+            f"buckets={self.buckets!r}, selection_method={self.selection_method!r}, "
+            f"bucket_bytes={self.bucket_bytes})"
+        )
 
 
 def bucket_of(spec: BucketSpec, bucket_id: int) -> of.Bucket:
@@ -112,6 +154,17 @@ def _assign_ids(
     return ids, wanted
 
 
+_OVERHEADS: dict[str | None, int] = {None: _BASE_OVERHEAD}
+
+
+def _overhead(selection_method: str | None) -> int:
+    """A GroupMod's size without buckets (with its selection method property)."""
+    size = _OVERHEADS.get(selection_method)
+    if size is None:
+        size = _OVERHEADS[selection_method] = of.group_mod_overhead(selection_method)
+    return size
+
+
 def _group_mod(
     command: of.GroupModCommand,
     group_id: int,
@@ -138,7 +191,7 @@ def _chunked(
 ) -> list[of.GroupMod]:
     """ADD/MODIFY (or INSERT_BUCKET) with as many buckets as fit, then INSERT_BUCKET(LAST)
     chunks. ``total``: the buckets' encoded size, if the caller knows it."""
-    base = _BASE_OVERHEAD if selection_method is None else of.group_mod_overhead(selection_method)
+    base = _BASE_OVERHEAD if selection_method is None else _overhead(selection_method)
     if total < 0:
         total = sum([len(b[0]) for b in buckets])
     first_bucket_id = of.OFPG_BUCKET_LAST if command == _INSERT else of.OFPG_BUCKET_ALL
@@ -208,11 +261,10 @@ def plan_group(
         wanted = desired.by_key()
         buckets = [of.Bucket(i, s[1], s[2]) for i, s in enumerate(wanted.values())]
         total = sum([len(b[0]) for b in buckets])
-        ids = dict(zip(wanted, range(len(wanted)), strict=True))
         command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(
             tuple(_chunked(command, group_id, buckets, method, total)),
-            InstalledGroup(group_id, ids, wanted, method, total),
+            InstalledGroup(group_id, None, wanted, method, total),  # ids: 0..n-1
             "add",
         )
     wanted = desired.by_key()
@@ -250,7 +302,7 @@ def plan_group(
         incremental += _chunked(_INSERT, group_id, new_buckets, None, inserted_bytes)
     # A full MODIFY: its header(s) and every bucket (a group over the message limit needs
     # one more header per extra chunk; counting one header is enough to compare).
-    full_size = of.group_mod_overhead(method) + total
+    full_size = _overhead(method) + total
     if _size(incremental) < full_size:
         return GroupPlan(tuple(incremental), result, "incremental")
     all_buckets = [of.Bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
