@@ -75,7 +75,10 @@ def _pid_alive(pid: int, marker: str | None = None) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         if stat.rsplit(")", 1)[1].split()[0] == "Z":
-            return False
+            # A zombie leader whose other threads still exit holds the daemon's pidfile lock
+            # and sockets: dead only once the whole thread group is.
+            threads = Path(f"/proc/{pid}/status").read_text().split("Threads:")[1].split()[0]
+            return int(threads) > 1
         if marker is not None:
             return marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         return True
@@ -422,11 +425,14 @@ class Sandbox:
         pid = self.record.pids.get("ovs-vswitchd")
         if pid:
             _kill(pid, str(self.rundir), sig=signal.SIGKILL if kill else signal.SIGTERM)
+        proc = self._procs.pop("ovs-vswitchd", None)
+        if proc is not None:  # our child: reaped only once every thread has exited
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
         with contextlib.suppress(FileNotFoundError):
             (self.rundir / f"{self.bridge}.mgmt").unlink()
         with contextlib.suppress(FileNotFoundError):
             (self.rundir / "ovs-vswitchd.ctl").unlink()
-        self._procs.pop("ovs-vswitchd", None)
         self._start_vswitchd()
         self._wait_for_bridge()
         self._configure_gateway()
