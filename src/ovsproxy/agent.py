@@ -278,37 +278,25 @@ class Agent:
     def _register_metrics(self) -> None:
         m = self.metrics
 
-        def wire(direction: str) -> Callable[[], dict[tuple[str, ...], float]]:
+        def wire(direction: str, column: int) -> Callable[[], dict[tuple[str, ...], float]]:
+            """Read one column (0 messages, 1 bytes) of the channel's counters by type."""
+
             def read() -> dict[tuple[str, ...], float]:
                 if self.channel is None:
                     return {}
                 table = getattr(self.channel.counters, direction)
-                return {(k,): float(v[0]) for k, v in table.items()}
-
-            return read
-
-        def wire_bytes(direction: str) -> Callable[[], dict[tuple[str, ...], float]]:
-            def read() -> dict[tuple[str, ...], float]:
-                if self.channel is None:
-                    return {}
-                table = getattr(self.channel.counters, direction)
-                return {(k,): float(v[1]) for k, v in table.items()}
+                return {(k,): float(v[column]) for k, v in table.items()}
 
             return read
 
         for direction in ("sent", "received", "bundled"):
-            m.add_counter(
-                f"ovsproxy_openflow_{direction}_messages",
-                f"OpenFlow messages {direction} by type.",
-                ("type",),
-                wire(direction),
-            )
-            m.add_counter(
-                f"ovsproxy_openflow_{direction}_bytes",
-                f"OpenFlow bytes {direction} by type.",
-                ("type",),
-                wire_bytes(direction),
-            )
+            for column, unit in enumerate(("messages", "bytes")):
+                m.add_counter(
+                    f"ovsproxy_openflow_{direction}_{unit}",
+                    f"OpenFlow {unit} {direction} by message type.",
+                    ("type",),
+                    wire(direction, column),
+                )
         m.add_counter(
             "ovsproxy_openflow_errors",
             "OpenFlow errors from the switch by name.",
