@@ -293,6 +293,7 @@ class Bundle:
         self._chunk: list[bytes] = []
         self._chunk_size = 0
         self._since_drain = 0
+        self._inner: dict[int, list[int]] = {}  # msg_type -> [messages, bytes], counted at commit
         self._open_future: asyncio.Future[Any] | None = None
 
     def __len__(self) -> int:
@@ -312,6 +313,7 @@ class Bundle:
         xid = self.channel._new_xid()
         data = of.encode_bundle_add(self.bundle_id, msg, xid, self.flags)
         self.messages[xid] = msg
+        self._tally(msg.msg_type, len(data))
         self._chunk.append(data)
         self._chunk_size += len(data)
         if self._chunk_size >= _WRITE_CHUNK:
@@ -328,6 +330,7 @@ class Bundle:
             self.messages[xid] = msg
         else:
             self.messages[xid] = of.decode(inner)
+        self._tally(inner[1], len(data))
         self._chunk.append(data)
         self._chunk_size += len(data)
         if self._chunk_size >= _WRITE_CHUNK:
@@ -358,10 +361,19 @@ class Bundle:
         self._since_drain = 0
         await self.conn.drain()
 
+    def _tally(self, msg_type: int, added: int) -> None:
+        row = self._inner.get(msg_type)
+        if row is None:
+            row = self._inner[msg_type] = [0, 0]
+        row[0] += 1
+        row[1] += added - of.BUNDLE_ADD_HEADER_LEN
+
     def _count_inner(self) -> None:
+        # Tallied per type as messages were added: a loop over 120,000 messages here took
+        # 0.1 s after the commit reply of a full sync.
         counters = self.channel.counters
-        for msg in self.messages.values():
-            counters.count_bundled(of.message_kind(msg.msg_type), msg.length)
+        for msg_type, (messages, size) in self._inner.items():
+            counters.count_bundled(of.message_kind(msg_type), size, messages)
 
     async def commit(self, timeout: float | None = None) -> None:
         """Closes and commits. Raises ``BundleError`` (after discarding) if anything failed."""
