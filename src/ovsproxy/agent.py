@@ -489,8 +489,10 @@ class Agent:
             except Exception as exc:
                 log.error("cleanup of flows and groups failed: %s", exc)
         if self.routes is not None:
-            with contextlib.suppress(Exception):
-                await self.routes.reconcile(())
+            try:
+                await self.routes.uninstall()
+            except Exception as exc:
+                log.error("cleanup of routes failed: %s", exc)
 
     # -- introspection ----------------------------------------------------------------------
     def status_json(self) -> dict[str, Any]:

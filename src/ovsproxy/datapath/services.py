@@ -139,9 +139,11 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             t.conntrack_state,
             pl.PRIORITY_NORMAL,
             of.Match(eth_type=eth_type(family), ct_state=(of.CT_TRK, of.CT_TRK | of.CT_NEW)),
-            _goto(t.forwarding),
+            _apply(of.Resubmit(t.forwarding)),
         )
-    add(t.conntrack_zone, pl.PRIORITY_MISS, of.Match(), _goto(t.forwarding))
+    # The hand-off to forwarding is a resubmit, never a goto_table: in integrated mode the
+    # CNI's next table may come before ours (goto_table only goes forward).
+    add(t.conntrack_zone, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     # New connections: SessionAffinity and ServiceLB are entered by resubmit, so a learned
     # affinity flow (which can only load registers) returns here and ServiceLB runs next.
     add(

@@ -251,6 +251,25 @@ class RouteManager:
 
         return await self._submit("reconcile", job)
 
+    async def uninstall(self) -> RouteChanges:
+        """Remove every Service route of ours (`ovsproxy run --cleanup`): the desired set is
+        emptied and each family is converged with deletes. The virtual next hop's neighbour
+        entry and link route stay (harmless, and shared with a later agent)."""
+
+        async def job() -> RouteChanges:
+            self._desired = frozenset()
+            changes = RouteChanges()
+            for family in self.families:
+                try:
+                    await self._list(family)
+                except Exception as exc:
+                    changes += RouteChanges(errors=(f"list {family.name}: {exc}",))
+                    continue
+                changes += await self._converge(family, deletes=True)
+            return changes
+
+        return await self._submit("uninstall", job)
+
     async def sync(self) -> RouteChanges:
         """Periodic repair: re-add desired routes that are missing (deleted by hand, device
         recreated). Never deletes. Runs a pending reconcile if the last one could not list."""
