@@ -261,6 +261,8 @@ class Agent:
                 len(self.datapath.installed_groups),
                 len(self.datapath.installed_flows),
             )
+            if self.sandbox is not None:
+                self._embedded_banner()
         del result
 
     async def _switch_drifted(self) -> bool:

@@ -55,37 +55,25 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         + (f", error: {last['last_sync_error']}" if last.get("last_sync_error") else ""),
     )
     console.print(head)
-    table = Table(title="Service ports")
-    for column in (
-        "Service port",
-        "frontends",
-        "group",
-        "endpoints in use",
-        "affinity",
-        "traffic policy",
-        "state",
-    ):
-        table.add_column(column)
+    console.print("[bold]Service ports[/]")
     for svc in info["services"]:
-        groups = ", ".join(f"v{family}:{gid}" for family, gid in svc["group_ids"].items())
+        groups = ", ".join(f"IPv{family} {gid}" for family, gid in svc["group_ids"].items())
         port = svc["port"]
-        frontends = "\n".join(
-            escape(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}") for ip in svc["cluster_ips"]
+        frontends = ", ".join(
+            f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in svc["cluster_ips"]
         )
-        used = "\n".join(escape(ep) for ep in svc["endpoints"]) or "-"
-        if len(svc["endpoints"]) != svc["all_endpoints"]:
-            used += f"\n({svc['all_endpoints']} in the slices)"
-        state = "[yellow]rejecting[/]" if svc["rejecting"] else "forwarding"
-        table.add_row(
-            svc["name"],
-            frontends,
-            groups,
-            used,
-            _affinity(svc),
-            svc["internal_traffic_policy"],
-            state,
+        state = "[yellow]rejecting[/]" if svc["rejecting"] else "[green]forwarding[/]"
+        used = ", ".join(svc["endpoints"]) or "-"
+        console.print(f"  [bold]{escape(svc['name'])}[/]  {state}  group {groups}")
+        console.print(f"    frontends  {escape(frontends)}")
+        console.print(
+            f"    endpoints  {escape(used)} "
+            f"({len(svc['endpoints'])} in use of {svc['all_endpoints']})"
         )
-    console.print(table)
+        console.print(
+            f"    affinity {_affinity(svc)}, internal traffic policy "
+            f"{svc['internal_traffic_policy']}"
+        )
     if info.get("problems"):
         console.print("[bold red]problems in the sources[/]")
         for problem in info["problems"]:
