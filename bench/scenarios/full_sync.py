@@ -37,8 +37,12 @@ SIZES = [(10_000, 10, 5), (1_000, 100, 3), (10, 5_000, 3)]  # services, endpoint
 QUICK_SIZES = [(2_000, 10, 3)]
 
 
-def _group_count(sb: Any) -> int:
-    return dp.ofctl(sb, "dump-group-stats").count("group_id=")
+def _group_count(sb: Any, endpoints: int) -> int | None:
+    """Groups in the switch; None when OVS cannot list them (GROUP_DESC and GROUP_STATS
+    entries have 16-bit lengths: over ~1,000 buckets a group cannot be described)."""
+    if endpoints > 1000:
+        return None
+    return dp.ofctl(sb, "dump-groups").count("group_id=")
 
 
 def _size(sb: Any, services: int, endpoints: int, rounds: int, tmp: Path) -> dict[str, Any]:
@@ -52,14 +56,14 @@ def _size(sb: Any, services: int, endpoints: int, rounds: int, tmp: Path) -> dic
     fingerprints: dict[str, str] = {}
 
     def check(who: str) -> None:
-        flows, groups = dp.flow_count(sb), _group_count(sb)
-        if (flows, groups) != (n_flows, services):
+        flows, groups = dp.flow_count(sb), _group_count(sb, endpoints)
+        if (flows, groups if groups is not None else services) != (n_flows, services):
             raise RuntimeError(
                 f"{who}: the switch holds {flows} flows and {groups} groups, "
                 f"not {n_flows} and {services}"
             )
         if who in ("ours", "ofctl") and who not in fingerprints:
-            fingerprints[who] = dp.fingerprint(sb)
+            fingerprints[who] = dp.fingerprint(sb, groups=groups is not None)
         dp.reset_switch(sb)
 
     def ours() -> dp.SyncRun:
