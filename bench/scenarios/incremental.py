@@ -247,6 +247,8 @@ async def _ours_live(sb: Any, sizes: list[int]) -> dict[int, int]:
             datapath.stage(port.name, objects.groups, objects.flows)
             await datapath.commit()
             measured[n] = wire.delta()["group_bytes"]
+            datapath.unstage(port.name)  # the next size reuses the ClusterIP and endpoints
+            await datapath.commit()
         return measured
     finally:
         await channel.close()
