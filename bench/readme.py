@@ -140,7 +140,9 @@ def _incremental(inc: dict[str, Any], plot: str) -> list[str]:
         "",
         "GROUP_MOD bytes for one added endpoint as the group grows (ours measured live at every"
         " size; the full MODIFY is the exact message; the N+1 sequence is summed from the real"
-        " bucket encodings, chunked at the message limit -- 800 MB at 5,000 endpoints):",
+        " bucket encodings, chunked at the message limit --"
+        f" {_mb(inc['bytes_by_group_size'][-1]['n_plus_1_bytes'])} at"
+        f" {inc['bytes_by_group_size'][-1]['endpoints']:,} endpoints):",
         "",
         f"![bytes for one endpoint change](results/{Path(plot).name})",
         "",
