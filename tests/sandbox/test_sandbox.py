@@ -195,3 +195,31 @@ def test_cli_up_status_down() -> None:
     assert "ovsp-clitest" not in _netns()
     assert not (REGISTRY / "clitest.json").exists()
     assert _processes_mentioning(info["rundir"]) == []
+
+
+def test_a_sandbox_being_started_by_a_live_owner_is_not_a_leftover(tmp_path: Path) -> None:
+    from ovsproxy.ovs.sandbox import _start_time
+
+    me = os.getpid()
+    starting = SandboxRecord(
+        name="x",
+        rundir=str(tmp_path),
+        netns="ovsp-x",
+        bridge="br0",
+        gateway="gw0",
+        owner_pid=me,
+        persistent=False,
+        owner_started=_start_time(me),
+    )
+    assert not starting.is_leftover()  # no daemon pid recorded yet: still not another's to sweep
+    recycled = SandboxRecord(
+        name="y",
+        rundir=str(tmp_path),
+        netns="ovsp-y",
+        bridge="br0",
+        gateway="gw0",
+        owner_pid=me,
+        persistent=False,
+        owner_started=1,
+    )
+    assert recycled.is_leftover()  # same pid, another process: the owner is gone

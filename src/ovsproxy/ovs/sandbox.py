@@ -86,6 +86,14 @@ def _pid_alive(pid: int, marker: str | None = None) -> bool:
         return False
 
 
+def _start_time(pid: int) -> int | None:
+    """When a process started (clock ticks since boot), or None when it does not exist."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _kill(pid: int, marker: str | None, timeout: float = 5.0, sig: int = signal.SIGTERM) -> None:
     if not _pid_alive(pid, marker):
         return
@@ -132,6 +140,8 @@ class SandboxRecord:
     pids: dict[str, int] = field(default_factory=dict)
     pod_netns: list[str] = field(default_factory=list)
     created: float = field(default_factory=time.time)
+    # The owner's start time (clock ticks since boot): a recycled pid is not the owner.
+    owner_started: int | None = None
 
     @property
     def path(self) -> Path:
@@ -154,8 +164,10 @@ class SandboxRecord:
         return bool(self.pids) and all(_pid_alive(p, self.rundir) for p in self.pids.values())
 
     def is_leftover(self) -> bool:
-        if not self.persistent and not _pid_alive(self.owner_pid):
-            return True
+        if not self.persistent:
+            # Its owner runs it (and may be starting it right now, before any pid is
+            # recorded): it is a leftover only once that very process is gone.
+            return _start_time(self.owner_pid) != self.owner_started
         # A persistent sandbox is only fine while its daemons and namespace are all there.
         return not (self.processes_alive() and netns_exists(self.netns))
 
@@ -308,6 +320,7 @@ class Sandbox:
             gateway=self.gateway,
             owner_pid=os.getpid(),
             persistent=self.persistent,
+            owner_started=_start_time(os.getpid()),
         )
         self.record.save()
         try:
