@@ -39,7 +39,7 @@ def _error_kind(exc: BaseException) -> str:
 def http_once(url: str, timeout: float) -> tuple[str, str, str]:
     """One request on a new connection: (pod name, served port, client address seen)."""
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
     try:
         conn.request("GET", parts.path or "/")
         response = conn.getresponse()

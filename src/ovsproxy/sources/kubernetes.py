@@ -339,6 +339,9 @@ def kube_http_client(
 
     config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     single = config.get(context_name=context)
+    if single is None:
+        where = kubeconfig or "$KUBECONFIG / ~/.kube/config / in-cluster"
+        raise ValueError(f"kubeconfig {where}: no context {context or '(current)'} to use")
     params = ConnectionParams(timeout=httpx.Timeout(timeout), trust_env=trust_env)
     client: httpx.AsyncClient = AsyncClient(single, params)
     client.headers["Accept"] = "application/json"
