@@ -71,13 +71,15 @@ def clear_value_caches() -> None:
     for value in vars(svc).values():
         if callable(getattr(value, "cache_clear", None)):
             value.cache_clear()
-    for name in ("_dnat_flows", "_bucket_actions"):  # hand-made endpoint value caches
+    # hand-made endpoint value caches (and the templates: rebuilt too)
+    for name in ("_dnat_flows", "_bucket_actions", "_bucket_tails"):
         cache = getattr(svc, name, None)
         if cache is not None:
             cache.clear()
-    last = getattr(svc, "_last_bucket_cache", None)
-    if last is not None:
-        last[:] = [None, None]
+    for name in ("_last_bucket_cache", "_last_templates"):  # identity memos
+        last = getattr(svc, name, None)
+        if last is not None:
+            last[:] = [None] * len(last)
 
 
 # -- the sandbox ---------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.protocol import templates
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
@@ -226,9 +227,38 @@ def pod_forwarding_flows(
 # staging compares them for free), and an endpoint's values are built once however many
 # Services share it. The caches are bounded (pods come and go with new addresses).
 ENDPOINT_CACHE_SIZE = 1 << 18
+_new_tuple = tuple.__new__
 
 
-@functools.lru_cache(maxsize=256)
+# Per pipeline (Tables), the endpoint value caches: {(address, version, port, affinity):
+# bucket actions} and {(port, affinity): the actions after the address}. The tables of the
+# last lookup are remembered by identity, so a lookup hashes a few ints (an lru_cache key hashed
+# the Tables dataclass and the ipaddress object in Python: 1 us per endpoint).
+_bucket_actions: dict[pl.Tables, dict[tuple[int, int, int, bool], tuple[of.Action, ...]]] = {}
+_bucket_tails: dict[pl.Tables, dict[tuple[int, bool], tuple[of.Action, ...]]] = {}
+_last_bucket_cache: list[Any] = [None, None, None]  # tables, actions cache, tails cache
+_SET_ENDPOINT_IP = {
+    4: templates.set_field_exact(pl.ENDPOINT_IP_REG),
+    6: templates.set_field_exact(pl.ENDPOINT_IP6_REG),
+}
+
+
+def _bucket_caches(
+    tables: pl.Tables,
+) -> tuple[
+    dict[tuple[int, int, int, bool], tuple[of.Action, ...]],
+    dict[tuple[int, bool], tuple[of.Action, ...]],
+]:
+    last = _last_bucket_cache
+    if last[0] is not tables:
+        last[:] = (
+            tables,
+            _bucket_actions.setdefault(tables, {}),
+            _bucket_tails.setdefault(tables, {}),
+        )
+    return last[1], last[2]
+
+
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
     state = pl.Selection.TO_LEARN if affinity else pl.Selection.SELECTED
     return (
@@ -239,11 +269,20 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
     )
 
 
-# tables -> {(address, version, port, affinity): actions}. The tables of the last lookup are
-# remembered by identity, so a lookup hashes four ints (an lru_cache key hashed the Tables
-# dataclass and the ipaddress object in Python: 1 us per endpoint).
-_bucket_actions: dict[pl.Tables, dict[tuple[int, int, int, bool], tuple[of.Action, ...]]] = {}
-_last_bucket_cache: list[Any] = [None, None]
+def _new_bucket_actions(
+    key: tuple[int, int, int, bool], tables: pl.Tables
+) -> tuple[of.Action, ...]:
+    """Build and remember the bucket actions of a key (a cache miss)."""
+    cache, tails = _bucket_caches(tables)
+    ip, version, port, affinity = key
+    tail = tails.get((port, affinity))
+    if tail is None:
+        tail = tails[port, affinity] = _bucket_tail(port, affinity, tables)
+    actions = (_SET_ENDPOINT_IP[version](ip), *tail)
+    if len(cache) >= ENDPOINT_CACHE_SIZE:
+        del cache[next(iter(cache))]
+    cache[key] = actions
+    return actions
 
 
 def endpoint_bucket_actions(
@@ -251,93 +290,89 @@ def endpoint_bucket_actions(
 ) -> tuple[of.Action, ...]:
     """A bucket: endpoint address into reg3/xxreg3, port and selection state into reg4 (one
     masked set_field), then on to EndpointDNAT (or back to ServiceLB to learn affinity)."""
-    last = _last_bucket_cache
-    if last[0] is tables:
-        cache = last[1]
-    else:
-        cache = _bucket_actions.setdefault(tables, {})
-        last[0], last[1] = tables, cache
-    version = ip.version
-    key = (int(ip), version, port, affinity)
-    actions = cache.get(key)
+    key = (int(ip), ip.version, port, affinity)
+    actions = _bucket_caches(tables)[0].get(key)
     if actions is None:
-        reg = pl.ENDPOINT_IP_REG if version == 4 else pl.ENDPOINT_IP6_REG
-        actions = (of.SetField(reg, key[0]), *_bucket_tail(port, affinity, tables))
-        if len(cache) >= ENDPOINT_CACHE_SIZE:
-            del cache[next(iter(cache))]
-        cache[key] = actions
+        actions = _new_bucket_actions(key, tables)
     return actions
 
 
 _CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
-# eth_type, ip_proto, endpoint IP register, ct zone, table after ct, EndpointDNAT table, cookie
-_DnatParts = tuple[int, int, str, int, int, int, int]
 
 
 @functools.lru_cache(maxsize=64)
-def _dnat_parts(ctx: Context, version: int, protocol: Protocol) -> _DnatParts:
-    """What every EndpointDNAT flow of one family and protocol shares."""
+def _dnat_template(ctx: Context, version: int, protocol: Protocol) -> templates.EndpointDnatFlows:
+    """The EndpointDNAT flows of one family and protocol (the codec's fast constructor)."""
     family = IPFamily(version)
-    return (
-        eth_type(family),
-        protocol.ip_proto,
-        pl.endpoint_ip_reg(family),
-        pl.ct_zone(family),
-        ctx.tables.forwarding,
+    return templates.EndpointDnatFlows(
         ctx.tables.endpoint_dnat,
+        pl.PRIORITY_NORMAL,
         ctx.cookie(pl.Category.ENDPOINT),
+        version=version,
+        ip_proto=protocol.ip_proto,
+        ip_field=pl.endpoint_ip_reg(family),
+        port_field=pl.ENDPOINT_PORT_REG,
+        port_mask=pl.ENDPOINT_PORT_MASK,
+        zone=pl.ct_zone(family),
+        ct_table=ctx.tables.forwarding,
+        ct_actions=(_CT_MARK_SERVICE,),
     )
 
 
-# (shared parts, address as an int, port) -> flow; oldest first, so the bound evicts the
-# least recently *built* flow. A dict keyed by ints and a cached tuple hashes in C (a key with
-# the Context and the ipaddress object spent 2 us hashing per endpoint).
-_dnat_flows: dict[tuple[_DnatParts, int, int], of.FlowMod] = {}
-_last_dnat_parts: list[Any] = [None, 0, None, None]  # ctx, version, protocol -> parts
+@functools.lru_cache(maxsize=64)
+def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templates.FrontendFlows:
+    """ServiceLB's group (or reject/drop) flows of one family and protocol."""
+    family = IPFamily(version)
+    return templates.FrontendFlows(
+        ctx.tables.service_lb,
+        pl.PRIORITY_LOW,
+        ctx.cookie(pl.Category.SERVICE),
+        version=version,
+        ip_proto=protocol.ip_proto,
+        ip_field=_dst_field(family),
+        port_field=_PORT_FIELD[protocol],
+    )
 
 
-def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
-    version = ip.version
-    last = _last_dnat_parts
-    if last[0] is ctx and last[1] == version and last[2] is protocol:
-        parts = last[3]
-    else:
-        parts = _dnat_parts(ctx, version, protocol)
-        last[:] = (ctx, version, protocol, parts)
-    key = (parts, int(ip), port)
+# The templates of the last (context, protocol), remembered by identity (the lru_caches hash
+# the Context dataclass in Python): {4: ..., 6: ...} for DNAT and for frontends.
+_last_templates: list[Any] = [None, None, None, None]
+
+
+def _templates(
+    ctx: Context, protocol: Protocol
+) -> tuple[dict[int, templates.EndpointDnatFlows], dict[int, templates.FrontendFlows]]:
+    last = _last_templates
+    if last[0] is not ctx or last[1] is not protocol:
+        last[:] = (
+            ctx,
+            protocol,
+            {v: _dnat_template(ctx, v, protocol) for v in (4, 6)},
+            {v: _frontend_template(ctx, v, protocol) for v in (4, 6)},
+        )
+    return last[2], last[3]
+
+
+# (template, address as an int, port) -> flow; oldest first, so the bound evicts the least
+# recently *built* flow. A dict keyed by ints and the template (hashed by identity) hashes in
+# C (a key with the Context and the ipaddress object spent 2 us hashing per endpoint).
+_dnat_flows: dict[tuple[templates.EndpointDnatFlows, int, int], of.FlowMod] = {}
+
+
+def _dnat_flow(template: templates.EndpointDnatFlows, ip: int, port: int) -> of.FlowMod:
+    key = (template, ip, port)
     flow = _dnat_flows.get(key)
     if flow is None:
-        flow = _endpoint_dnat_flow(parts, ip, port)
+        flow = template.flow(ip, port)
         if len(_dnat_flows) >= ENDPOINT_CACHE_SIZE:
             del _dnat_flows[next(iter(_dnat_flows))]
         _dnat_flows[key] = flow
     return flow
 
 
-def _endpoint_dnat_flow(parts: _DnatParts, ip: IPAddress, port: int) -> of.FlowMod:
-    eth, proto, reg, zone, forwarding, table, cookie = parts
-    match = of.Match(
-        **{
-            "eth_type": eth,
-            "ip_proto": proto,
-            reg: int(ip),
-            pl.ENDPOINT_PORT_REG: (port, pl.ENDPOINT_PORT_MASK),
-        }
-    )
-    ct = of.CT(
-        commit=True,
-        zone=zone,
-        table=forwarding,
-        nat=of.NAT(dst=True, ip_min=ip, port_min=port),
-        actions=(_CT_MARK_SERVICE,),
-    )
-    return of.FlowMod(
-        table,
-        pl.PRIORITY_NORMAL,
-        match,
-        (of.ApplyActions((ct,)),),
-        cookie=cookie,
-    )
+def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
+    """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
+    return _dnat_flow(_templates(ctx, protocol)[0][ip.version], int(ip), port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:
@@ -470,21 +505,38 @@ def frontend_objects(
     flows: list[of.FlowMod] = []
     svc_cookie = ctx.cookie(pl.Category.SERVICE)
     affinity = port.session_affinity
-    dnat: dict[tuple[IPAddress, int], None] = {}
+    dnat_templates, frontend_templates = _templates(ctx, port.protocol)
+    bucket_cache = _bucket_caches(t)[0]
+    dnat_flows = _dnat_flows
+    # The EndpointDNAT flows of the port's endpoints, each once: keyed by ints (an (ipaddress,
+    # port) key hashes in Python).
+    dnat: dict[tuple[int, int, int], of.FlowMod] = {}
     for fset in sets:
         if not fset.frontends:
             continue
-        buckets = tuple(
-            BucketSpec(
-                key=(ep.ip, ep.port),
-                actions=endpoint_bucket_actions(ep.ip, ep.port, affinity, t),
-            )
-            for ep in fset.endpoints
-        )
+        buckets = []
+        append = buckets.append
+        for ep in fset.endpoints:
+            ip = ep.ip
+            ep_port = ep.port
+            address = int(ip)
+            version = ip.version
+            key = (address, version, ep_port, affinity)
+            actions = bucket_cache.get(key)
+            if actions is None:
+                actions = _new_bucket_actions(key, t)
+            append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
+            dnat_key = (address, ep_port, version)
+            if dnat_key not in dnat:
+                template = dnat_templates[version]
+                flow = dnat_flows.get((template, address, ep_port))
+                if flow is None:
+                    flow = _dnat_flow(template, address, ep_port)
+                dnat[dnat_key] = flow
         groups.append(
             GroupSpec(
                 group_id=fset.group_id,
-                buckets=buckets,
+                buckets=tuple(buckets),
                 # Every group, not only affinity ones: Open vSwitch 3.1's dp_hash method sends
                 # all new connections to the bucket an INSERT_BUCKET added (until the next
                 # MODIFY or REMOVE_BUCKET); "hash" (highest random weight over the 5-tuple)
@@ -492,23 +544,13 @@ def frontend_objects(
                 selection_method=GROUP_SELECTION_METHOD,
             )
         )
+        # To the group; with no endpoints, the reject action or (empty) drop.
+        actions = (of.GroupAction(fset.group_id),) if fset.endpoints else tuple(fset.empty_actions)
         for ip in fset.frontends:
-            family = IPFamily.of(ip)
-            if fset.endpoints:
-                actions: tuple[of.Action, ...] = (of.GroupAction(fset.group_id),)
-            else:
-                actions = fset.empty_actions  # empty: drop
-            flows.append(
-                of.FlowMod(
-                    table_id=t.service_lb,
-                    priority=pl.PRIORITY_LOW,
-                    match=frontend_match(port, ip),
-                    instructions=_apply(*actions) if actions else (),
-                    cookie=svc_cookie,
-                )
-            )
+            flows.append(frontend_templates[ip.version].flow(int(ip), port.port, actions))
             if not (affinity and fset.endpoints):
                 continue
+            family = IPFamily.of(ip)
             selection = pl.SELECTION_REG
             flows.append(
                 of.FlowMod(
@@ -547,10 +589,7 @@ def frontend_objects(
                         cookie=svc_cookie,
                     )
                 )
-        for ep in fset.endpoints:
-            dnat.setdefault((ep.ip, ep.port), None)
-    for ip, ep_port in dnat:
-        flows.append(endpoint_dnat_flow(ctx, ip, ep_port, port.protocol))
+    flows.extend(dnat.values())
     return ServiceObjects(tuple(groups), tuple(flows))
 
 
