@@ -5,7 +5,8 @@ Owners (a Service port, the fixed pipeline, a local pod) ``stage`` the complete 
 flows they want; nothing is sent until ``commit``. ``commit`` looks only at what staged owners
 touched (its cost follows the size of the change, not the number of Services), builds the
 messages in a safe order — group adds/changes, then flow adds, then flow deletes, then group
-deletes — and sends them as one bundle. The cache records the new state only when the bundle
+deletes; flows that use no group may go among the group messages — and sends them as one
+bundle. The cache records the new state only when the bundle
 committed; a failed commit leaves everything dirty, so the next commit retries the same diff.
 
 Flows are identified as OpenFlow identifies them: (table, priority, match), kept as one bytes
@@ -15,7 +16,10 @@ EndpointDNAT flow shared by two Services) is installed while any of them wants i
 Streaming: when the switch offers a streaming bundle (``Channel.bundle()``), messages are
 planned, encoded and written while Open vSwitch decodes the ones before them, so a full sync
 costs about max(planning, OVS) instead of their sum; otherwise the planned list goes to
-``commit_bundle``.
+``commit_bundle``. To keep both sides busy, the flows that use no group are interleaved with
+the group messages: a group costs us far more to plan than it costs OVS to take in, a flow the
+other way round (with every flow after the groups, OVS was the bottleneck for the flows and
+idle during the groups: 0.2 s of waiting in a 10,000-Service sync).
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
@@ -43,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import operator
 import struct
@@ -72,6 +77,22 @@ _COMMAND = operator.attrgetter("command")
 GC_PAUSE_THRESHOLD = 5000
 # Streaming: yield to the event loop (so the transport writes) every this many messages.
 _STREAM_YIELD_EVERY = 512
+
+
+def _may_use_group(flow: of.FlowMod) -> bool:
+    """Whether a flow may refer to a group (an action or instruction we do not model may)."""
+    for instruction in flow[4]:
+        if type(instruction) is _APPLY_ACTIONS:
+            for action in instruction[1]:
+                if type(action) in _GROUP_USERS:
+                    return True
+        elif type(instruction) is not _GOTO_TABLE:
+            return True
+    return False
+
+
+_APPLY_ACTIONS, _GOTO_TABLE = of.ApplyActions, of.GotoTable
+_GROUP_USERS = frozenset({of.GroupAction, of.RawAction})
 
 
 def flow_key(flow: of.FlowMod) -> FlowKey:
@@ -364,14 +385,24 @@ class Datapath:
     # -- committing -------------------------------------------------------------------------
     def _messages(self, diff: _Commit) -> Iterator[of.Message]:
         """The commit's messages in a safe order, planned as they are consumed; the diff
-        records what the switch will hold once they are committed."""
+        records what the switch will hold once they are committed.
+
+        Order: group adds and changes, then the flow adds, then flow deletes, then group
+        deletes -- except that flows that use no group (most of them: EndpointDNAT) are
+        interleaved with the group messages, so that Open vSwitch takes them in while the next
+        groups are planned (planning a group costs us far more than it costs OVS, a flow the
+        other way round; a full sync streams in about max(ours, OVS) instead of their sum)."""
         stats = diff.stats
         kinds = stats.kinds
         plans = diff.plans
         installed_groups = self.installed_groups
         unknown_groups = self._unknown_groups
         group_deletes: list[of.Message] = []
-        for gid in sorted(diff.dirty_groups):
+        flow_adds = self._flow_adds(diff)
+        after_groups: list[of.FlowMod] = []  # flow adds that may use a group
+        dirty_groups = sorted(diff.dirty_groups)
+        per_group = len(diff.dirty_flows) // len(dirty_groups) if dirty_groups else 0
+        for gid in dirty_groups:
             desired = self.desired_group(gid)
             installed = installed_groups.get(gid)
             unknown = gid in unknown_groups
@@ -395,29 +426,20 @@ class Datapath:
                 kinds[name] = kinds.get(name, 0) + 1
                 yield msg
             stats.group_messages += len(plan.messages)
+            for flow in itertools.islice(flow_adds, per_group):
+                if _may_use_group(flow):
+                    after_groups.append(flow)
+                else:
+                    yield flow
         # Groups before the flows that use them...
-        installed_flows = self.installed_flows
-        refs = self._flow_refs
-        add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
-        add_key, add_flow = add_keys.append, add_flows.append
-        for key in diff.dirty_flows:
-            ref = refs.get(key)
-            have = installed_flows.get(key)
-            if ref is None:
-                if have is not None:
-                    delete_keys.append(key)
-                continue
-            want = ref.flows[key] if type(ref) is _Owner else self.desired_flow(key)
-            if want is have or (have is not None and want == have):
-                continue
-            # ADD replaces a flow with the same match and priority
-            add_key(key)
-            add_flow(want)
-            yield want  # type: ignore[misc]
+        yield from after_groups
+        yield from flow_adds
+        add_flows, delete_keys = diff.add_flows, diff.delete_keys
         for command, count in Counter(map(_COMMAND, add_flows)).items():
             name = _FLOW_KINDS.get(command, "flow")
             kinds[name] = kinds.get(name, 0) + count
         stats.flows_added = len(add_flows)
+        installed_flows = self.installed_flows
         # ...flows before the groups they used.
         for key in delete_keys:
             have = installed_flows[key]
@@ -451,6 +473,28 @@ class Datapath:
         stats.group_messages += len(group_deletes)
         stats.flow_messages = stats.flows_added + stats.flows_deleted
         stats.messages = stats.group_messages + stats.flow_messages
+
+    def _flow_adds(self, diff: _Commit) -> Iterator[of.FlowMod]:
+        """The flows to add (or replace), recorded in the diff as they are consumed; the keys
+        to delete are collected on the way."""
+        installed_flows = self.installed_flows
+        refs = self._flow_refs
+        add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
+        add_key, add_flow = add_keys.append, add_flows.append
+        for key in diff.dirty_flows:
+            ref = refs.get(key)
+            have = installed_flows.get(key)
+            if ref is None:
+                if have is not None:
+                    delete_keys.append(key)
+                continue
+            want = ref.flows[key] if type(ref) is _Owner else self.desired_flow(key)
+            if want is have or (have is not None and want == have):
+                continue
+            # ADD replaces a flow with the same match and priority
+            add_key(key)
+            add_flow(want)  # type: ignore[arg-type]
+            yield want  # type: ignore[misc]
 
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all

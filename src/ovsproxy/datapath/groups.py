@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.protocol.templates import bucket as _bucket
 
 MAX_MESSAGE = 0xFFFF
 BUNDLE_ADD_OVERHEAD = 16
@@ -122,7 +123,7 @@ class InstalledGroup:
 
 
 def bucket_of(spec: BucketSpec, bucket_id: int) -> of.Bucket:
-    return of.Bucket(bucket_id, spec[1], spec[2])
+    return _bucket(bucket_id, spec[1], spec[2])
 
 
 def _assign_ids(
@@ -259,7 +260,7 @@ def plan_group(
     if installed is None:
         # A new group: ids 0..n-1 in the order of the endpoints.
         wanted = desired.by_key()
-        buckets = [of.Bucket(i, s[1], s[2]) for i, s in enumerate(wanted.values())]
+        buckets = [_bucket(i, s[1], s[2]) for i, s in enumerate(wanted.values())]
         total = sum([len(b[0]) for b in buckets])
         command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(
@@ -274,7 +275,7 @@ def plan_group(
     ids, wanted = _assign_ids(desired, installed)
     ordered = sorted(wanted, key=ids.__getitem__)
     if installed.selection_method != method:
-        all_buckets = [of.Bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
+        all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
         total = sum([len(b[0]) for b in all_buckets])
         return GroupPlan(
             tuple(_chunked(_MODIFY, group_id, all_buckets, method, total)),
@@ -286,7 +287,7 @@ def plan_group(
     removed = [k for k, spec in old_buckets.items() if wanted.get(k) != spec]
     removed_set = set(removed)
     inserted = [k for k in ordered if k not in old_ids or k in removed_set]
-    new_buckets = [of.Bucket(ids[k], wanted[k][1], wanted[k][2]) for k in inserted]
+    new_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in inserted]
     inserted_bytes = sum([len(b[0]) for b in new_buckets])
     old_total = installed.bucket_bytes
     if old_total < 0:
@@ -305,7 +306,7 @@ def plan_group(
     full_size = _overhead(method) + total
     if _size(incremental) < full_size:
         return GroupPlan(tuple(incremental), result, "incremental")
-    all_buckets = [of.Bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
+    all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
     return GroupPlan(
         tuple(_chunked(_MODIFY, group_id, all_buckets, method, total)), result, "modify"
     )

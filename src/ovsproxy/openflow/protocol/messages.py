@@ -621,7 +621,20 @@ _GROUP_MOD = struct.Struct("!HBxIH2xI")
 _SELECTION_METHOD = struct.Struct("!HHII4x16sQ")
 
 
+_SELECTION_PROPS: dict[tuple[str, int, tuple[Field, ...]], bytes] = {}
+
+
 def _selection_method_prop(method: str, param: int, fields: tuple[Field, ...]) -> bytes:
+    key = (method, param, fields)
+    prop = _SELECTION_PROPS.get(key)
+    if prop is None:
+        prop = _encode_selection_method_prop(method, param, fields)
+        if len(_SELECTION_PROPS) < 256:  # a few methods in practice; never unbounded
+            _SELECTION_PROPS[key] = prop
+    return prop
+
+
+def _encode_selection_method_prop(method: str, param: int, fields: tuple[Field, ...]) -> bytes:
     raw = method.encode()
     if len(raw) >= c.NTR_MAX_SELECTION_METHOD_LEN:
         raise OpenFlowEncodeError(f"selection method {method!r} is too long")
