@@ -72,7 +72,7 @@ _MISSING: Any = object()
 _GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
 _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED = GroupPlan((), None, "delete")
-_COMMAND = operator.attrgetter("command")
+_COMMAND = operator.itemgetter(7)  # a FlowMod's command
 # A commit that touches more groups + flows than this pauses the cyclic GC while it runs.
 GC_PAUSE_THRESHOLD = 5000
 # Streaming: yield to the event loop (so the transport writes) every this many messages.
@@ -264,7 +264,8 @@ class Datapath:
             self._pause_gc_for_burst()
         pack = _KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
-        new_flows = {pack(f.table_id, f.priority) + f.match.wire: f for f in flows}
+        # flow_key(f): table, priority, the match's wire
+        new_flows = {pack(f[1], f[2]) + f[3][0]: f for f in flows}
         old = self._owners.get(owner)
         group_owner = self._group_owner
         for gid in new_groups:
@@ -427,10 +428,17 @@ class Datapath:
                 yield msg
             stats.group_messages += len(plan.messages)
             for flow in itertools.islice(flow_adds, per_group):
-                if _may_use_group(flow):
-                    after_groups.append(flow)
-                else:
+                # (inline for the usual shape: one apply-actions instruction of one action)
+                instructions = flow[4]
+                if (
+                    len(instructions) == 1
+                    and type(instructions[0]) is _APPLY_ACTIONS
+                    and len(instructions[0][1]) == 1
+                    and type(instructions[0][1][0]) not in _GROUP_USERS
+                ) or not _may_use_group(flow):
                     yield flow
+                else:
+                    after_groups.append(flow)
         # Groups before the flows that use them...
         yield from after_groups
         yield from flow_adds
@@ -680,7 +688,10 @@ class Datapath:
         self._unknown_groups = set(present) | set(self._group_owner)
         self._dirty_groups = set(self._unknown_groups)
         self._dirty_flows = dict.fromkeys(self.installed_flows)
-        self._dirty_flows.update(dict.fromkeys(refs))
+        if self._dirty_flows:
+            self._dirty_flows.update(dict.fromkeys(refs))
+        else:
+            self._dirty_flows = dict.fromkeys(refs)
         stats = await self._commit_locked()
         self._adopt = False
         return stats

@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol.templates import bucket as _bucket
+from ovsproxy.openflow.protocol.templates import group_mod as _fast_group_mod
+from ovsproxy.openflow.protocol.templates import numbered_buckets
 
 MAX_MESSAGE = 0xFFFF
 BUNDLE_ADD_OVERHEAD = 16
@@ -173,7 +175,7 @@ def _group_mod(
     selection_method: str | None,
     command_bucket_id: int = of.OFPG_BUCKET_ALL,
 ) -> of.GroupMod:
-    return of.GroupMod(
+    return _fast_group_mod(
         command,
         group_id,
         _SELECT,
@@ -260,7 +262,7 @@ def plan_group(
     if installed is None:
         # A new group: ids 0..n-1 in the order of the endpoints.
         wanted = desired.by_key()
-        buckets = [_bucket(i, s[1], s[2]) for i, s in enumerate(wanted.values())]
+        buckets = numbered_buckets(wanted.values())
         total = sum([len(b[0]) for b in buckets])
         command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(

@@ -230,33 +230,53 @@ ENDPOINT_CACHE_SIZE = 1 << 18
 _new_tuple = tuple.__new__
 
 
-# Per pipeline (Tables), the endpoint value caches: {(address, version, port, affinity):
-# bucket actions} and {(port, affinity): the actions after the address}. The tables of the
-# last lookup are remembered by identity, so a lookup hashes a few ints (an lru_cache key hashed
-# the Tables dataclass and the ipaddress object in Python: 1 us per endpoint).
-_bucket_actions: dict[pl.Tables, dict[tuple[int, int, int, bool], tuple[of.Action, ...]]] = {}
-_bucket_tails: dict[pl.Tables, dict[tuple[int, bool], tuple[of.Action, ...]]] = {}
-_last_bucket_cache: list[Any] = [None, None, None]  # tables, actions cache, tails cache
+# Endpoint values are keyed by (address as an int, port, IP version): a tuple of ints hashes
+# in C (an (ipaddress, port) key hashes in Python, 1 us per endpoint). The address and version
+# are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
+EndpointKey = tuple[int, int, int]
+_IPV4 = ipaddress.IPv4Address
+
+
+def _endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
+    return (ip._ip, port, 4 if type(ip) is _IPV4 else 6)
+
+
+def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Remember a value; past the bound, the oldest entry goes."""
+    if len(cache) >= ENDPOINT_CACHE_SIZE:
+        del cache[next(iter(cache))]
+    cache[key] = value
+
+
+class _BucketCaches:
+    """One pipeline's bucket actions: by affinity, {endpoint key: actions}; and the actions
+    after the address, by (port, affinity)."""
+
+    __slots__ = ("by_affinity", "tails")
+
+    def __init__(self) -> None:
+        self.by_affinity: tuple[dict[EndpointKey, tuple[of.Action, ...]], ...] = ({}, {})
+        self.tails: dict[tuple[int, bool], tuple[of.Action, ...]] = {}
+
+
+# Per pipeline (Tables); the tables of the last lookup are remembered by identity (hashing the
+# Tables dataclass is done in Python).
+_bucket_actions: dict[pl.Tables, _BucketCaches] = {}
+_last_bucket_cache: list[Any] = [None, None]  # tables, its caches
 _SET_ENDPOINT_IP = {
     4: templates.set_field_exact(pl.ENDPOINT_IP_REG),
     6: templates.set_field_exact(pl.ENDPOINT_IP6_REG),
 }
 
 
-def _bucket_caches(
-    tables: pl.Tables,
-) -> tuple[
-    dict[tuple[int, int, int, bool], tuple[of.Action, ...]],
-    dict[tuple[int, bool], tuple[of.Action, ...]],
-]:
+def _bucket_caches(tables: pl.Tables) -> _BucketCaches:
     last = _last_bucket_cache
     if last[0] is not tables:
-        last[:] = (
-            tables,
-            _bucket_actions.setdefault(tables, {}),
-            _bucket_tails.setdefault(tables, {}),
-        )
-    return last[1], last[2]
+        caches = _bucket_actions.get(tables)
+        if caches is None:
+            caches = _bucket_actions[tables] = _BucketCaches()
+        last[:] = (tables, caches)
+    return last[1]  # type: ignore[no-any-return]
 
 
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
@@ -270,18 +290,16 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
 
 
 def _new_bucket_actions(
-    key: tuple[int, int, int, bool], tables: pl.Tables
+    key: EndpointKey, affinity: bool, tables: pl.Tables
 ) -> tuple[of.Action, ...]:
-    """Build and remember the bucket actions of a key (a cache miss)."""
-    cache, tails = _bucket_caches(tables)
-    ip, version, port, affinity = key
-    tail = tails.get((port, affinity))
+    """Build and remember the bucket actions of an endpoint (a cache miss)."""
+    caches = _bucket_caches(tables)
+    address, port, version = key
+    tail = caches.tails.get((port, affinity))
     if tail is None:
-        tail = tails[port, affinity] = _bucket_tail(port, affinity, tables)
-    actions = (_SET_ENDPOINT_IP[version](ip), *tail)
-    if len(cache) >= ENDPOINT_CACHE_SIZE:
-        del cache[next(iter(cache))]
-    cache[key] = actions
+        tail = caches.tails[port, affinity] = _bucket_tail(port, affinity, tables)
+    actions = (_SET_ENDPOINT_IP[version](address), *tail)
+    _bounded_put(caches.by_affinity[affinity], key, actions)
     return actions
 
 
@@ -290,10 +308,10 @@ def endpoint_bucket_actions(
 ) -> tuple[of.Action, ...]:
     """A bucket: endpoint address into reg3/xxreg3, port and selection state into reg4 (one
     masked set_field), then on to EndpointDNAT (or back to ServiceLB to learn affinity)."""
-    key = (int(ip), ip.version, port, affinity)
-    actions = _bucket_caches(tables)[0].get(key)
+    key = _endpoint_key(ip, port)
+    actions = _bucket_caches(tables).by_affinity[affinity].get(key)
     if actions is None:
-        actions = _new_bucket_actions(key, tables)
+        actions = _new_bucket_actions(key, affinity, tables)
     return actions
 
 
@@ -335,44 +353,47 @@ def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templa
 
 
 # The templates of the last (context, protocol), remembered by identity (the lru_caches hash
-# the Context dataclass in Python): {4: ..., 6: ...} for DNAT and for frontends.
+# the Context dataclass in Python), by IP version: EndpointDNAT templates with their flow
+# caches, and ServiceLB templates.
 _last_templates: list[Any] = [None, None, None, None]
+_DnatTemplates = dict[int, tuple[templates.EndpointDnatFlows, dict[EndpointKey, of.FlowMod]]]
 
 
 def _templates(
     ctx: Context, protocol: Protocol
-) -> tuple[dict[int, templates.EndpointDnatFlows], dict[int, templates.FrontendFlows]]:
+) -> tuple[_DnatTemplates, dict[int, templates.FrontendFlows]]:
     last = _last_templates
     if last[0] is not ctx or last[1] is not protocol:
+        dnat = {}
+        for version in (4, 6):
+            template = _dnat_template(ctx, version, protocol)
+            cache = _dnat_flows.get(template)
+            if cache is None:
+                cache = _dnat_flows[template] = {}
+            dnat[version] = (template, cache)
         last[:] = (
             ctx,
             protocol,
-            {v: _dnat_template(ctx, v, protocol) for v in (4, 6)},
+            dnat,
             {v: _frontend_template(ctx, v, protocol) for v in (4, 6)},
         )
     return last[2], last[3]
 
 
-# (template, address as an int, port) -> flow; oldest first, so the bound evicts the least
-# recently *built* flow. A dict keyed by ints and the template (hashed by identity) hashes in
-# C (a key with the Context and the ipaddress object spent 2 us hashing per endpoint).
-_dnat_flows: dict[tuple[templates.EndpointDnatFlows, int, int], of.FlowMod] = {}
-
-
-def _dnat_flow(template: templates.EndpointDnatFlows, ip: int, port: int) -> of.FlowMod:
-    key = (template, ip, port)
-    flow = _dnat_flows.get(key)
-    if flow is None:
-        flow = template.flow(ip, port)
-        if len(_dnat_flows) >= ENDPOINT_CACHE_SIZE:
-            del _dnat_flows[next(iter(_dnat_flows))]
-        _dnat_flows[key] = flow
-    return flow
+# Per template, {endpoint key: flow}; oldest first, so the bound evicts the least recently
+# *built* flow.
+_dnat_flows: dict[templates.EndpointDnatFlows, dict[EndpointKey, of.FlowMod]] = {}
 
 
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
-    return _dnat_flow(_templates(ctx, protocol)[0][ip.version], int(ip), port)
+    key = _endpoint_key(ip, port)
+    template, cache = _templates(ctx, protocol)[0][key[2]]
+    flow = cache.get(key)
+    if flow is None:
+        flow = template.flow(key[0], port)
+        _bounded_put(cache, key, flow)
+    return flow
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:
@@ -506,11 +527,10 @@ def frontend_objects(
     svc_cookie = ctx.cookie(pl.Category.SERVICE)
     affinity = port.session_affinity
     dnat_templates, frontend_templates = _templates(ctx, port.protocol)
-    bucket_cache = _bucket_caches(t)[0]
-    dnat_flows = _dnat_flows
-    # The EndpointDNAT flows of the port's endpoints, each once: keyed by ints (an (ipaddress,
-    # port) key hashes in Python).
-    dnat: dict[tuple[int, int, int], of.FlowMod] = {}
+    bucket_cache = _bucket_caches(t).by_affinity[affinity]
+    ipv4 = _IPV4
+    # The EndpointDNAT flows of the port's endpoints, each once.
+    dnat: dict[EndpointKey, of.FlowMod] = {}
     for fset in sets:
         if not fset.frontends:
             continue
@@ -519,20 +539,19 @@ def frontend_objects(
         for ep in fset.endpoints:
             ip = ep.ip
             ep_port = ep.port
-            address = int(ip)
-            version = ip.version
-            key = (address, version, ep_port, affinity)
+            version = 4 if type(ip) is ipv4 else 6
+            key = (ip._ip, ep_port, version)
             actions = bucket_cache.get(key)
             if actions is None:
-                actions = _new_bucket_actions(key, t)
+                actions = _new_bucket_actions(key, affinity, t)
             append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
-            dnat_key = (address, ep_port, version)
-            if dnat_key not in dnat:
-                template = dnat_templates[version]
-                flow = dnat_flows.get((template, address, ep_port))
+            if key not in dnat:
+                template, cache = dnat_templates[version]
+                flow = cache.get(key)
                 if flow is None:
-                    flow = _dnat_flow(template, address, ep_port)
-                dnat[dnat_key] = flow
+                    flow = template.flow(key[0], ep_port)
+                    _bounded_put(cache, key, flow)
+                dnat[key] = flow
         groups.append(
             GroupSpec(
                 group_id=fset.group_id,
@@ -547,7 +566,7 @@ def frontend_objects(
         # To the group; with no endpoints, the reject action or (empty) drop.
         actions = (of.GroupAction(fset.group_id),) if fset.endpoints else tuple(fset.empty_actions)
         for ip in fset.frontends:
-            flows.append(frontend_templates[ip.version].flow(int(ip), port.port, actions))
+            flows.append(frontend_templates[ip.version].flow(ip._ip, port.port, actions))
             if not (affinity and fset.endpoints):
                 continue
             family = IPFamily.of(ip)

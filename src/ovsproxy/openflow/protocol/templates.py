@@ -31,14 +31,16 @@ from typing import Any
 from . import constants as c
 from .actions import CT, NAT, Action, ApplyActions, GroupAction, SetField
 from .fields import Match, get_field
-from .messages import Bucket, FlowMod
+from .messages import Bucket, FlowMod, GroupMod, _selection_method_prop
 
 __all__ = [
     "EndpointDnatFlows",
     "FrontendFlows",
     "TemplateError",
     "bucket",
+    "group_mod",
     "identical",
+    "numbered_buckets",
     "set_field_exact",
 ]
 
@@ -87,9 +89,9 @@ class _Cut:
         for at, width, _ in found:
             if at < pos:
                 raise TemplateError("variable parts overlap")
-            parts += (wire[pos:at].replace(b"%", b"%%"), b"%b")
+            parts += (_escape(wire[pos:at]), b"%b")
             pos = at + width
-        parts.append(wire[pos:].replace(b"%", b"%%"))
+        parts.append(_escape(wire[pos:]))
         self.fmt = b"".join(parts)
         self.order = tuple(name for _, _, name in found)
 
@@ -109,6 +111,11 @@ def _address_port_cut(wire: bytes, address: bytes, port: bytes) -> tuple[_Cut, b
         if len(address) != 16:
             raise
     return _Cut(wire, {"hi": address[:8], "lo": address[8:], "port": port}), True
+
+
+def _escape(constant: bytes) -> bytes:
+    """A constant part of a ``%`` format."""
+    return constant.replace(b"%", b"%%")
 
 
 def _prefix(wire: bytes, rest: bytes) -> bytes:
@@ -218,23 +225,36 @@ class EndpointDnatFlows:
         (apply,) = sample[4]
         (ct,) = apply[1]
         nat = ct[5]
-        # Cut every encoding around its variable bytes; the containers are heads + parts.
+        # Cut the encodings around their variable bytes. The flow's encoding is its head, the
+        # match, then the apply-actions instruction, which ends with the ct action, which holds
+        # the nat action: one format for the flow, and the others are slices of it.
         match_cut, split = _address_port_cut(match[0], ipb, portb)
-        match_fmt = match_cut.fmt
-        match_pick = match_cut.picker(_CUT_NAMES)
         nat_cut = _Cut(nat[0], {"ip": ipb, "port": portb})
-        nat_fmt = nat_cut.fmt
-        nat_pick = nat_cut.picker(_CUT_NAMES)
         ct_wire = ct[0]
         ct_head = ct_wire[: ct_wire.index(nat[0])]
         ct_tail = ct_wire[len(ct_head) + len(nat[0]) :]
         apply_head = _prefix(apply[0], ct_wire)
         flow_head = _prefix(sample[0], match[0] + apply[0])
+        flow_fmt = b"".join(
+            (
+                _escape(flow_head),
+                match_cut.fmt,
+                _escape(apply_head + ct_head),
+                nat_cut.fmt,
+                _escape(ct_tail),
+            )
+        )
+        pick = itemgetter(*(_CUT_NAMES.index(n) for n in match_cut.order + nat_cut.order))
+        match_at = len(flow_head)
+        apply_at = match_at + len(match[0])
+        ct_at = apply_at + len(apply_head)
+        nat_at = ct_at + len(ct_head)
+        nat_end = nat_at + len(nat[0])
         # Constant field values, from the sample.
         _, ct_commit, ct_zone, ct_table, ct_alg, _, ct_actions, ct_force = ct
         _, nat_src, nat_dst, _, nat_ip_max, _, nat_port_max, nat_pers, nat_hash, nat_rand = nat
         _, table_id, priority, _, _, *flow_tail = sample
-        flow_tail = tuple(flow_tail)
+        f5, f6, f7, f8, f9, f10, f11, f12, f13, f14 = flow_tail
         match_cls, nat_cls, ct_cls, apply_cls, flow_cls = Match, NAT, CT, ApplyActions, FlowMod
         generic = self.generic
 
@@ -243,15 +263,13 @@ class EndpointDnatFlows:
                 return generic(ip, port)  # what the generic constructors make of it
             ipb = ip.to_bytes(n_bytes, "big")
             portb = port.to_bytes(2, "big")
-            parts = (ipb, ipb[:8], ipb[8:], portb) if split else (ipb, ipb, ipb, portb)
-            match_wire = match_fmt % match_pick(parts)
-            nat_wire = nat_fmt % nat_pick(parts)
-            ct_wire = ct_head + nat_wire + ct_tail
-            apply_wire = apply_head + ct_wire
+            wire = flow_fmt % pick(
+                (ipb, ipb[:8], ipb[8:], portb) if split else (ipb, ipb, ipb, portb)
+            )
             nat = _new(
                 nat_cls,
                 (
-                    nat_wire,
+                    wire[nat_at:nat_end],
                     nat_src,
                     nat_dst,
                     ipb,
@@ -264,17 +282,27 @@ class EndpointDnatFlows:
                 ),
             )
             ct = _new(
-                ct_cls, (ct_wire, ct_commit, ct_zone, ct_table, ct_alg, nat, ct_actions, ct_force)
+                ct_cls,
+                (wire[ct_at:], ct_commit, ct_zone, ct_table, ct_alg, nat, ct_actions, ct_force),
             )
             return _new(
                 flow_cls,
                 (
-                    flow_head + match_wire + apply_wire,
+                    wire,
                     table_id,
                     priority,
-                    _new(match_cls, (match_wire, None)),
-                    (_new(apply_cls, (apply_wire, (ct,))),),
-                    *flow_tail,
+                    _new(match_cls, (wire[match_at:apply_at], None)),
+                    (_new(apply_cls, (wire[apply_at:], (ct,))),),
+                    f5,
+                    f6,
+                    f7,
+                    f8,
+                    f9,
+                    f10,
+                    f11,
+                    f12,
+                    f13,
+                    f14,
                 ),
             )
 
@@ -446,3 +474,112 @@ def bucket(bucket_id: int, actions: tuple[Action, ...], weight: int | None = 100
             None,
         ),
     )
+
+
+def numbered_buckets(specs: Iterable[Sequence[Any]], first_id: int = 0) -> list[Bucket]:
+    """``[Bucket(first_id + i, actions, weight) ...]`` for ``(key, actions, weight)`` items
+    (a group's bucket specs), in one loop."""
+    result: list[Bucket] = []
+    append = result.append
+    bucket_id = first_id
+    weights = _WEIGHTS
+    pack_head = _BUCKET_HEAD.pack
+    action_type = Action
+    for spec in specs:
+        actions = spec[1]
+        weight = spec[2]
+        prop = weights.get(weight)
+        if prop is not None and type(actions) is tuple and bucket_id <= c.OFPG_BUCKET_MAX:
+            for action in actions:
+                if not isinstance(action, action_type):
+                    break
+            else:
+                body = b"".join([a[0] for a in actions])
+                size = len(body)
+                if size + 16 <= 0xFFFF:
+                    head = pack_head(size + 16, size, bucket_id)
+                    append(
+                        _new(Bucket, (head + body + prop, bucket_id, actions, weight, None, None))
+                    )
+                    bucket_id += 1
+                    continue
+        append(bucket(bucket_id, actions, weight))  # the generic constructor decides
+        bucket_id += 1
+    return result
+
+
+_GROUP_MOD_HEAD = struct.Struct("!HBxIH2xI")
+_PROPERTY_COMMANDS = frozenset(
+    {c.GroupModCommand.ADD, c.GroupModCommand.MODIFY, c.GroupModCommand.ADD_OR_MOD}
+)
+
+
+def group_mod(
+    command: int,
+    group_id: int,
+    group_type: int,
+    buckets: Sequence[Bucket],
+    *,
+    command_bucket_id: int | None = None,
+    selection_method: str | None = None,
+) -> GroupMod:
+    """``GroupMod(command, group_id, group_type, buckets, command_bucket_id=...,
+    selection_method=...)`` (no selection method parameter or fields)."""
+    if type(buckets) is not tuple:
+        buckets = tuple(buckets)
+    for b in buckets:
+        if type(b) is not Bucket:
+            break
+    else:
+        if command_bucket_id is None:
+            command_bucket_id = (
+                c.OFPG_BUCKET_LAST
+                if command == c.GroupModCommand.INSERT_BUCKET
+                else c.OFPG_BUCKET_ALL
+            )
+        if selection_method == "":
+            selection_method = None
+        if selection_method is None:
+            props = b""
+        elif command in _PROPERTY_COMMANDS:
+            props = _selection_method_prop(selection_method, 0, ())
+        else:
+            props = None  # refused: the generic constructor raises
+        body = b"".join([b[0] for b in buckets])
+        if (
+            props is not None
+            and len(body) <= 0xFFFF
+            and not (buckets and command in _NO_BUCKET_COMMANDS)
+            and type(group_id) is int
+            and 0 <= group_id <= 0xFFFFFFFF
+            and type(command_bucket_id) is int
+            and 0 <= command_bucket_id <= 0xFFFFFFFF
+            and 0 <= command <= 0xFFFF
+            and 0 <= group_type <= 0xFF
+        ):
+            head = _GROUP_MOD_HEAD.pack(command, group_type, group_id, len(body), command_bucket_id)
+            return _new(
+                GroupMod,
+                (
+                    head + body + props,
+                    command,
+                    group_id,
+                    group_type,
+                    buckets,
+                    command_bucket_id,
+                    selection_method,
+                    0,
+                    (),
+                ),
+            )
+    return GroupMod(
+        command,
+        group_id,
+        group_type,
+        buckets,
+        command_bucket_id=command_bucket_id,
+        selection_method=selection_method,
+    )
+
+
+_NO_BUCKET_COMMANDS = frozenset({c.GroupModCommand.DELETE, c.GroupModCommand.REMOVE_BUCKET})
