@@ -306,3 +306,69 @@ def test_ovs_ofctl_prints_templated_values_as_we_do(
     text = of.to_text(dnat.flow(address, port))
     nat_ip = ip if version == 4 else f"[{ipaddress.ip_address(ip)}]"
     assert f"nat(dst={nat_ip}:{port})" in text
+
+
+@SETTINGS
+@given(
+    specs=st.lists(
+        st.tuples(st.none(), bucket_actions, st.one_of(st.none(), u16, st.just(100))), max_size=6
+    ),
+    first_id=st.one_of(st.integers(0, 0xFFFFFF00), st.just(0xFFFFFF00 - 2)),
+)
+def test_numbered_buckets_are_the_generic_buckets(
+    specs: list[tuple[None, tuple[of.Action, ...], int | None]], first_id: int
+) -> None:
+    try:
+        expected = [of.Bucket(first_id + i, a, w) for i, (_, a, w) in enumerate(specs)]
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            tpl.numbered_buckets(specs, first_id)
+    else:
+        got = tpl.numbered_buckets(specs, first_id)
+        assert len(got) == len(expected)
+        for fast, generic in zip(got, expected, strict=True):
+            same(fast, generic)
+
+
+GROUP_COMMANDS = list(of.GroupModCommand)
+
+
+@SETTINGS
+@given(
+    command=st.sampled_from(GROUP_COMMANDS),
+    group_id=st.one_of(st.integers(0, 0xFFFFFFFF), st.sampled_from([1, 0xFFFFFF00])),
+    group_type=st.sampled_from(list(of.GroupType)),
+    n_buckets=st.integers(0, 4),
+    command_bucket_id=st.one_of(st.none(), st.integers(0, 0xFFFFFFFF)),
+    selection_method=st.sampled_from([None, "", "hash", "dp_hash"]),
+    actions=bucket_actions,
+)
+def test_group_mod_is_the_generic_group_mod(
+    command: int,
+    group_id: int,
+    group_type: int,
+    n_buckets: int,
+    command_bucket_id: int | None,
+    selection_method: str | None,
+    actions: tuple[of.Action, ...],
+) -> None:
+    buckets = [tpl.bucket(i, actions) for i in range(n_buckets)]
+    kwargs = {"command_bucket_id": command_bucket_id, "selection_method": selection_method}
+    try:
+        expected = of.GroupMod(command, group_id, group_type, buckets, **kwargs)  # type: ignore[arg-type]
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            tpl.group_mod(command, group_id, group_type, buckets, **kwargs)  # type: ignore[arg-type]
+    else:
+        fast = tpl.group_mod(command, group_id, group_type, buckets, **kwargs)  # type: ignore[arg-type]
+        same(fast, expected)
+        assert fast.to_text() == expected.to_text()
+
+
+def test_group_mod_takes_what_it_does_not_speed_up_to_the_generic_constructor() -> None:
+    bucket = tpl.bucket(0, (of.Output(1),))
+    for buckets in ([bucket, "not a bucket"], [bucket] * 3000):  # junk; over 65,535 bytes
+        with pytest.raises(of.OpenFlowCodecError):
+            of.GroupMod(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, buckets)  # type: ignore[arg-type]
+        with pytest.raises(of.OpenFlowCodecError):
+            tpl.group_mod(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, buckets)  # type: ignore[arg-type]
