@@ -17,6 +17,7 @@ import contextlib
 import gc
 import hashlib
 import ipaddress
+import os
 import resource
 import statistics
 import subprocess
@@ -188,6 +189,9 @@ class SyncRun:
     commit_s: float = 0.0
     total_s: float = 0.0
     gc_s: float = 0.0
+    cpu_s: float = 0.0  # our process's CPU time over total_s
+    tail_s: float = 0.0  # from the bundle's last message to the commit reply: OVS alone
+    ovs_cpu_s: float | None = None  # ovs-vswitchd's CPU time over total_s
     messages: int = 0
     bytes: int = 0  # everything written to the switch for the sync (framing included)
     inner_bytes: int = 0  # the FLOW_MODs and GROUP_MODs themselves
@@ -218,12 +222,17 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
         clear_value_caches()
         gc.collect()
         sent_before = channel.counters.total("sent")[1]
+        committing = _time_bundle_commits(channel)
+        ovs_before = ovs_cpu(sb)
         with GcTimer() as gct:
+            cpu = time.process_time()
             started = time.perf_counter()
             build_s, stage_s = stage_cluster(dp, ports, ctx)
             staged = time.perf_counter()
             stats = await dp.commit()
             done = time.perf_counter()
+            cpu = time.process_time() - cpu
+        ovs_after = ovs_cpu(sb)
         inner = sum(row[1] for row in channel.counters.bundled.values())
         return SyncRun(
             build_s=build_s,
@@ -231,6 +240,9 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
             commit_s=done - staged,
             total_s=done - started,
             gc_s=gct.seconds,
+            cpu_s=cpu,
+            tail_s=done - committing[-1] if committing else 0.0,
+            ovs_cpu_s=None if ovs_before is None else ovs_after - ovs_before,  # type: ignore[operator]
             messages=stats.messages,
             bytes=channel.counters.total("sent")[1] - sent_before,
             inner_bytes=inner,
@@ -238,6 +250,39 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
         )
     finally:
         await channel.close()
+
+
+def _time_bundle_commits(channel: Channel) -> list[float]:
+    """Record when each streamed bundle of the channel is told to commit (its last message
+    has been written by then)."""
+    marks: list[float] = []
+    open_bundle = channel.bundle
+
+    def bundle(*args: Any, **kwargs: Any) -> Any:
+        opened = open_bundle(*args, **kwargs)
+        commit = opened.commit
+
+        async def timed_commit(*a: Any, **k: Any) -> None:
+            marks.append(time.perf_counter())
+            await commit(*a, **k)
+
+        opened.commit = timed_commit  # type: ignore[method-assign]
+        return opened
+
+    channel.bundle = bundle  # type: ignore[method-assign]
+    return marks
+
+
+def ovs_cpu(sb: Sandbox) -> float | None:
+    """CPU time (user + system) ovs-vswitchd has used so far; None if it cannot be read."""
+    pid = sb.record.pids.get("ovs-vswitchd") if sb.record is not None else None
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- the same content, for the baselines ---------------------------------------------------

@@ -16,6 +16,11 @@ rounds; the switch is emptied between runs, outside the clock):
 * ``floor``: the same messages encoded as BUNDLE_ADDs before the clock starts and written by
   the channel as one bundle: Open vSwitch's own time to take them in and commit.
 
+Where our time goes: ``ours_cpu_s`` is our process's CPU time over the sync (the build and
+staging are pure CPU; the commit streams while OVS works on the other core), ``ours_tail_s``
+the time from the bundle's last message to its commit reply (OVS alone), and
+``ovs_cpu_{ours,ofctl,floor}_s`` ovs-vswitchd's CPU time in each contender's run.
+
 ``ratio_vs_ofctl`` = ours / ofctl (target <= 1.2 at 10,000 x 10), ``ratio_vs_floor`` = ours /
 floor. ``same_content``: a hash of the switch's flows and groups after ours and after ofctl.
 """
@@ -71,13 +76,23 @@ def _size(sb: Any, services: int, endpoints: int, rounds: int, tmp: Path) -> dic
         check("ours")
         return result
 
+    ovs_cpu: dict[str, list[float]] = {"ofctl": [], "floor": []}
+
+    def with_ovs_cpu(who: str, run: Any) -> Any:
+        before = dp.ovs_cpu(sb)
+        result = run()
+        after = dp.ovs_cpu(sb)
+        if before is not None and after is not None:
+            ovs_cpu[who].append(after - before)
+        return result
+
     def ofctl() -> dp.OfctlRun:
-        result = dp.run_ofctl(sb, groups_file, flows_file)
+        result = with_ovs_cpu("ofctl", lambda: dp.run_ofctl(sb, groups_file, flows_file))
         check("ofctl")
         return result
 
     def floor() -> float:
-        result = asyncio.run(dp.floor(sb, messages))
+        result = with_ovs_cpu("floor", lambda: asyncio.run(dp.floor(sb, messages)))
         check("floor")
         return result
 
@@ -105,6 +120,11 @@ def _size(sb: Any, services: int, endpoints: int, rounds: int, tmp: Path) -> dic
         "ours_stage_s": round(dp.median([r.stage_s for r in mine]), 3),
         "ours_commit_s": round(staged_to_reply, 3),
         "ours_gc_s": round(dp.median([r.gc_s for r in mine]), 3),
+        "ours_cpu_s": round(dp.median([r.cpu_s for r in mine]), 3),
+        "ours_tail_s": round(dp.median([r.tail_s for r in mine]), 3),
+        "ovs_cpu_ours_s": _rounded_median([r.ovs_cpu_s for r in mine]),
+        "ovs_cpu_ofctl_s": _rounded_median(ovs_cpu["ofctl"]),
+        "ovs_cpu_floor_s": _rounded_median(ovs_cpu["floor"]),
         "ours_runs_s": [round(r.total_s, 3) for r in mine],
         "ofctl_total_s": round(baseline, 3),
         "ofctl_groups_s": round(dp.median([r.groups_s for r in theirs]), 3),
@@ -119,6 +139,11 @@ def _size(sb: Any, services: int, endpoints: int, rounds: int, tmp: Path) -> dic
         "ofctl_vs_floor": round(baseline / floor_s, 2),
         "same_content": fingerprints.get("ours") == fingerprints.get("ofctl"),
     }
+
+
+def _rounded_median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(dp.median(known), 2) if known else None
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -79,19 +79,25 @@ GC_PAUSE_THRESHOLD = 5000
 _STREAM_YIELD_EVERY = 512
 
 
-def _may_use_group(flow: of.FlowMod) -> bool:
-    """Whether a flow may refer to a group (an action or instruction we do not model may)."""
+def _groups_used(flow: of.FlowMod) -> tuple[int, ...] | None:
+    """The ids of the groups a flow sends to; None when it may use groups we cannot tell (an
+    action or instruction the codec does not model)."""
+    used: tuple[int, ...] = ()
     for instruction in flow[4]:
         if type(instruction) is _APPLY_ACTIONS:
             for action in instruction[1]:
-                if type(action) in _GROUP_USERS:
-                    return True
+                kind = type(action)
+                if kind is _GROUP_ACTION:
+                    used += (action[1],)
+                elif kind is _RAW_ACTION:
+                    return None
         elif type(instruction) is not _GOTO_TABLE:
-            return True
-    return False
+            return None
+    return used
 
 
 _APPLY_ACTIONS, _GOTO_TABLE = of.ApplyActions, of.GotoTable
+_GROUP_ACTION, _RAW_ACTION = of.GroupAction, of.RawAction
 _GROUP_USERS = frozenset({of.GroupAction, of.RawAction})
 
 
@@ -389,10 +395,11 @@ class Datapath:
         records what the switch will hold once they are committed.
 
         Order: group adds and changes, then the flow adds, then flow deletes, then group
-        deletes -- except that flows that use no group (most of them: EndpointDNAT) are
-        interleaved with the group messages, so that Open vSwitch takes them in while the next
-        groups are planned (planning a group costs us far more than it costs OVS, a flow the
-        other way round; a full sync streams in about max(ours, OVS) instead of their sum)."""
+        deletes -- except that flow adds are interleaved with the group messages once the
+        groups they use (most use none: EndpointDNAT) have been sent, so that Open vSwitch
+        takes them in while the next groups are planned (planning a group costs us far more
+        than it costs OVS, a flow the other way round; a full sync streams in about max(ours,
+        OVS) instead of their sum)."""
         stats = diff.stats
         kinds = stats.kinds
         plans = diff.plans
@@ -400,8 +407,9 @@ class Datapath:
         unknown_groups = self._unknown_groups
         group_deletes: list[of.Message] = []
         flow_adds = self._flow_adds(diff)
-        after_groups: list[of.FlowMod] = []  # flow adds that may use a group
+        after_groups: list[of.FlowMod] = []  # flow adds that use a group not sent yet
         dirty_groups = sorted(diff.dirty_groups)
+        pending = set(dirty_groups)  # groups whose messages are still to come
         per_group = len(diff.dirty_flows) // len(dirty_groups) if dirty_groups else 0
         for gid in dirty_groups:
             desired = self.desired_group(gid)
@@ -427,6 +435,7 @@ class Datapath:
                 kinds[name] = kinds.get(name, 0) + 1
                 yield msg
             stats.group_messages += len(plan.messages)
+            pending.discard(gid)
             for flow in itertools.islice(flow_adds, per_group):
                 # (inline for the usual shape: one apply-actions instruction of one action)
                 instructions = flow[4]
@@ -435,10 +444,14 @@ class Datapath:
                     and type(instructions[0]) is _APPLY_ACTIONS
                     and len(instructions[0][1]) == 1
                     and type(instructions[0][1][0]) not in _GROUP_USERS
-                ) or not _may_use_group(flow):
+                ):
                     yield flow
+                    continue
+                used = _groups_used(flow)
+                if used is None or not pending.isdisjoint(used):
+                    after_groups.append(flow)  # after its group(s), or every group
                 else:
-                    after_groups.append(flow)
+                    yield flow
         # Groups before the flows that use them...
         yield from after_groups
         yield from flow_adds
