@@ -527,7 +527,11 @@ def frontend_objects(
     svc_cookie = ctx.cookie(pl.Category.SERVICE)
     affinity = port.session_affinity
     dnat_templates, frontend_templates = _templates(ctx, port.protocol)
-    bucket_cache = _bucket_caches(t).by_affinity[affinity]
+    caches = _bucket_caches(t)
+    bucket_cache = caches.by_affinity[affinity]
+    tails = caches.tails
+    set_ip = _SET_ENDPOINT_IP
+    limit = ENDPOINT_CACHE_SIZE
     ipv4 = _IPV4
     # The EndpointDNAT flows of the port's endpoints, each once.
     dnat: dict[EndpointKey, of.FlowMod] = {}
@@ -543,25 +547,31 @@ def frontend_objects(
             key = (ip._ip, ep_port, version)
             actions = bucket_cache.get(key)
             if actions is None:
-                actions = _new_bucket_actions(key, affinity, t)
+                tail = tails.get((ep_port, affinity))
+                if tail is None:
+                    actions = _new_bucket_actions(key, affinity, t)
+                else:  # (_new_bucket_actions, inline: this runs per endpoint of a full sync)
+                    actions = (set_ip[version](key[0]), *tail)
+                    if len(bucket_cache) >= limit:
+                        del bucket_cache[next(iter(bucket_cache))]
+                    bucket_cache[key] = actions
             append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
             if key not in dnat:
                 template, cache = dnat_templates[version]
                 flow = cache.get(key)
                 if flow is None:
                     flow = template.flow(key[0], ep_port)
-                    _bounded_put(cache, key, flow)
+                    if len(cache) >= limit:  # (_bounded_put, inline)
+                        del cache[next(iter(cache))]
+                    cache[key] = flow
                 dnat[key] = flow
+        # GroupSpec(group_id, buckets, selection_method): every group, not only affinity ones,
+        # selects by "hash": Open vSwitch 3.1's dp_hash method sends all new connections to the
+        # bucket an INSERT_BUCKET added (until the next MODIFY or REMOVE_BUCKET); "hash"
+        # (highest random weight over the 5-tuple) stays balanced and moves only the
+        # connections of changed buckets.
         groups.append(
-            GroupSpec(
-                group_id=fset.group_id,
-                buckets=tuple(buckets),
-                # Every group, not only affinity ones: Open vSwitch 3.1's dp_hash method sends
-                # all new connections to the bucket an INSERT_BUCKET added (until the next
-                # MODIFY or REMOVE_BUCKET); "hash" (highest random weight over the 5-tuple)
-                # stays balanced and moves only the connections of changed buckets.
-                selection_method=GROUP_SELECTION_METHOD,
-            )
+            _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
         )
         # To the group; with no endpoints, the reject action or (empty) drop.
         actions = (of.GroupAction(fset.group_id),) if fset.endpoints else tuple(fset.empty_actions)
