@@ -79,33 +79,62 @@ def _full_sync(fs: dict[str, Any]) -> list[str]:
 def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
     head = fs["sizes"][fs["size"]]
     size = fs["size"].replace("x", " x ")
+    templated = enc and "error" not in enc and "dnat_flow_template_us" in enc
+    flow_cost = (
+        f" (the codec's templates: {enc['dnat_flow_template_us']} us to build and encode one,"
+        f" against {enc['dnat_flow_us']} us through the generic constructors)"
+        if templated
+        else ""
+    )
     out = [
         "### Where the time goes",
         "",
         f"At {size}, our {_s(head['ours_total_s'])}: **building** the values "
-        f"{_s(head['ours_build_s'])} (per endpoint a bucket spec and an EndpointDNAT flow --"
-        " match, ct(nat) action, instructions, flow mod -- per Service a group spec and a"
-        f" ServiceLB flow), **staging** {_s(head['ours_stage_s'])}, and the **commit**"
-        f" {_s(head['ours_commit_s'])}: adopting the switch, then planning every group (a"
-        " bucket value per endpoint) and streaming the messages into one bundle while Open"
-        " vSwitch decodes the ones before (its ingest is hidden behind our encoding), then OVS's"
-        f" commit of the bundle. Cyclic garbage collection inside: {_s(head['ours_gc_s'])} (the"
-        " collector is paused while a burst of staging and its commit run, and the new state is"
-        " frozen out of its sight afterwards; with the default thresholds the collector took"
-        " more time than the build itself).",
+        f"{_s(head['ours_build_s'])} (per endpoint a bucket spec and an EndpointDNAT flow"
+        f"{flow_cost}; per Service a group spec and a ServiceLB flow), **staging**"
+        f" {_s(head['ours_stage_s'])}, and the **commit** {_s(head['ours_commit_s'])}: adopting"
+        " the switch, then planning every group (a bucket value per endpoint) and streaming the"
+        " messages into one bundle while Open vSwitch takes in the ones before, then OVS's commit"
+        " of the bundle. Flows that use no group are interleaved with the group messages, so"
+        " both sides stay busy (a group costs us more than it costs OVS, a flow the other way"
+        " round). Cyclic garbage collection inside:"
+        f" {_s(head['ours_gc_s'])} (the collector is paused while a burst of staging and its"
+        " commit run, and the new state is frozen out of its sight afterwards).",
         "",
     ]
-    if enc and "error" not in enc:
+    if "ours_cpu_s" in head:
+        ovs = head.get("ovs_cpu_ours_s")
+        ovs_text = (
+            f"; OVS's own CPU time over our run, {_s(ovs)} (ofctl's run:"
+            f" {_s(head['ovs_cpu_ofctl_s'])}, the floor's: {_s(head['ovs_cpu_floor_s'])}), is"
+            " spent on the other core while we work"
+            if ovs is not None
+            else ""
+        )
         out += [
-            f"The codec's own cost to build and encode the same content from scratch is"
-            f" {_s(enc['full_sync_build_encode_s'])} (`encode` scenario:"
-            f" {enc['full_sync_messages']:,} messages, collector paused) -- already"
-            f" {enc['full_sync_build_encode_s'] / head['ofctl_total_s']:.2f}x ovs-ofctl's whole"
-            f" load, which parses and encodes in C. An EndpointDNAT flow costs"
-            f" {enc['dnat_flow_us']} us to build and encode, and a full sync builds one per"
-            " endpoint. So the 1.2x target is out of reach of the datapath alone: it needs value"
-            " construction in the codec (and the builders) to get several times cheaper. The"
-            f" floor, Open vSwitch alone, is {_s(head['floor_s'])}.",
+            f"Our process's CPU time over the sync: {_s(head['ours_cpu_s'])} of the"
+            f" {_s(head['ours_total_s'])}; from the bundle's last message to its commit reply,"
+            f" {_s(head['ours_tail_s'])} (Open vSwitch finishing and committing the bundle)"
+            f"{ovs_text}. So the total is our Python CPU time plus OVS's commit, and what is left"
+            " to win is CPU time in CPython: value construction (tuples and byte strings per"
+            " value), the bucket values of every group, and encoding each message into the"
+            " bundle.",
+            "",
+        ]
+    if enc and "error" not in enc:
+        fast = (
+            f"; with the templates and the fast bucket and group constructors,"
+            f" {_s(enc['full_sync_build_encode_template_s'])}"
+            if "full_sync_build_encode_template_s" in enc
+            else ""
+        )
+        out += [
+            f"The codec's own cost to build and encode the same content from scratch"
+            f" (`encode` scenario: {enc['full_sync_messages']:,} messages, collector paused):"
+            f" {_s(enc['full_sync_build_encode_s'])} through the generic constructors{fast}."
+            f" ovs-ofctl, which parses and encodes in C, loads it all in"
+            f" {_s(head['ofctl_total_s'])}; the floor, Open vSwitch alone, is"
+            f" {_s(head['floor_s'])}.",
             "",
         ]
     return out
@@ -183,8 +212,19 @@ def _others(report: dict[str, Any]) -> list[str]:
             f"* `encode`: {enc['ours_per_s']:,} GroupMods/s (10 buckets, cached bucket values; "
             f"target 50,000/s), {enc['ratio']}x os-ken; from scratch {enc['ours_cold_per_s']:,}/s"
             f" ({enc['cold_ratio']}x). EndpointDNAT flow built and encoded: "
-            f"{enc['dnat_flow_us']} us. A full sync's values built and encoded: "
-            f"{_s(enc['full_sync_build_encode_s'])} for {enc['full_sync_messages']:,} messages."
+            f"{enc['dnat_flow_us']} us"
+            + (
+                f" ({enc['dnat_flow_template_us']} us by its template)"
+                if "dnat_flow_template_us" in enc
+                else ""
+            )
+            + f". A full sync's values built and encoded: "
+            f"{_s(enc['full_sync_build_encode_s'])} for {enc['full_sync_messages']:,} messages"
+            + (
+                f" ({_s(enc['full_sync_build_encode_template_s'])} with the templates)."
+                if "full_sync_build_encode_template_s" in enc
+                else "."
+            )
         )
     load = report.get("load")
     if load and "error" not in load:
