@@ -1046,6 +1046,7 @@ def _prop(prop_type: int, payload: bytes) -> bytes:
 
 _BUNDLE_CTRL = struct.Struct("!IHH")
 _BUNDLE_ADD_HEADERS = struct.Struct("!BBHII2xHBBHI")  # outer header, bundle part, inner header
+_pack_bundle_add_headers = _BUNDLE_ADD_HEADERS.pack
 
 
 class BundleCtrl(Message):
@@ -1148,11 +1149,11 @@ def encode_bundle_add(
         raise MessageTooLarge(
             f"{type(message).__name__} in a bundle", inner_len, c.MAX_BUNDLED_MESSAGE_LEN
         )
-    inner_version = message[1][-1] if type(message) is Hello else c.OFP_VERSION
+    inner_version = message[1][-1] if type(message) is Hello else _VERSION
     return (
-        _BUNDLE_ADD_HEADERS.pack(
-            c.OFP_VERSION,
-            c.MsgType.BUNDLE_ADD_MESSAGE,
+        _pack_bundle_add_headers(
+            _VERSION,
+            _BUNDLE_ADD_TYPE,
             total,
             xid,
             bundle_id,
@@ -1164,6 +1165,11 @@ def encode_bundle_add(
         )
         + body
     )
+
+
+# (plain ints, bound once: this runs for every message of a full sync)
+_VERSION = int(c.OFP_VERSION)
+_BUNDLE_ADD_TYPE = int(c.MsgType.BUNDLE_ADD_MESSAGE)
 
 
 def bundle_add(
