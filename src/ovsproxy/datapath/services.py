@@ -3,7 +3,9 @@
 Pure: (ServicePort, endpoints, group ids, tables, generation) in, (groups, flows) out. The
 datapath diffs these against what is installed. Flow values are cached per endpoint and per
 pipeline, so a full resync re-uses the same objects (and their encoded bytes) instead of
-rebuilding 100,000 of them.
+rebuilding 100,000 of them. The shapes built per endpoint and per frontend (EndpointDNAT and
+ServiceLB flows, the endpoint's set_field) come from the codec's templates
+(``openflow.protocol.templates``): the values the generic constructors build, 4-5x cheaper.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ _IPV4 = ipaddress.IPv4Address
 
 
 def _endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
-    return (ip._ip, port, 4 if type(ip) is _IPV4 else 6)
+    return (ip._ip, port, 4 if type(ip) is _IPV4 else ip.version)
 
 
 def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
@@ -543,7 +545,7 @@ def frontend_objects(
         for ep in fset.endpoints:
             ip = ep.ip
             ep_port = ep.port
-            version = 4 if type(ip) is ipv4 else 6
+            version = 4 if type(ip) is ipv4 else ip.version
             key = (ip._ip, ep_port, version)
             actions = bucket_cache.get(key)
             if actions is None:
