@@ -477,32 +477,45 @@ def bucket(bucket_id: int, actions: tuple[Action, ...], weight: int | None = 100
 
 
 def numbered_buckets(specs: Iterable[Sequence[Any]], first_id: int = 0) -> list[Bucket]:
-    """``[Bucket(first_id + i, actions, weight) ...]`` for ``(key, actions, weight)`` items
-    (a group's bucket specs), in one loop."""
+    """``[Bucket(first_id + i, actions, weight) ...]`` for ``(key, actions, weight)``
+    triples (a group's bucket specs), in one loop."""
     result: list[Bucket] = []
     append = result.append
     bucket_id = first_id
     weights = _WEIGHTS
     pack_head = _BUCKET_HEAD.pack
     action_type = Action
-    for spec in specs:
-        actions = spec[1]
-        weight = spec[2]
+    max_id = c.OFPG_BUCKET_MAX
+    for _, actions, weight in specs:
         prop = weights.get(weight)
-        if prop is not None and type(actions) is tuple and bucket_id <= c.OFPG_BUCKET_MAX:
-            for action in actions:
-                if not isinstance(action, action_type):
-                    break
+        if prop is not None and type(actions) is tuple and bucket_id <= max_id:
+            if len(actions) == 3:  # an endpoint's bucket: one join, no intermediate body
+                a, b, d = actions
+                if (
+                    isinstance(a, action_type)
+                    and isinstance(b, action_type)
+                    and isinstance(d, action_type)
+                ):
+                    size = len(a[0]) + len(b[0]) + len(d[0])
+                    if size + 16 <= 0xFFFF:
+                        wire = b"".join(
+                            (pack_head(size + 16, size, bucket_id), a[0], b[0], d[0], prop)
+                        )
+                        append(_new(Bucket, (wire, bucket_id, actions, weight, None, None)))
+                        bucket_id += 1
+                        continue
             else:
-                body = b"".join([a[0] for a in actions])
-                size = len(body)
-                if size + 16 <= 0xFFFF:
-                    head = pack_head(size + 16, size, bucket_id)
-                    append(
-                        _new(Bucket, (head + body + prop, bucket_id, actions, weight, None, None))
-                    )
-                    bucket_id += 1
-                    continue
+                for action in actions:
+                    if not isinstance(action, action_type):
+                        break
+                else:
+                    body = b"".join([a[0] for a in actions])
+                    size = len(body)
+                    if size + 16 <= 0xFFFF:
+                        wire = pack_head(size + 16, size, bucket_id) + body + prop
+                        append(_new(Bucket, (wire, bucket_id, actions, weight, None, None)))
+                        bucket_id += 1
+                        continue
         append(bucket(bucket_id, actions, weight))  # the generic constructor decides
         bucket_id += 1
     return result
