@@ -553,16 +553,21 @@ class Datapath:
             return  # nothing changed: not even an empty bundle
         bundle: StreamingBundle = open_bundle()
         try:
-            bundle.add(first)
-            count = 1
-            for msg in messages:
-                bundle.add(msg)
-                count += 1
-                if count % _STREAM_YIELD_EVERY == 0:
-                    # Write what is buffered and let the loop push it to OVS, which decodes
-                    # these messages while we plan the next ones.
-                    await bundle.drain()
-                    await asyncio.sleep(0)
+            add = bundle.add
+            add(first)
+            batch = _STREAM_YIELD_EVERY - 1
+            while True:
+                added = 0
+                for msg in itertools.islice(messages, batch):
+                    add(msg)
+                    added += 1
+                if added < batch:
+                    break
+                # Write what is buffered and let the loop push it to OVS, which decodes
+                # these messages while we plan the next ones.
+                await bundle.drain()
+                await asyncio.sleep(0)
+                batch = _STREAM_YIELD_EVERY
         except BaseException:
             with contextlib.suppress(Exception):
                 await bundle.discard()
