@@ -81,8 +81,8 @@ def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
     size = fs["size"].replace("x", " x ")
     templated = enc and "error" not in enc and "dnat_flow_template_us" in enc
     flow_cost = (
-        f" (the codec's templates: {enc['dnat_flow_template_us']} us to build and encode one,"
-        f" against {enc['dnat_flow_us']} us through the generic constructors)"
+        f", built by the codec's templates -- {enc['dnat_flow_template_us']} us to build and"
+        f" encode one, against {enc['dnat_flow_us']} us through the generic constructors"
         if templated
         else ""
     )
@@ -121,6 +121,19 @@ def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
             " bundle.",
             "",
         ]
+        others = [
+            f"{key.replace('x', ' x ')}: {_s(r['ours_cpu_s'])} of CPU, tail {_s(r['ours_tail_s'])}"
+            for key, r in fs["sizes"].items()
+            if key != fs["size"] and "ours_cpu_s" in r
+        ]
+        if others:
+            out += [
+                "The other sizes (our CPU time, and the tail after our last message): "
+                + "; ".join(others)
+                + ". Where the tail is long, OVS is the bottleneck, not us: a group of thousands"
+                " of buckets costs it far more to take in than it costs us to encode.",
+                "",
+            ]
     if enc and "error" not in enc:
         fast = (
             f"; with the templates and the fast bucket and group constructors,"
