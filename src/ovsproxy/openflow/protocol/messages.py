@@ -1246,25 +1246,34 @@ class FlowDescRequest(Message):
         return text + " " + self[6].to_text()
 
 
-class GroupDescRequest(Message):
-    """OFPMP_GROUP_DESC request (``ovs-ofctl dump-groups``)."""
+class _GroupRequest(Message):
+    """A multipart request about one group or all of them (group_id=ALL)."""
 
     __slots__ = ()
     _fields = ("group_id",)
     group_id: int
     msg_type = c.MsgType.MULTIPART_REQUEST
-    raw_name = "OFPST_GROUP_DESC request"
+    multipart_type: ClassVar[int]
+    raw_name = ""
 
-    def __new__(cls, group_id: int = c.OFPG_ALL) -> GroupDescRequest:
+    def __new__(cls, group_id: int = c.OFPG_ALL) -> Any:
         try:
-            wire = _MULTIPART.pack(c.MultipartType.GROUP_DESC, 0) + struct.pack("!I4x", group_id)
+            wire = _MULTIPART.pack(cls.multipart_type, 0) + struct.pack("!I4x", group_id)
         except struct.error as exc:
-            raise OpenFlowEncodeError(f"group_desc request: {exc}") from None
+            raise OpenFlowEncodeError(f"{cls.raw_name}: {exc}") from None
         return tuple.__new__(cls, (wire, group_id))
 
     def to_text(self, xid: int = 0) -> str:
         group = "ALL" if self[1] == c.OFPG_ALL else str(self[1])
         return f" group_id={group}"
+
+
+class GroupDescRequest(_GroupRequest):
+    """OFPMP_GROUP_DESC request (``ovs-ofctl dump-groups``)."""
+
+    __slots__ = ()
+    multipart_type = c.MultipartType.GROUP_DESC
+    raw_name = "OFPST_GROUP_DESC request"
 
 
 _FLOW_DESC = struct.Struct("!H2xBxHHHHHQ")
@@ -1372,27 +1381,14 @@ class GroupDescReply(Message):
         return "".join("\n " + format_group(g) for g in self[1])
 
 
-class GroupStatsRequest(Message):
+class GroupStatsRequest(_GroupRequest):
     """OFPMP_GROUP_STATS request. Each reply entry costs 40 + 16 bytes per bucket, against
     GROUP_DESC's full buckets, so it lists big groups that GROUP_DESC cannot (Open vSwitch
     overflows a GROUP_DESC entry's 16-bit length for a group over 64 KB)."""
 
     __slots__ = ()
-    _fields = ("group_id",)
-    group_id: int
-    msg_type = c.MsgType.MULTIPART_REQUEST
+    multipart_type = c.MultipartType.GROUP_STATS
     raw_name = "OFPST_GROUP request"
-
-    def __new__(cls, group_id: int = c.OFPG_ALL) -> GroupStatsRequest:
-        try:
-            wire = _MULTIPART.pack(c.MultipartType.GROUP_STATS, 0) + struct.pack("!I4x", group_id)
-        except struct.error as exc:
-            raise OpenFlowEncodeError(f"group_stats request: {exc}") from None
-        return tuple.__new__(cls, (wire, group_id))
-
-    def to_text(self, xid: int = 0) -> str:
-        group = "ALL" if self[1] == c.OFPG_ALL else str(self[1])
-        return f" group_id={group}"
 
 
 _GROUP_STATS = struct.Struct("!H2xII4xQQII")
