@@ -250,6 +250,7 @@ class Agent:
         self.metrics.last_sync_success.set(time.time())
         self.health.sync_result(True)
         self.metrics.services.set(len(self.proxier.services))
+        self.metrics.refused.set(len(self.proxier.refused))
         self.metrics.endpoints.set(self.proxier.endpoint_count())
         self.metrics.groups.set(len(self.datapath.installed_groups))
         self.metrics.flows.set(len(self.datapath.installed_flows))
@@ -539,6 +540,11 @@ class Agent:
             "routes": routes,
             "services": services,
             "problems": [str(p) for p in getattr(self.source, "problems", [])][:100],
+            # Service ports the switch refused: they keep their last good state
+            "refused": {
+                str(name): reason
+                for name, reason in (self.proxier.refused.items() if self.proxier else ())
+            },
         }
 
     def dump_text(self) -> str:

@@ -77,6 +77,11 @@ class Metrics:
             "Endpoints installed in select groups (all Service ports).",
             registry=r,
         )
+        self.refused = Gauge(
+            "ovsproxy_services_refused",
+            "Service ports whose flows the switch refused (they keep their last good state).",
+            registry=r,
+        )
         self.groups = Gauge("ovsproxy_groups_installed", "Select groups installed.", registry=r)
         self.flows = Gauge("ovsproxy_flows_installed", "Flows installed.", registry=r)
         self.openflow_connected = Gauge(

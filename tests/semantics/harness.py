@@ -133,7 +133,9 @@ def endpoint(
     return Endpoint(address, port, node_name=node, **kw)
 
 
-async def make_world(sandbox: Sandbox, **proxier_kw: Any) -> World:
+async def make_world(
+    sandbox: Sandbox, proxier_cls: type[Proxier] = Proxier, **proxier_kw: Any
+) -> World:
     dp: Datapath | None = None
 
     async def hook() -> None:
@@ -155,5 +157,5 @@ async def make_world(sandbox: Sandbox, **proxier_kw: Any) -> World:
         ]
 
     kwargs = {"node_name": NODE, "pods": pods, **semantics.proxier_kwargs(), **proxier_kw}
-    proxier = Proxier(tracker, dp, **kwargs)
+    proxier = proxier_cls(tracker, dp, **kwargs)
     return World(sandbox, channel, dp, tracker, proxier, semantics)

@@ -74,6 +74,10 @@ def render_status(info: dict[str, Any], console: Console) -> None:
             f"    affinity {_affinity(svc)}, internal traffic policy "
             f"{svc['internal_traffic_policy']}"
         )
+    if info.get("refused"):
+        console.print("[bold red]refused by Open vSwitch (last good state kept)[/]")
+        for name, reason in info["refused"].items():
+            console.print(f"  {escape(name)}: {escape(reason)}")
     if info.get("problems"):
         console.print("[bold red]problems in the sources[/]")
         for problem in info["problems"]:

@@ -161,7 +161,12 @@ class _Owner:
 
 
 class DatapathError(RuntimeError):
-    pass
+    """A commit failed. ``owners``: the owners whose messages the switch refused (when it
+    said which), so the caller can set them aside and commit everything else."""
+
+    def __init__(self, message: str, owners: Sequence[Hashable] = ()) -> None:
+        super().__init__(message)
+        self.owners = list(owners)
 
 
 @contextlib.contextmanager
@@ -592,7 +597,7 @@ class Datapath:
                 raise
             except BundleError as exc:  # refused and discarded: nothing was applied
                 self._restore(diff)
-                raise DatapathError(f"bundle refused: {exc}") from exc
+                raise DatapathError(f"bundle refused: {exc}", self._owners_of(exc)) from exc
             except Exception as exc:
                 self._restore(diff)
                 if diff.committing:
@@ -613,6 +618,23 @@ class Datapath:
         self.commits += 1
         await self._save_group_ids()
         return stats
+
+    def _owners_of(self, exc: BundleError) -> list[Hashable]:
+        """Who wanted the messages the switch refused (adds and changes only: a refused
+        delete belongs to nobody any more)."""
+        owners: dict[Hashable, None] = {}
+        for failure in exc.failures:
+            msg = failure.message
+            found: Any = None
+            if isinstance(msg, of.FlowMod):
+                found = self._flow_refs.get(flow_key(msg))
+            elif isinstance(msg, of.GroupMod):
+                found = self._group_owner.get(msg.group_id)
+            if isinstance(found, _Owner):
+                owners[found.key] = None
+            elif isinstance(found, dict):
+                owners.update(dict.fromkeys(o.key for o in found))
+        return list(owners)
 
     def _record(self, diff: _Commit) -> None:
         installed_groups = self.installed_groups

@@ -69,12 +69,19 @@ class OpenFlowError(Exception):
 
     ``name`` is ``TYPE/CODE`` (e.g. ``OFPET_GROUP_MOD_FAILED/OFPGMFC_GROUP_EXISTS``),
     ``xid`` the transaction id, ``request`` the text of the message that failed (when the
-    channel knows it) and ``error`` the decoded ``of.Error``.
+    channel knows it), ``message`` that message itself, and ``error`` the decoded ``of.Error``.
     """
 
-    def __init__(self, error: of.Error, xid: int, request: str | None = None) -> None:
+    def __init__(
+        self,
+        error: of.Error,
+        xid: int,
+        request: str | None = None,
+        message: of.Message | None = None,
+    ) -> None:
         self.error = error
         self.xid = xid
+        self.message = message
         self.name = error.name
         self.code_name = error.code_name
         self.request = request
@@ -443,7 +450,7 @@ class Bundle:
     def _record_error(self, xid: int, error: of.Error) -> None:
         msg = self.messages.get(xid)
         text = of.to_text(msg) if msg is not None else None
-        self.errors.append(OpenFlowError(error, xid, text))
+        self.errors.append(OpenFlowError(error, xid, text, msg))
 
     async def __aenter__(self) -> Bundle:
         return self

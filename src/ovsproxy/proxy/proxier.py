@@ -35,7 +35,7 @@ from typing import Any
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
-from ovsproxy.datapath.datapath import CommitStats, Datapath
+from ovsproxy.datapath.datapath import CommitStats, Datapath, DatapathError
 from ovsproxy.model import (
     Endpoint,
     IPAddress,
@@ -51,6 +51,9 @@ from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topolo
 from ovsproxy.proxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
+
+# Commit attempts per sync while setting refused Service ports aside.
+MAX_ISOLATION_ROUNDS = 4
 
 PIPELINE_OWNER = ("pipeline",)
 
@@ -335,6 +338,10 @@ class Proxier:
         self._pod_owners: set[tuple[str, str]] = set()
         self._synced_once = False
         self.last_result = SyncResult()
+        # The last state of each Service port the switch accepted, and the ports it refused
+        # (with OVS's error), which keep that last good state until they change.
+        self._good: dict[ServicePortName, ServiceState] = {}
+        self.refused: dict[ServicePortName, str] = {}
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
         self._learned_deletes: dict[tuple[Any, ...], of.FlowMod] = {}
@@ -375,7 +382,7 @@ class Proxier:
                 )
             for ep in (*sel.endpoints, *sel.external_endpoints):
                 used.setdefault((ep.ip, ep.port), ep)
-        objects = svc.frontend_objects(self.ctx, port, sets)
+        objects = self._objects_for(port, sets)
         self.datapath.stage(port.name, objects.groups, objects.flows)
         previous = self.services.get(port.name)
         installed = InstalledService(
@@ -395,6 +402,10 @@ class Proxier:
         )
         self._after_change(previous, installed)
         self.services[port.name] = installed
+
+    def _objects_for(self, port: ServicePort, sets: list[svc.FrontendSet]) -> svc.ServiceObjects:
+        """The groups and flows of one Service port (a seam for tests of refused ports)."""
+        return svc.frontend_objects(self.ctx, port, sets)
 
     def _remove_service(self, name: ServicePortName) -> None:
         self.datapath.unstage(name)
@@ -488,13 +499,18 @@ class Proxier:
             return SyncResult()
         changes = self.tracker.checkpoint()
         full = full or not self._synced_once
+        touched: dict[ServicePortName, ServiceState | None] = {}
         if full:
             self._stage_pipeline()
             states = self.tracker.snapshot()
             for name in [n for n in self.services if n not in states]:
                 self._remove_service(name)
-            for state in states.values():
+                touched[name] = None
+            for name in [n for n in self.refused if n not in states]:
+                touched[name] = None
+            for name, state in states.items():
                 self._stage_service(state)
+                touched[name] = state
             changed = len(states)
         else:
             for name, change in changes.items():
@@ -502,9 +518,10 @@ class Proxier:
                     self._remove_service(name)
                 else:
                     self._stage_service(change.current)
+                touched[name] = change.current
             changed = len(changes)
         await self._stage_pods()
-        commit = await self.datapath.commit()
+        commit = await self._commit_isolating(touched)
         self._synced_once = True
         await self._post_commit()
         if self._on_cluster_ips is not None:
@@ -522,6 +539,54 @@ class Proxier:
                 " (full)" if full else "",
             )
         return result
+
+    async def _commit_isolating(
+        self, touched: dict[ServicePortName, ServiceState | None]
+    ) -> CommitStats:
+        """Commit; if the switch refuses the messages of some Service ports, set those aside
+        (each keeps its last good state, or none) and commit the rest: one broken Service
+        never holds back the others."""
+        set_aside: set[ServicePortName] = set()
+        for _ in range(MAX_ISOLATION_ROUNDS):
+            try:
+                commit = await self.datapath.commit()
+                break
+            except DatapathError as exc:
+                culprits = [
+                    o for o in exc.owners if isinstance(o, ServicePortName) and o not in set_aside
+                ]
+                if not culprits:
+                    raise
+                for name in culprits:
+                    self._set_aside(name, str(exc.__cause__ or exc))
+                    set_aside.add(name)
+        else:
+            raise DatapathError(
+                f"the switch kept refusing after setting aside {len(set_aside)} Service port(s)"
+            )
+        for name, state in touched.items():
+            if name in set_aside:
+                continue
+            self.refused.pop(name, None)
+            if state is None:
+                self._good.pop(name, None)
+            else:
+                self._good[name] = state
+        return commit
+
+    def _set_aside(self, name: ServicePortName, reason: str) -> None:
+        good = self._good.get(name)
+        log.error(
+            "Service port %s: Open vSwitch refused its flows or groups (%s); %s",
+            name,
+            reason,
+            "keeping its last good state" if good else "not installing it",
+        )
+        self.refused[name] = reason
+        if good is not None:
+            self._stage_service(good)
+        else:
+            self._remove_service(name)
 
     # -- status -----------------------------------------------------------------------------
     def endpoint_count(self) -> int:
