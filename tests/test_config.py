@@ -1,0 +1,93 @@
+"""`ovsproxy run` configuration: YAML file + flags, validated up front with the key named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ovsproxy.config import AgentConfig, ConfigError, load
+from ovsproxy.datapath.pipeline import Mode
+
+
+def test_defaults_are_the_embedded_sandbox() -> None:
+    config = load()
+    assert config.embedded and config.mode is Mode.STANDALONE
+    assert config.metrics_host_port == ("127.0.0.1", 10256)
+
+
+def test_file_values_then_flags_win(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("""
+source: kubernetes
+ovsdb: unix:/run/openvswitch/db.sock
+openflow: unix:/run/openvswitch/br-int.mgmt
+bridge: br-int
+mode: integrated
+first_table: 100
+next_table: 70
+group_id_min: 0x10000000
+service_cidr: 10.96.0.0/12
+min-sync-interval: 2
+""")
+    config = load(path, bridge="br-ex", min_sync_interval=None)
+    assert config.bridge == "br-ex"  # the flag wins
+    assert config.in_cluster and not config.embedded
+    assert config.mode is Mode.INTEGRATED and config.first_table == 100
+    assert config.group_id_min == 0x10000000
+    assert config.service_cidr == ("10.96.0.0/12",)  # a single value becomes a list
+    assert config.min_sync_interval == 2.0
+    assert config.pipeline.next_table == 70
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"colour": "blue"}, "unknown configuration key 'colour'"),
+        ({"service_cidr": ["10.96.0.0/33"]}, "service_cidr: '10.96.0.0/33' is not an IP network"),
+        ({"mode": "sidecar"}, "mode: 'sidecar' is not one of standalone, integrated"),
+        ({"first_table": "ten"}, "first_table: expected an integer, got 'ten'"),
+        ({"ovsdb": "unix:/x"}, "ovsdb and openflow: give both"),
+        ({"metrics_address": "nowhere"}, "metrics_address: 'nowhere' is not HOST:PORT"),
+        ({"log_format": "xml"}, "log_format: 'xml' is not text or json"),
+        ({"first_table": 10, "next_table": 12}, "next_table 12 must be a table outside"),
+        ({"manifests": ["a.yaml"], "kubeconfig": "k"}, "choose one source"),
+        ({"cleanup": "yes"}, "cleanup: expected true or false"),
+    ],
+)
+def test_bad_values_name_the_key(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(**values)  # type: ignore[arg-type]
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text("bridge: [unclosed\n")
+    with pytest.raises(ConfigError, match=r"config file .*broken.yaml"):
+        load(path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load(path)
+
+
+def test_run_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("first_table: 300\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "ovsproxy", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert out.returncode == 1
+    assert "configuration: pipeline: first_table 300" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_agent_config_is_frozen() -> None:
+    with pytest.raises(AttributeError):
+        AgentConfig().bridge = "x"  # type: ignore[misc]
