@@ -339,3 +339,34 @@ def test_local_sets_fall_back_to_serving_terminating_endpoints(endpoints, expect
     sel = select_endpoints(state, IPFamily.IPv4, NODE, None)
     assert [str(e) for e in sel.endpoints] == expected
     assert sel.terminating == terminating
+
+
+async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
+    recorder = Recorder()
+    tracker = ChangeTracker()
+    tracker.on_synced(SYNC_SERVICES)
+    tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    seen: list[frozenset] = []
+
+    async def on_cluster_ips(ips: frozenset) -> None:
+        seen.append(ips)
+
+    proxier = Proxier(
+        tracker,
+        Datapath(recorder, pl.PipelineConfig(), 1),
+        node_name=NODE,
+        on_cluster_ips=on_cluster_ips,
+        conntrack=recorder,  # type: ignore[arg-type]
+        send=recorder.send,
+    )
+    web = port("10.96.0.1")
+    apply(tracker, web, [ep("10.244.0.2")])
+    await proxier.sync()
+    assert seen == [frozenset({ip("10.96.0.1")})]
+    apply(tracker, web, [ep("10.244.0.2"), ep("10.244.0.3")])  # endpoints only
+    await proxier.sync()
+    await proxier.sync(full=True)
+    assert len(seen) == 1
+    apply(tracker, port("10.96.0.1", "fd00::1"), [ep("10.244.0.2")])  # a new address
+    await proxier.sync()
+    assert seen[-1] == frozenset({ip("10.96.0.1"), ip("fd00::1")})

@@ -338,3 +338,18 @@ def test_service_states_is_independent_of_slice_order() -> None:
     a = eps("web", "a", "10.244.0.1", ready=False, terminating=True)
     b = eps("web", "b", "10.244.0.1")
     assert service_states(ports, [a, b]) == service_states(ports, [b, a])
+
+
+def test_cluster_ips_version_moves_only_when_an_address_comes_or_goes() -> None:
+    tracker = ChangeTracker()
+    start = tracker.cluster_ips_version
+    tracker.on_service_add(svc("a", cluster_ip="10.96.0.1"))
+    added = tracker.cluster_ips_version
+    assert added != start
+    tracker.on_service_add(svc("b", cluster_ip="10.96.0.1"))  # shared: no new address
+    tracker.on_endpoint_slice_update(eps("a", "a-1", "10.244.0.8"))
+    assert tracker.cluster_ips_version == added
+    tracker.on_service_delete("ns", "b")  # still used by a
+    assert tracker.cluster_ips_version == added
+    tracker.on_service_delete("ns", "a")
+    assert tracker.cluster_ips_version != added and tracker.cluster_ips() == frozenset()

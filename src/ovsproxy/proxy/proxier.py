@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -342,6 +342,7 @@ class Proxier:
         # (with OVS's error), which keep that last good state until they change.
         self._good: dict[ServicePortName, ServiceState] = {}
         self.refused: dict[ServicePortName, str] = {}
+        self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
         self._learned_deletes: dict[tuple[Any, ...], of.FlowMod] = {}
@@ -524,8 +525,12 @@ class Proxier:
         commit = await self._commit_isolating(touched)
         self._synced_once = True
         await self._post_commit()
-        if self._on_cluster_ips is not None:
+        version = self.tracker.cluster_ips_version
+        if self._on_cluster_ips is not None and version != self._cluster_ips_version:
+            # Only when an address came or went: rebuilding the set of every ClusterIP on each
+            # endpoint change would make every sync cost the size of the cluster.
             await self._on_cluster_ips(self.tracker.cluster_ips())
+            self._cluster_ips_version = version
         result = SyncResult(
             changed=changed, full=full, commit=commit, seconds=time.perf_counter() - started
         )
@@ -591,6 +596,3 @@ class Proxier:
     # -- status -----------------------------------------------------------------------------
     def endpoint_count(self) -> int:
         return sum(len(s.endpoints) for s in self.services.values())
-
-    def cluster_ips(self) -> Iterable[IPAddress]:
-        return self.tracker.cluster_ips()

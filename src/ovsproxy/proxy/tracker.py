@@ -118,6 +118,7 @@ class ChangeTracker:
         self._applied: dict[ServiceKey, dict[ServicePortName, ServiceState]] = {}
         self._dirty: set[ServiceKey] = set()
         self._cluster_ip_refs: Counter[IPAddress] = Counter()
+        self._cluster_ips_version = 0
         self._notify: Callable[[], None] | None = None
         self._wait_for = frozenset(wait_for)
         self._synced_kinds: set[str] = set()
@@ -214,6 +215,12 @@ class ChangeTracker:
         """The ClusterIPs of every Service the tracker holds now."""
         return frozenset(self._cluster_ip_refs)
 
+    @property
+    def cluster_ips_version(self) -> int:
+        """Changes whenever an address joins or leaves ``cluster_ips()``: readers need not
+        rebuild the set when nothing changed."""
+        return self._cluster_ips_version
+
     def service_count(self) -> int:
         return len(self._ports)
 
@@ -238,10 +245,14 @@ class ChangeTracker:
         if not ports:
             return
         # All ports of a Service share its ClusterIPs; count them once per Service.
+        refs = self._cluster_ip_refs
         for ip in ports[0].cluster_ips:
-            self._cluster_ip_refs[ip] += delta
-            if self._cluster_ip_refs[ip] <= 0:
-                del self._cluster_ip_refs[ip]
+            if ip not in refs:
+                self._cluster_ips_version += 1
+            refs[ip] += delta
+            if refs[ip] <= 0:
+                del refs[ip]
+                self._cluster_ips_version += 1
 
     def _set_slice(self, endpoint_slice: EndpointSlice) -> None:
         slice_id = (endpoint_slice.namespace, endpoint_slice.name)
