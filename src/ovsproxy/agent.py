@@ -174,7 +174,6 @@ class Agent:
                 "source: Kubernetes API (%s)",
                 self.config.kubeconfig or "in-cluster / default kubeconfig",
             )
-            self._service_cidr_informer = SERVICE_CIDRS
         await self.source.start()
         if self.discoverer is not None and not paths:
             from ovsproxy.servicecidr import ServiceCIDRInformerHandler
@@ -226,15 +225,11 @@ class Agent:
                 log.warning("switch lost flows or groups behind our back: rewriting all")
                 await self.datapath.resync_switch()
             result = await self.proxier.sync(full)
-        except OpenFlowError as exc:
-            self.openflow_errors[exc.name] = self.openflow_errors.get(exc.name, 0) + 1
-            self.metrics.syncs.labels("error").inc()
-            self.health.sync_result(False, str(exc))
-            raise
         except Exception as exc:
-            cause = exc.__cause__
-            if isinstance(cause, OpenFlowError):
-                self.openflow_errors[cause.name] = self.openflow_errors.get(cause.name, 0) + 1
+            # An OVS error, raised as is or as the cause of a datapath error: count its name.
+            error = exc if isinstance(exc, OpenFlowError) else exc.__cause__
+            if isinstance(error, OpenFlowError):
+                self.openflow_errors[error.name] = self.openflow_errors.get(error.name, 0) + 1
             self.metrics.syncs.labels("error").inc()
             self.health.sync_result(False, str(exc))
             raise
@@ -304,7 +299,7 @@ class Agent:
             "ovsproxy_openflow_errors",
             "OpenFlow errors from the switch by name.",
             ("error",),
-            lambda: {(k,): float(v) for k, v in self._all_of_errors().items()},
+            lambda: {(k,): float(v) for k, v in self.openflow_errors.items()},
         )
         m.add_counter(
             "ovsproxy_openflow_connections",
@@ -346,9 +341,6 @@ class Agent:
             lambda: {(k,): float(v) for k, v in stats.errors.items()},
         )
         self.health.connected = lambda: self.channel is not None and self.channel.connected
-
-    def _all_of_errors(self) -> dict[str, int]:
-        return dict(self.openflow_errors)
 
     # -- run --------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:

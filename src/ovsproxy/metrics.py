@@ -104,15 +104,6 @@ class Metrics:
     ) -> None:
         self.dicts.counters.append((name, help_text, labels, read))
 
-    def add_gauge(
-        self,
-        name: str,
-        help_text: str,
-        labels: tuple[str, ...],
-        read: Callable[[], Mapping[tuple[str, ...], float]],
-    ) -> None:
-        self.dicts.gauges.append((name, help_text, labels, read))
-
     def render(self) -> bytes:
         return generate_latest(self.registry)
 

@@ -644,7 +644,3 @@ def service_objects(
         for family, group_id in sorted(group_ids.items())
     ]
     return frontend_objects(ctx, port, sets)
-
-
-def is_ipv6(ip: IPAddress) -> bool:
-    return isinstance(ip, ipaddress.IPv6Address)
