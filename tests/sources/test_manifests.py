@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import (
     Endpoint,
     Protocol,
@@ -21,7 +22,7 @@ from ovsproxy.model import (
     TrafficPolicy,
 )
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.sources.manifests import ManifestSource, gc_paused, parse_manifest
+from ovsproxy.sources.manifests import ManifestSource, parse_manifest
 from ovsproxy.sources.problems import SourceError, ValidationError
 
 MANIFESTS = Path(__file__).parent / "manifests"

@@ -10,13 +10,13 @@ from collections import Counter
 
 import click
 
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.sources.manifests import (
     ManifestObject,
     ObjectKey,
     ParsedManifest,
     discover_files,
     duplicate_problem,
-    gc_paused,
     parse_manifest,
 )
 from ovsproxy.sources.problems import Problem

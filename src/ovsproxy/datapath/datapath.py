@@ -59,9 +59,9 @@ from typing import Any, Protocol
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import GroupPlan, GroupSpec, InstalledGroup, delete_group, plan_group
+from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import BundleError, ChannelError
-from ovsproxy.sources.manifests import gc_paused  # process-wide, nests across threads
 
 log = logging.getLogger(__name__)
 

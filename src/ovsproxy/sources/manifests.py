@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import hashlib
 import logging
 import os
-import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import EndpointSlice, Service
 from ovsproxy.sources.convert import (
     convert_endpoint_slice,
@@ -220,39 +219,6 @@ def _item(node: yaml.Node | None, index: int) -> yaml.Node | None:
         item: yaml.Node = node.value[index]
         return item
     return None
-
-
-class _GcPause:
-    """No cyclic garbage collection inside ``with gc_paused():`` (process-wide; nests,
-    also across threads; the collector's previous state comes back with the last exit).
-
-    Loading thousands of objects that all stay alive makes every full collection scan all
-    of them again: 40% of a 10,000-Service load. Parsing makes no reference cycles, so
-    reference counting frees everything a collection would have.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0
-        self._restore = False
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._depth == 0:
-                self._restore = gc.isenabled()
-                gc.disable()
-            self._depth += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._depth -= 1
-                if self._depth == 0 and self._restore:
-                    gc.enable()
-
-
-gc_paused = _GcPause()
 
 
 def discover_files(
