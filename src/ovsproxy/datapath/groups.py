@@ -200,36 +200,20 @@ def _chunked(
     first_bucket_id = of.OFPG_BUCKET_LAST if command == _INSERT else of.OFPG_BUCKET_ALL
     if base + total <= MAX_BUNDLED_MESSAGE:  # the usual case: one message
         return [_group_mod(command, group_id, buckets, selection_method, first_bucket_id)]
-    messages: list[of.GroupMod] = []
-    chunk: list[of.Bucket] = []
+    chunks: list[list[of.Bucket]] = [[]]
     size = base
-    first = True
     for bucket in buckets:
         blen = len(bucket[0])
-        if chunk and size + blen > MAX_BUNDLED_MESSAGE:
-            messages.append(
-                _group_mod(
-                    command if first else _INSERT,
-                    group_id,
-                    chunk,
-                    selection_method if first else None,
-                    first_bucket_id if first else of.OFPG_BUCKET_LAST,
-                )
-            )
-            first = False
-            chunk, size = [], _BASE_OVERHEAD
-        chunk.append(bucket)
+        if chunks[-1] and size + blen > MAX_BUNDLED_MESSAGE:
+            chunks.append([])
+            size = _BASE_OVERHEAD
+        chunks[-1].append(bucket)
         size += blen
-    messages.append(
-        _group_mod(
-            command if first else _INSERT,
-            group_id,
-            chunk,
-            selection_method if first else None,
-            first_bucket_id if first else of.OFPG_BUCKET_LAST,
-        )
-    )
-    return messages
+    first, *rest = chunks
+    return [
+        _group_mod(command, group_id, first, selection_method, first_bucket_id),
+        *(_group_mod(_INSERT, group_id, chunk, None, of.OFPG_BUCKET_LAST) for chunk in rest),
+    ]
 
 
 def _size(messages: Sequence[of.GroupMod]) -> int:

@@ -200,20 +200,19 @@ class RouteManager:
         """Apply a discoverer event. Events older than one already applied are dropped."""
         return await self._submit("apply", lambda: self._apply(change))
 
+    def _started_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("RouteManager is not started")
+        return self._loop
+
     def apply_soon(self, change: CIDRChange) -> None:
         """Queue ``apply(change)`` without waiting, from the manager's loop or any thread.
 
         Made for ``discoverer.subscribe(manager.apply_soon)``: discoverer handlers are plain
         callables. Failures are logged; the periodic sync retries what could not be added.
         """
-        loop = self._loop
-        if loop is None:
-            raise RuntimeError("RouteManager is not started")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        loop = self._started_loop()
+        if _running_loop() is loop:
             task = loop.create_task(self.apply(change))
             self._background.add(task)  # keep a reference until done
             task.add_done_callback(self._background_done)
@@ -606,16 +605,18 @@ class FromThread:
     def _run(
         self, make: Callable[[], Coroutine[Any, Any, RouteChanges]]
     ) -> concurrent.futures.Future[RouteChanges]:
-        loop = self._manager._loop
-        if loop is None:
-            raise RuntimeError("RouteManager is not started")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        loop = self._manager._started_loop()
+        if _running_loop() is loop:
             raise RuntimeError("from_thread used on the manager's own loop; await instead")
         return asyncio.run_coroutine_threadsafe(make(), loop)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop of the calling thread, if it runs one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _summary(changes: RouteChanges) -> str:
