@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ovsproxy.model import IPAddress, IPFamily
 
@@ -229,15 +229,11 @@ class Tables:
     service_lb: int
     endpoint_dnat: int
     forwarding: int  # next_table: our L3Forwarding (standalone) or the CNI's (integrated)
-    owned: tuple[int, ...] = field(default=())
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> Tables:
         first = config.first_table
         standalone = config.mode == Mode.STANDALONE
-        owned = tuple(range(first, first + 5))
-        if standalone:
-            owned = (0, *owned, config.next_table)
         return cls(
             classifier=0 if standalone else None,
             conntrack_zone=first,
@@ -246,19 +242,4 @@ class Tables:
             service_lb=first + 3,
             endpoint_dnat=first + 4,
             forwarding=config.next_table,
-            owned=owned,
         )
-
-    def name_of(self, table: int) -> str:
-        for name in (
-            "classifier",
-            "conntrack_zone",
-            "conntrack_state",
-            "session_affinity",
-            "service_lb",
-            "endpoint_dnat",
-            "forwarding",
-        ):
-            if getattr(self, name) == table:
-                return name
-        return f"table{table}"

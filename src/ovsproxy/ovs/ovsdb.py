@@ -7,6 +7,7 @@ otherwise outlive the caller.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 import sys
@@ -235,11 +236,7 @@ class OVSDBGroupRegistry:
         ).execute(check_error=True)
 
     async def load(self) -> set[int] | None:
-        import asyncio
-
         return await asyncio.to_thread(self._load)
 
     async def save(self, group_ids: set[int]) -> None:
-        import asyncio
-
         await asyncio.to_thread(self._save, group_ids)
