@@ -370,3 +370,38 @@ async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
     apply(tracker, port("10.96.0.1", "fd00::1"), [ep("10.244.0.2")])  # a new address
     await proxier.sync()
     assert seen[-1] == frozenset({ip("10.96.0.1"), ip("fd00::1")})
+
+
+async def test_pod_forwarding_is_staged_only_for_pods_that_changed() -> None:
+    from ovsproxy.ovs.ovsdb import PodPort
+
+    recorder = Recorder()
+    tracker = ChangeTracker()
+    tracker.on_synced(SYNC_SERVICES)
+    tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    pods = [PodPort("p-a", 2, "a", "ns", (ip("10.244.0.2"),), "0a:58:00:00:00:02")]
+
+    async def current() -> list[PodPort]:
+        return list(pods)
+
+    dp = Datapath(recorder, pl.PipelineConfig(), 1)
+    proxier = Proxier(
+        tracker, dp, node_name=NODE, pods=current, conntrack=recorder, send=recorder.send
+    )  # type: ignore[arg-type]
+    await proxier.sync()
+    staged = dict(dp._owners[("pod", "p-a")].flows)
+    apply(tracker, port("10.96.0.1"), [ep("10.244.0.2")])
+    await proxier.sync()
+    # An unchanged pod keeps the very flow values it had: nothing was rebuilt for it.
+    assert all(dp._owners[("pod", "p-a")].flows[k] is f for k, f in staged.items())
+    pods.append(PodPort("p-b", 3, "b", "ns", (ip("10.244.0.3"),), "0a:58:00:00:00:03"))
+    await proxier.sync()
+    assert ("pod", "p-b") in dp._owners
+    pods.pop(0)
+    await proxier.sync()
+    assert ("pod", "p-a") not in dp._owners
+    assert not any(
+        "10.244.0.2" in of.format_flow(f)
+        for f in dp.installed_flows.values()
+        if f.table_id == dp.tables.forwarding
+    )

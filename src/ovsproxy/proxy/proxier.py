@@ -335,7 +335,7 @@ class Proxier:
         )
         self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
         self.services: dict[ServicePortName, InstalledService] = {}
-        self._pod_owners: set[tuple[str, str]] = set()
+        self._pod_owners: dict[tuple[str, str], PodPort] = {}  # what is staged, by owner
         self._synced_once = False
         self.last_result = SyncResult()
         # The last state of each Service port the switch accepted, and the ports it refused
@@ -480,17 +480,17 @@ class Proxier:
     async def _stage_pods(self) -> None:
         if self._pods is None or not self.ctx.standalone:
             return
-        pods = await self._pods()
-        seen = set()
-        for pod in pods:
-            owner = ("pod", pod.interface)
-            seen.add(owner)
-            self.datapath.stage(
-                owner, (), svc.pod_forwarding_flows(self.ctx, pod.ips, pod.mac, pod.ofport)
-            )
-        for owner in self._pod_owners - seen:
+        pods = {("pod", pod.interface): pod for pod in await self._pods()}
+        # Only pods that came, went or changed: building their flows on every Service sync
+        # would make each sync cost the number of pods.
+        for owner, pod in pods.items():
+            if self._pod_owners.get(owner) != pod:
+                self.datapath.stage(
+                    owner, (), svc.pod_forwarding_flows(self.ctx, pod.ips, pod.mac, pod.ofport)
+                )
+        for owner in self._pod_owners.keys() - pods.keys():
             self.datapath.unstage(owner)
-        self._pod_owners = seen
+        self._pod_owners = pods
 
     # -- sync -------------------------------------------------------------------------------
     async def sync(self, full: bool = False) -> SyncResult:
