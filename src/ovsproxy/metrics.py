@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -32,24 +32,18 @@ class DictCollector(Collector):
 
     def __init__(self) -> None:
         self.counters: list[CounterSource] = []
-        self.gauges: list[CounterSource] = []
 
     def collect(self) -> Iterable[Any]:
-        for kind, sources in (("counter", self.counters), ("gauge", self.gauges)):
-            for name, help_text, labels, read in sources:
-                family: CounterMetricFamily | GaugeMetricFamily
-                if kind == "counter":
-                    family = CounterMetricFamily(name, help_text, labels=list(labels))
-                else:
-                    family = GaugeMetricFamily(name, help_text, labels=list(labels))
-                try:
-                    values = read()
-                except Exception:  # a scrape must never take the agent down
-                    log.exception("metrics: reading %s failed", name)
-                    continue
-                for label_values, value in values.items():
-                    family.add_metric(list(label_values), value)
-                yield family
+        for name, help_text, labels, read in self.counters:
+            family = CounterMetricFamily(name, help_text, labels=list(labels))
+            try:
+                values = read()
+            except Exception:  # a scrape must never take the agent down
+                log.exception("metrics: reading %s failed", name)
+                continue
+            for label_values, value in values.items():
+                family.add_metric(list(label_values), value)
+            yield family
 
     def describe(self) -> Iterable[Any]:
         return []
