@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from ovsproxy.model import IPAddress
+from ovsproxy.model.node import PodPort
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +50,6 @@ def _import_ovsdbapp() -> tuple[Any, Any]:
         if hidden:
             del sys.modules["eventlet"]
     return connection, impl_idl
-
-
-@dataclass(frozen=True, slots=True)
-class PodPort:
-    """A pod attached to the bridge, as the CNI recorded it in the Interface's external_ids."""
-
-    interface: str
-    ofport: int
-    name: str
-    namespace: str
-    ips: tuple[IPAddress, ...]
-    mac: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ovsproxy.model import EndpointSlice, Service
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
+from ovsproxy.model.problems import InvalidObject, InvalidObjectError, SourceError
 from ovsproxy.sources.convert import (
     PROXY_LABEL_SELECTOR,
     convert_endpoint_slice,
     convert_service,
     object_key,
 )
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
-from ovsproxy.sources.problems import InvalidObject, InvalidObjectError, SourceError
 
 try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
     import httpx2 as httpx

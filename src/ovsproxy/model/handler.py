@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ovsproxy.model import EndpointSlice, Service
-from ovsproxy.sources.problems import SourceProblem
+from ovsproxy.model.problems import SourceProblem
 
 # The names sources pass to ``on_synced``: one per kind of object they have fully listed.
 SYNC_SERVICES = "Service"
