@@ -220,3 +220,12 @@ class EndpointSlice:
     name: str
     service: str
     ports: tuple[SlicePort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCIDR:
+    """A networking.k8s.io/v1 ServiceCIDR: the ranges the API server allocates ClusterIPs
+    from (cluster-scoped, so a name and no namespace). ``cidrs`` is canonical and sorted."""
+
+    name: str
+    cidrs: tuple[IPNetwork, ...] = ()
