@@ -7,7 +7,7 @@ import io
 
 from rich.console import Console
 
-from ovsproxy.agent.observability import Observability
+from ovsproxy.agent.observability import StatusPages
 from ovsproxy.agent.wiring import Components
 from ovsproxy.cli.status_cmd import render_status
 from ovsproxy.config import AgentConfig
@@ -41,7 +41,7 @@ async def _status() -> tuple[dict, str]:
     # dual-stack, IPv6 without endpoints: forwards IPv4, rejects IPv6
     apply(tracker, port("10.96.0.4", "fd00::4", name="dual"), [ep("10.0.0.3")])
     await parts.proxier.sync()
-    info = Observability(parts, Metrics(), HealthState(), {}).status_json()
+    info = StatusPages(parts, Metrics(), HealthState()).status_json()
     out = io.StringIO()
     render_status(info, Console(file=out, width=200, color_system=None))
     return info, out.getvalue()

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import Iterable
 
+from ovsproxy.agent.wiring import Components, manifest_paths
 from ovsproxy.config import AgentConfig
 from ovsproxy.lab import build_lab
 from ovsproxy.model import IPAddress
@@ -53,3 +54,13 @@ def banner(
         f"Edit the manifests in {', '.join(manifests)}: changes apply live. "
         "Ctrl-C stops and removes the sandbox.",
     ]
+
+
+def log_banner(parts: Components, http_port: int) -> None:
+    """Log the banner once the first sync is done (the lab's ClusterIPs answer by then)."""
+    assert parts.sandbox is not None
+    lines = banner(
+        parts.sandbox, http_port, parts.tracker.cluster_ips(), manifest_paths(parts.config)
+    )
+    for line in lines:
+        log.info("%s", line)

@@ -1,4 +1,4 @@
-"""The agent's life: start-up order, run until stopped, shutdown, and ``--cleanup``.
+"""The agent's life: start-up order and run (``Agent``), then shutdown and ``--cleanup``.
 
 sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. That loop
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
@@ -16,7 +16,7 @@ from typing import Any
 
 from ovsproxy import __version__
 from ovsproxy.agent import embedded
-from ovsproxy.agent.observability import Observability
+from ovsproxy.agent.observability import StatusPages, register_metrics
 from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
@@ -38,10 +38,11 @@ log = logging.getLogger("ovsproxy.agent")
 
 
 class Agent:
-    """``await Agent(config).run(stop)``: runs until ``stop`` is set, then shuts down.
+    """``await Agent(config).run(stop)``: starts everything in order, runs until ``stop`` is
+    set, then shuts down (``shutdown``).
 
     ``parts`` holds the components, ``ready`` is set after the first complete sync, and
-    ``observability.status_json()`` is what /status serves."""
+    ``pages.status_json()`` is what /status serves."""
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -49,12 +50,10 @@ class Agent:
         self.health = HealthState()
         self.metrics = Metrics()
         self.pods = PodWatcher(config.bridge)
+        self.pages = StatusPages(self.parts, self.metrics, self.health)
         self.syncer = Syncer(self.parts, self.metrics, self.health, self._first_sync)
-        self.observability = Observability(
-            self.parts, self.metrics, self.health, self.syncer.openflow_errors
-        )
         self.ready = self.syncer.ready
-        self._tasks: list[asyncio.Task[Any]] = []
+        self.tasks: list[asyncio.Task[Any]] = []
 
     async def run(self, stop: asyncio.Event) -> None:
         cfg, parts = self.config, self.parts
@@ -67,8 +66,8 @@ class Agent:
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
             )
-            self.observability.register_metrics()
-            await self.observability.start_http()
+            register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
+            await self.pages.start_http()
             if cfg.manage_routes:
                 parts.routes, parts.discoverer = build_routes(cfg, parts.netns)
                 await parts.routes.start()
@@ -85,13 +84,13 @@ class Agent:
             if cfg.mode == pl.Mode.STANDALONE:
                 await self.pods.read(parts.ovsdb)
                 poll = self.pods.poll(parts.ovsdb, parts.runner.request)
-                self._tasks.append(asyncio.create_task(poll, name="pods"))
+                self.tasks.append(asyncio.create_task(poll, name="pods"))
             await self._start_source()
             parts.runner.request(full=True)
-            self._tasks.append(asyncio.create_task(parts.runner.run(), name="sync runner"))
+            self.tasks.append(asyncio.create_task(parts.runner.run(), name="sync runner"))
             await stop.wait()
         finally:
-            await self.shutdown()
+            await shutdown(parts, self.tasks, self.pages)
 
     async def _start_ovs(self) -> tuple[str, str]:
         """The OVSDB and OpenFlow endpoints: the configured OVS, or the embedded sandbox."""
@@ -120,65 +119,58 @@ class Agent:
             self.parts.semantics.handle(packet_in)
 
     def _first_sync(self) -> None:
-        http = self.observability.http
-        if self.parts.sandbox is not None and http is not None:
-            lines = embedded.banner(
-                self.parts.sandbox,
-                http.port,
-                self.parts.tracker.cluster_ips(),
-                manifest_paths(self.config),
-            )
-            for line in lines:
-                log.info("%s", line)
+        if self.parts.sandbox is not None and self.pages.http is not None:
+            embedded.log_banner(self.parts, self.pages.http.port)
 
-    async def shutdown(self) -> None:
-        parts = self.parts
-        if parts.runner is not None:
-            parts.runner.stop()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._tasks.clear()
-        if parts.semantics is not None:
-            with contextlib.suppress(Exception):
-                await parts.semantics.close()
-        if parts.source is not None:
-            with contextlib.suppress(Exception):
-                await parts.source.stop()
-        if self.config.cleanup:
-            await self._cleanup()
-        if parts.routes is not None:
-            with contextlib.suppress(Exception):
-                await parts.routes.stop()
-        await self.observability.stop_http()
-        if parts.channel is not None:
-            await parts.channel.close()
-        if parts.ovsdb is not None:
-            await asyncio.to_thread(parts.ovsdb.close)
-        if parts.sandbox is not None:
-            await asyncio.to_thread(parts.sandbox.down)
-        log.info(
-            "stopped%s",
-            " (flows, groups and Service routes removed; the virtual next hop's host route "
-            "and neighbour entry stay)"
-            if self.config.cleanup
-            else " (flows, groups and routes left in place for a hitless restart)",
-        )
 
-    async def _cleanup(self) -> None:
-        """--cleanup: remove every flow and group we own, and our Service routes."""
-        parts = self.parts
-        if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
-            for owner in parts.datapath.owners():
-                parts.datapath.unstage(owner)
-            try:
-                await parts.datapath.commit()
-            except Exception as exc:
-                log.error("cleanup of flows and groups failed: %s", exc)
-        if parts.routes is not None:
-            try:
-                await parts.routes.uninstall()
-            except Exception as exc:
-                log.error("cleanup of routes failed: %s", exc)
+async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: StatusPages) -> None:
+    """Stop in the reverse order of start-up; with ``cleanup``, remove our state first."""
+    if parts.runner is not None:
+        parts.runner.stop()
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    tasks.clear()
+    if parts.semantics is not None:
+        with contextlib.suppress(Exception):
+            await parts.semantics.close()
+    if parts.source is not None:
+        with contextlib.suppress(Exception):
+            await parts.source.stop()
+    if parts.config.cleanup:
+        await cleanup(parts)
+    if parts.routes is not None:
+        with contextlib.suppress(Exception):
+            await parts.routes.stop()
+    await pages.stop_http()
+    if parts.channel is not None:
+        await parts.channel.close()
+    if parts.ovsdb is not None:
+        await asyncio.to_thread(parts.ovsdb.close)
+    if parts.sandbox is not None:
+        await asyncio.to_thread(parts.sandbox.down)
+    log.info(
+        "stopped%s",
+        " (flows, groups and Service routes removed; the virtual next hop's host route "
+        "and neighbour entry stay)"
+        if parts.config.cleanup
+        else " (flows, groups and routes left in place for a hitless restart)",
+    )
+
+
+async def cleanup(parts: Components) -> None:
+    """--cleanup: remove every flow and group we own, and our Service routes."""
+    if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
+        for owner in parts.datapath.owners():
+            parts.datapath.unstage(owner)
+        try:
+            await parts.datapath.commit()
+        except Exception as exc:
+            log.error("cleanup of flows and groups failed: %s", exc)
+    if parts.routes is not None:
+        try:
+            await parts.routes.uninstall()
+        except Exception as exc:
+            log.error("cleanup of routes failed: %s", exc)

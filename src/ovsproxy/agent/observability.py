@@ -1,7 +1,8 @@
 """What the agent shows about itself: the metrics it registers, /status and /dump.
 
-``Observability`` reads the run's ``Components`` (never changes them) and serves them with
-/healthz and /metrics on one HTTP endpoint (``--metrics-address``).
+``register_metrics`` adds the counters read from the run's components; ``StatusPages`` serves
+/status and /dump next to /healthz and /metrics on one HTTP endpoint (``--metrics-address``).
+Both only read the ``Components``, never change them.
 """
 
 from __future__ import annotations
@@ -20,90 +21,91 @@ log = logging.getLogger("ovsproxy.agent")
 Samples = dict[tuple[str, ...], float]
 
 
-class Observability:
-    def __init__(
-        self,
-        parts: Components,
-        metrics: Metrics,
-        health: HealthState,
-        openflow_errors: Mapping[str, int],
-    ) -> None:
+def register_metrics(
+    metrics: Metrics,
+    health: HealthState,
+    parts: Components,
+    openflow_errors: Mapping[str, int],
+) -> None:
+    """The counters read at scrape time from the channel, the route manager, the tracker and
+    the sync wrapper's error count; /healthz's view of the OpenFlow connection."""
+    m = metrics
+
+    def wire(direction: str, column: int) -> Callable[[], Samples]:
+        """Read one column (0 messages, 1 bytes) of the channel's counters by type."""
+
+        def read() -> Samples:
+            if parts.channel is None:
+                return {}
+            table = getattr(parts.channel.counters, direction)
+            return {(k,): float(v[column]) for k, v in table.items()}
+
+        return read
+
+    for direction in ("sent", "received", "bundled"):
+        for column, unit in enumerate(("messages", "bytes")):
+            m.add_counter(
+                f"ovsproxy_openflow_{direction}_{unit}",
+                f"OpenFlow {unit} {direction} by message type.",
+                ("type",),
+                wire(direction, column),
+            )
+    m.add_counter(
+        "ovsproxy_openflow_errors",
+        "OpenFlow errors from the switch by name.",
+        ("error",),
+        lambda: {(k,): float(v) for k, v in openflow_errors.items()},
+    )
+    m.add_counter(
+        "ovsproxy_openflow_connections",
+        "Successful OpenFlow handshakes.",
+        (),
+        lambda: {(): float(parts.channel.connections if parts.channel else 0)},
+    )
+
+    def routes() -> Samples:
+        if parts.routes is None:
+            return {}
+        return {(k.op, k.result, str(k.family)): float(v) for k, v in parts.routes.counters.items()}
+
+    m.add_counter(
+        "ovsproxy_route_operations",
+        "Service route operations.",
+        ("op", "result", "family"),
+        routes,
+    )
+    stats = parts.tracker.stats
+    m.add_counter(
+        "ovsproxy_source_events",
+        "Source events by object kind and event.",
+        ("event",),
+        lambda: {(k,): float(v) for k, v in stats.events.items()},
+    )
+    m.add_counter(
+        "ovsproxy_source_invalid_objects",
+        "Objects rejected by validation.",
+        ("kind",),
+        lambda: {(k,): float(v) for k, v in stats.invalid.items()},
+    )
+    m.add_counter(
+        "ovsproxy_source_errors",
+        "Source errors (parse, API) by source.",
+        ("source",),
+        lambda: {(k,): float(v) for k, v in stats.errors.items()},
+    )
+    health.connected = lambda: parts.channel is not None and parts.channel.connected
+
+
+class StatusPages:
+    """/status (JSON, what ``ovsproxy status`` renders) and /dump, served with /healthz and
+    /metrics."""
+
+    def __init__(self, parts: Components, metrics: Metrics, health: HealthState) -> None:
         self.parts = parts
         self.metrics = metrics
         self.health = health
-        self.openflow_errors = openflow_errors
         self.started = time.time()
         self.http: HTTPEndpoint | None = None
-
-    # -- metrics --------------------------------------------------------------------------------
-    def register_metrics(self) -> None:
-        m, parts = self.metrics, self.parts
-
-        def wire(direction: str, column: int) -> Callable[[], Samples]:
-            """Read one column (0 messages, 1 bytes) of the channel's counters by type."""
-
-            def read() -> Samples:
-                if parts.channel is None:
-                    return {}
-                table = getattr(parts.channel.counters, direction)
-                return {(k,): float(v[column]) for k, v in table.items()}
-
-            return read
-
-        for direction in ("sent", "received", "bundled"):
-            for column, unit in enumerate(("messages", "bytes")):
-                m.add_counter(
-                    f"ovsproxy_openflow_{direction}_{unit}",
-                    f"OpenFlow {unit} {direction} by message type.",
-                    ("type",),
-                    wire(direction, column),
-                )
-        m.add_counter(
-            "ovsproxy_openflow_errors",
-            "OpenFlow errors from the switch by name.",
-            ("error",),
-            lambda: {(k,): float(v) for k, v in self.openflow_errors.items()},
-        )
-        m.add_counter(
-            "ovsproxy_openflow_connections",
-            "Successful OpenFlow handshakes.",
-            (),
-            lambda: {(): float(parts.channel.connections if parts.channel else 0)},
-        )
-
-        def routes() -> Samples:
-            if parts.routes is None:
-                return {}
-            return {
-                (k.op, k.result, str(k.family)): float(v) for k, v in parts.routes.counters.items()
-            }
-
-        m.add_counter(
-            "ovsproxy_route_operations",
-            "Service route operations.",
-            ("op", "result", "family"),
-            routes,
-        )
-        stats = parts.tracker.stats
-        m.add_counter(
-            "ovsproxy_source_events",
-            "Source events by object kind and event.",
-            ("event",),
-            lambda: {(k,): float(v) for k, v in stats.events.items()},
-        )
-        m.add_counter(
-            "ovsproxy_source_invalid_objects",
-            "Objects rejected by validation.",
-            ("kind",),
-            lambda: {(k,): float(v) for k, v in stats.invalid.items()},
-        )
-        m.add_counter(
-            "ovsproxy_source_errors",
-            "Source errors (parse, API) by source.",
-            ("source",),
-            lambda: {(k,): float(v) for k, v in stats.errors.items()},
-        )
-        self.health.connected = lambda: parts.channel is not None and parts.channel.connected
 
     # -- HTTP -----------------------------------------------------------------------------------
     async def start_http(self) -> HTTPEndpoint:

@@ -162,7 +162,7 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
             agent_task.result()  # raises the start-up error
         if ready not in done:
             raise RuntimeError("the agent did not finish its first sync within 60 s")
-        status = agent.observability.status_json()
+        status = agent.pages.status_json()
         report["installed"] = {
             "groups": status["groups"],
             "flows": status["flows"],
@@ -184,7 +184,7 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
         sent_before = agent.parts.channel.counters.total("sent") if agent.parts.channel else (0, 0)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            eps = {s["name"]: s["endpoints"] for s in agent.observability.status_json()["services"]}
+            eps = {s["name"]: s["endpoints"] for s in agent.pages.status_json()["services"]}
             if eps.get("demo/web:http/TCP") == ["10.244.0.11:8080", "10.244.0.14:8080"]:
                 break
             await asyncio.sleep(0.1)
