@@ -201,6 +201,44 @@ def agent_config_of(docs: list[Doc], tmp_path: Path) -> tuple[AgentConfig, Doc]:
     return config, container
 
 
+def container_env(docs: list[Doc], container: Doc) -> dict[str, str]:
+    """The container's environment from envFrom ConfigMaps and plain values (env wins)."""
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        assert name in configmaps, f"envFrom: no ConfigMap {name}"
+        env.update(configmaps[name]["data"])
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    return env
+
+
+@pytest.mark.parametrize("directory", deployable_kustomizations(), ids=lambda d: d.name)
+def test_the_agent_reaches_the_api_server_directly(
+    directory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not through the `kubernetes` ClusterIP, which only this agent would program: the
+    in-cluster client the agent uses (lightkube) must read the address from the env."""
+    from lightkube.config.kubeconfig import KubeConfig
+
+    docs = kustomize_build(directory)
+    _, container = agent_config_of(docs, tmp_path)
+    env = container_env(docs, container)
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("token")
+    (account / "ca.crt").write_text("")
+    (account / "namespace").write_text("kube-system")
+    for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        assert name in env, f"the container does not set {name}"
+        monkeypatch.setenv(name, env[name])
+    cluster = KubeConfig.from_service_account(account).get().cluster
+    assert cluster.server == f"https://{env['KUBERNETES_SERVICE_HOST']}:6443"
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    # Cluster DNS is behind a ClusterIP too: the node's resolver.
+    assert daemonset["spec"]["template"]["spec"]["dnsPolicy"] == "Default"
+
+
 @pytest.mark.parametrize("directory", deployable_kustomizations(), ids=lambda d: d.name)
 def test_the_agent_accepts_the_daemonset_args_and_config(directory: Path, tmp_path: Path) -> None:
     config, container = agent_config_of(kustomize_build(directory), tmp_path)
@@ -226,7 +264,7 @@ def test_the_agent_accepts_the_daemonset_args_and_config(directory: Path, tmp_pa
 
 def test_a_typo_in_the_configmap_fails_the_agent_check(tmp_path: Path) -> None:
     docs = kustomize_build(DEPLOY / "standalone")
-    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    configmap = next(d for d in docs if d["metadata"]["name"] == "ovsproxy-config")
     configmap["data"]["config.yaml"] += "bridg: br0\n"
     with pytest.raises(ConfigError, match="bridg"):
         agent_config_of(docs, tmp_path)
