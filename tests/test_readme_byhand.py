@@ -24,8 +24,6 @@ import pytest
 
 from ovsproxy.ovs.sandbox import NETNS_PREFIX, Sandbox, netns_exists
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
-
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"<!-- readme-test: (\w+) -->\n```sh\n(.*?)```", re.S)
 PODS = ("web-1", "client")
@@ -105,6 +103,8 @@ def _wait_healthy(node: Node, agent: subprocess.Popen[bytes], log: Path) -> None
     pytest.fail(f"the agent did not become healthy:\n{log.read_text()[-3000:]}")
 
 
+@pytest.mark.slow
+@pytest.mark.ovs
 def test_readme_commands_beside_an_ovs_set_up_by_hand(node: Node, tmp_path: Path) -> None:
     blocks = readme_blocks(README.read_text())
 
@@ -164,3 +164,15 @@ def test_the_marked_blocks_are_the_readme_sections_commands() -> None:
     section = text[text.index("## Beside an OVS you set up yourself") :]
     section = section[: section.index("\n## ", 1)]
     assert readme_blocks(section) == readme_blocks(text)
+
+
+def test_the_contract_states_the_agents_own_intervals() -> None:
+    """The README's numbers are the code's constants, not typed-in guesses."""
+    from ovsproxy import agent
+    from ovsproxy.config import AgentConfig
+    from ovsproxy.metrics import HealthState
+
+    text = " ".join(README.read_text().split())
+    assert f"Interfaces every {agent.POD_POLL_INTERVAL:g} s" in text
+    assert f"`--min-sync-interval`, {AgentConfig().min_sync_interval:g} s" in text
+    assert f"a sync older than {HealthState().max_sync_age:g} s" in text
