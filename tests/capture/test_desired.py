@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovsproxy.capture import CaptureSet, NodePortAddresses, apply, desired_state, diff
-from ovsproxy.capture import render
+from ovsproxy.capture import CaptureSet, NodePortAddresses, apply, desired_state, diff, render
 from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
 
 ip = ipaddress.ip_address

@@ -62,9 +62,7 @@ def element_json(name: CaptureSet, element: Element) -> Any:
         elif isinstance(value, int):
             parts.append(value)
         elif hasattr(value, "prefixlen"):  # an IPNetwork
-            parts.append(
-                {"prefix": {"addr": str(value.network_address), "len": value.prefixlen}}
-            )
+            parts.append({"prefix": {"addr": str(value.network_address), "len": value.prefixlen}})
         else:
             parts.append(str(value))
     if name is CaptureSet.NODEPORT_IPS:
