@@ -3,13 +3,22 @@ semantics, and diffs proportional to the change."""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovsproxy.capture import CaptureSet, NodePortAddresses, apply, desired_state, diff, render
+from ovsproxy.capture import (
+    CaptureSet,
+    CaptureTracker,
+    NodePortAddresses,
+    apply,
+    desired_state,
+    diff,
+    render,
+)
 from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
 
 ip = ipaddress.ip_address
@@ -189,3 +198,40 @@ def test_one_more_service_costs_its_own_elements_only(base, extra) -> None:
     assert change.size <= alone
     commands = render.patch(change)
     assert sum(len(c["add"]["element"]["elem"]) for c in commands) == change.size
+
+
+# -- the incremental tracker -----------------------------------------------------------------
+
+_op = st.tuples(st.integers(0, 6), st.one_of(st.none(), _ports))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_op, max_size=25), _node_ips, st.lists(st.tuples(st.integers(0, 25), _node_ips)))
+def test_tracker_equals_recomputing_and_its_changes_apply(ops, ips, ip_changes) -> None:
+    """After any sequence of Service updates and node IP changes, the tracker's state is the
+    from-scratch desired state, and the changes it hands out turn one into the next."""
+    tracker = CaptureTracker(ips)
+    current: dict[int, ServicePort] = {}
+    installed = tracker.state()
+    assert installed == desired_state([], ips)
+    tracker.take_changes()
+    node_ips = ips
+    changes_at = dict(ip_changes)
+    for step, (slot, value) in enumerate(ops):
+        name = ServicePortName("demo", f"slot-{slot}")
+        if value is None:
+            current.pop(slot, None)
+            tracker.update(None, name=name)
+        else:
+            value = dataclasses.replace(value, name=name)
+            current[slot] = value
+            tracker.update(value)
+        if step in changes_at:
+            node_ips = changes_at[step]
+            tracker.set_node_ips(node_ips)
+        expected = desired_state(current.values(), node_ips)
+        assert tracker.state() == expected
+        change = tracker.take_changes()
+        assert apply(installed, change) == expected
+        assert change.size == diff(installed, expected).size  # minimal
+        installed = expected

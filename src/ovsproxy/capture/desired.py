@@ -140,37 +140,59 @@ def desired_state(
 ) -> CaptureState:
     """The table content for these Service ports on a node with these IPs (primary first)."""
     sets: dict[SetKey, set[Element]] = {}
+    primary = primary_ips(node_ips)
+    items = [*node_elements(node_ips, addresses)]
+    for port in ports:
+        items.extend(port_elements(port, primary))
+    for key, element in items:
+        sets.setdefault(key, set()).add(element)
+    return CaptureState({k: frozenset(v) for k, v in sets.items()})
 
-    def add(name: CaptureSet, family: IPFamily, element: Element) -> None:
-        sets.setdefault((name, family), set()).add(element)
 
-    for ip in (addresses or NodePortAddresses()).select(node_ips):
-        add(CaptureSet.NODEPORT_IPS, IPFamily.of(ip), (ip,))
+def primary_ips(node_ips: Sequence[IPAddress]) -> dict[IPFamily, IPAddress]:
+    """The node's primary IP of each family: its first node IP of that family."""
     primary: dict[IPFamily, IPAddress] = {}
     for ip in node_ips:
         primary.setdefault(IPFamily.of(ip), ip)
+    return primary
 
-    for port in ports:
-        if port.node_port:
-            for family in port.families:
-                add(CaptureSet.NODEPORTS, family, (port.protocol, port.node_port))
-        for ip in (*port.external_ips, *port.load_balancer_ips):
-            add(CaptureSet.EXTERNAL, IPFamily.of(ip), (ip, port.protocol, port.port))
-        if not port.load_balancer_source_ranges:
-            continue
-        for lb_ip in port.load_balancer_ips:
-            family = IPFamily.of(lb_ip)
-            ranges = [r for r in port.load_balancer_source_ranges if r.version == family]
-            destination = (lb_ip, port.protocol, port.port)
-            add(CaptureSet.FIREWALL, family, destination)
-            for source in ranges:
-                add(CaptureSet.FIREWALL_ALLOW, family, (*destination, source))
-            node_ip = primary.get(family)
-            if node_ip is not None and any(node_ip in r for r in ranges):
-                for own in port.load_balancer_ips:
-                    if own.version == family:
-                        add(CaptureSet.FIREWALL_ALLOW, family, (*destination, _host(own)))
-    return CaptureState({k: frozenset(v) for k, v in sets.items()})
+
+def node_elements(
+    node_ips: Sequence[IPAddress], addresses: NodePortAddresses | None = None
+) -> list[tuple[SetKey, Element]]:
+    """The ``nodeport-ips`` elements."""
+    return [
+        ((CaptureSet.NODEPORT_IPS, IPFamily.of(ip)), (ip,))
+        for ip in (addresses or NodePortAddresses()).select(node_ips)
+    ]
+
+
+def port_elements(
+    port: ServicePort, primary: Mapping[IPFamily, IPAddress]
+) -> list[tuple[SetKey, Element]]:
+    """The elements one Service port contributes (it may share them with other ports)."""
+    out: list[tuple[SetKey, Element]] = []
+    if port.node_port:
+        for family in port.families:
+            out.append(((CaptureSet.NODEPORTS, family), (port.protocol, port.node_port)))
+    for ip in (*port.external_ips, *port.load_balancer_ips):
+        out.append(((CaptureSet.EXTERNAL, IPFamily.of(ip)), (ip, port.protocol, port.port)))
+    if not port.load_balancer_source_ranges:
+        return out
+    for lb_ip in port.load_balancer_ips:
+        family = IPFamily.of(lb_ip)
+        ranges = [r for r in port.load_balancer_source_ranges if r.version == family]
+        destination = (lb_ip, port.protocol, port.port)
+        out.append(((CaptureSet.FIREWALL, family), destination))
+        for source in ranges:
+            out.append(((CaptureSet.FIREWALL_ALLOW, family), (*destination, source)))
+        node_ip = primary.get(family)
+        if node_ip is not None and any(node_ip in r for r in ranges):
+            for own in port.load_balancer_ips:
+                if own.version == family:
+                    allow = (*destination, _host(own))
+                    out.append(((CaptureSet.FIREWALL_ALLOW, family), allow))
+    return out
 
 
 def _host(ip: IPAddress) -> IPNetwork:
@@ -214,3 +236,98 @@ def apply(state: CaptureState, change: CaptureDiff) -> CaptureState:
     for key, added in change.adds.items():
         sets.setdefault(key, set()).update(added)
     return CaptureState({k: frozenset(v) for k, v in sets.items() if v})
+
+
+class CaptureTracker:
+    """The desired state kept up to date incrementally, with the pending change since the last
+    ``take_changes``: work per Service update is proportional to that Service's elements.
+
+    Elements are reference-counted: two Service ports may need the same one (an external IP
+    and port listed twice, a NodePort seen by two families), and it goes only with the last.
+    """
+
+    def __init__(
+        self, node_ips: Sequence[IPAddress] = (), addresses: NodePortAddresses | None = None
+    ) -> None:
+        self._counts: dict[tuple[SetKey, Element], int] = {}
+        self._ports: dict[object, ServicePort] = {}  # ServicePortName -> port
+        self._adds: set[tuple[SetKey, Element]] = set()
+        self._deletes: set[tuple[SetKey, Element]] = set()
+        self._node_ips: tuple[IPAddress, ...] = ()
+        self._addresses = addresses or NodePortAddresses()
+        self._primary: dict[IPFamily, IPAddress] = {}
+        self.set_node_ips(node_ips, addresses)
+
+    def _take(self, item: tuple[SetKey, Element]) -> None:
+        count = self._counts.get(item, 0)
+        self._counts[item] = count + 1
+        if count == 0:
+            if item in self._deletes:
+                self._deletes.discard(item)
+            else:
+                self._adds.add(item)
+
+    def _release(self, item: tuple[SetKey, Element]) -> None:
+        count = self._counts[item] - 1
+        if count:
+            self._counts[item] = count
+            return
+        del self._counts[item]
+        if item in self._adds:
+            self._adds.discard(item)
+        else:
+            self._deletes.add(item)
+
+    def update(self, port: ServicePort | None, *, name: object = None) -> None:
+        """Set (``port``) or remove (``None``, with ``name``) one Service port."""
+        key = port.name if port is not None else name
+        old = self._ports.pop(key, None)
+        if old is not None:
+            for item in port_elements(old, self._primary):
+                self._release(item)
+        if port is not None:
+            self._ports[key] = port
+            for item in port_elements(port, self._primary):
+                self._take(item)
+
+    def set_node_ips(
+        self, node_ips: Sequence[IPAddress], addresses: NodePortAddresses | None = None
+    ) -> None:
+        """New node IPs or nodePortAddresses; a new primary IP re-derives every port."""
+        for item in node_elements(self._node_ips, self._addresses):
+            self._release(item)  # taken by the previous call, with the previous addresses
+        if addresses is not None:
+            self._addresses = addresses
+        old_primary = self._primary
+        self._node_ips = tuple(node_ips)
+        self._primary = primary_ips(node_ips)
+        if self._primary != old_primary:
+            for port in self._ports.values():
+                for item in port_elements(port, old_primary):
+                    self._release(item)
+                for item in port_elements(port, self._primary):
+                    self._take(item)
+        for item in node_elements(self._node_ips, self._addresses):
+            self._take(item)
+
+    def state(self) -> CaptureState:
+        """The whole desired state (for a full rebuild or a verify): O(elements)."""
+        sets: dict[SetKey, set[Element]] = {}
+        for key, element in self._counts:
+            sets.setdefault(key, set()).add(element)
+        return CaptureState({k: frozenset(v) for k, v in sets.items()})
+
+    def take_changes(self) -> CaptureDiff:
+        """The adds and deletes since the last call (and forget them)."""
+        adds: dict[SetKey, set[Element]] = {}
+        deletes: dict[SetKey, set[Element]] = {}
+        for key, element in self._adds:
+            adds.setdefault(key, set()).add(element)
+        for key, element in self._deletes:
+            deletes.setdefault(key, set()).add(element)
+        self._adds.clear()
+        self._deletes.clear()
+        return CaptureDiff(
+            {k: frozenset(v) for k, v in adds.items()},
+            {k: frozenset(v) for k, v in deletes.items()},
+        )
