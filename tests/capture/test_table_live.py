@@ -12,7 +12,13 @@ import time
 
 import pytest
 
-from ovsproxy.capture import CaptureSet, CaptureTable, NodePortAddresses, desired_state
+from ovsproxy.capture import (
+    CaptureSet,
+    CaptureTable,
+    CaptureTracker,
+    NodePortAddresses,
+    desired_state,
+)
 from ovsproxy.capture.render import TABLE
 from ovsproxy.datapath.pipeline import VIRTUAL_NODEPORT_IP
 from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
@@ -234,6 +240,32 @@ async def test_load_balancer_source_ranges(node: Node, dst: str, allowed: str, d
         )
         assert result.kind == "patch"
         assert node.connect(node.client, dst, 80, denied) == f"{denied}|{dst}|80"
+    finally:
+        await table.cleanup()
+        await table.close()
+
+
+async def test_tracker_changes_are_patched_and_drift_rebuilds(node: Node) -> None:
+    tracker = CaptureTracker(NODE_IPS, ADDRESSES)
+    table = CaptureTable(node.node)
+    try:
+        for n in range(1, 21):
+            tracker.update(svc(n, 30000 + n))
+        first = await table.sync_changes(tracker.take_changes(), tracker.state)
+        assert first.kind == "rebuild" and await table.read() == tracker.state()
+        tracker.update(svc(21, 30021))
+        tracker.update(None, name=svc(3, 0).name)
+        monitor = Monitor(node)
+        result = await table.sync_changes(tracker.take_changes(), tracker.state)
+        lines = monitor.stop()
+        assert (result.kind, result.elements, generations(lines)) == ("patch", 4, 1)
+        assert await table.read() == tracker.state()
+        # drift: our table deleted behind our back; the next change rebuilds it whole
+        node.nft("delete", "table", "inet", TABLE)
+        tracker.update(svc(22, 30022))
+        result = await table.sync_changes(tracker.take_changes(), tracker.state)
+        assert result.kind == "rebuild" and result.error
+        assert await table.read() == tracker.state()
     finally:
         await table.cleanup()
         await table.close()

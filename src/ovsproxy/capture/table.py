@@ -16,9 +16,11 @@ written. Every sync is one transaction (one libnftables batch, atomic in the ker
 * first sync, or after a failed one: a full rebuild (``add``+``delete``+recreate the table
   with every element), so whatever state the table was left in is replaced at once;
 * afterwards: only the element adds and deletes between the installed and the desired
-  state. A patch the kernel rejects (someone deleted our table or an element: drift) is
-  answered by a full rebuild in the same sync. ``verify`` reads the table back and compares
-  (the periodic resync's check; additions by others are found there).
+  state (``sync``: diffed here; ``sync_changes``: a ``CaptureTracker``'s pending change, so
+  the work is proportional to the change). A patch the kernel rejects (someone deleted our
+  table or an element: drift) is answered by a full rebuild in the same sync. ``verify``
+  reads the table back and compares (the periodic resync's check; additions by others are
+  found there).
 
 Network namespaces: a netlink socket belongs to the namespace of the thread that opens it,
 so all library calls run on one worker thread that first joins ``netns`` (``setns``), which
@@ -35,13 +37,21 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ovsproxy.capture import render
-from ovsproxy.capture.desired import CaptureSet, CaptureState, Element, diff
+from ovsproxy.capture.desired import (
+    CaptureDiff,
+    CaptureSet,
+    CaptureState,
+    Element,
+    SetKey,
+    diff,
+)
 from ovsproxy.model import IPFamily
 
 DEBIAN_MODULE = Path("/usr/lib/python3/dist-packages/nftables/__init__.py")
@@ -113,7 +123,9 @@ class CaptureTable:
             max_workers=1, thread_name_prefix="nft", initializer=self._init_thread
         )
         self._nft: Any = None
-        self.installed: CaptureState | None = None  # None: unknown, rebuild on next sync
+        # What the kernel holds (mutable, so a patch costs its own size); None: unknown,
+        # the next sync rebuilds.
+        self._installed: dict[SetKey, set[Element]] | None = None
         self.last: SyncResult | None = None
 
     # -- the worker thread ------------------------------------------------------------------
@@ -133,36 +145,57 @@ class CaptureTable:
             raise NftablesError(what, error or "(no message)", len(commands))
         return len(payload), output
 
+    def _installed_state(self) -> CaptureState:
+        assert self._installed is not None
+        return CaptureState({k: frozenset(v) for k, v in self._installed.items()})
+
+    def _rebuild(self, desired: CaptureState, started: float, rejected: str | None) -> SyncResult:
+        commands = render.full_rebuild(desired)
+        self._installed = None
+        size, _ = self._run("rebuild", commands)
+        self._installed = {k: set(v) for k, v in desired.sets.items()}
+        elapsed = time.perf_counter() - started
+        return SyncResult("rebuild", desired.size, len(commands), size, elapsed, rejected)
+
+    def _patch(self, change: CaptureDiff, started: float) -> SyncResult | str:
+        """The patch's result, or the kernel's reason for rejecting it (drift)."""
+        assert self._installed is not None
+        if not change:
+            return SyncResult("none", 0, 0, 0, time.perf_counter() - started)
+        commands = render.patch(change)
+        try:
+            size, _ = self._run("patch", commands)
+        except NftablesError as exc:
+            self._installed = None
+            return exc.message
+        for key, removed in change.deletes.items():
+            self._installed.setdefault(key, set()).difference_update(removed)
+        for key, added in change.adds.items():
+            self._installed.setdefault(key, set()).update(added)
+        elapsed = time.perf_counter() - started
+        return SyncResult("patch", change.size, len(commands), size, elapsed)
+
     def _sync_blocking(self, desired: CaptureState) -> SyncResult:
         started = time.perf_counter()
         rejected: str | None = None
-        if self.installed is not None:
-            change = diff(self.installed, desired)
-            if not change:
-                return SyncResult("none", 0, 0, 0, time.perf_counter() - started)
-            commands = render.patch(change)
-            try:
-                size, _ = self._run("patch", commands)
-            except NftablesError as exc:
-                rejected = exc.message  # drift: someone changed our table; rebuild it
-                self.installed = None
-            else:
-                self.installed = desired
-                return SyncResult(
-                    "patch", change.size, len(commands), size, time.perf_counter() - started
-                )
-        commands = render.full_rebuild(desired)
-        self.installed = None
-        size, _ = self._run("rebuild", commands)
-        self.installed = desired
-        return SyncResult(
-            "rebuild",
-            desired.size,
-            len(commands),
-            size,
-            time.perf_counter() - started,
-            rejected,
-        )
+        if self._installed is not None:
+            result = self._patch(diff(self._installed_state(), desired), started)
+            if isinstance(result, SyncResult):
+                return result
+            rejected = result  # drift: someone changed our table; rebuild it
+        return self._rebuild(desired, started, rejected)
+
+    def _sync_changes_blocking(
+        self, change: CaptureDiff, desired: Callable[[], CaptureState]
+    ) -> SyncResult:
+        started = time.perf_counter()
+        rejected: str | None = None
+        if self._installed is not None:
+            result = self._patch(change, started)
+            if isinstance(result, SyncResult):
+                return result
+            rejected = result
+        return self._rebuild(desired(), started, rejected)
 
     def _read_blocking(self) -> dict[str, Any] | None:
         rc, output, error = self._nft.cmd(f"list table {render.FAMILY} {render.TABLE}")
@@ -174,16 +207,32 @@ class CaptureTable:
 
     def _cleanup_blocking(self) -> None:
         self._run("cleanup", render.delete_table())
-        self.installed = None
+        self._installed = None
 
     # -- the API (coroutines; state changes only on the worker thread, one call at a time) --
 
     async def _call(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
+    @property
+    def installed(self) -> CaptureState | None:
+        """What the kernel holds as far as we know (None: unknown; O(elements))."""
+        return None if self._installed is None else self._installed_state()
+
     async def sync(self, desired: CaptureState) -> SyncResult:
-        """One transaction making the table hold ``desired``; raises ``NftablesError``."""
+        """One transaction making the table hold ``desired`` (diffed against what is
+        installed: O(elements)); raises ``NftablesError``."""
         result: SyncResult = await self._call(self._sync_blocking, desired)
+        self.last = result
+        return result
+
+    async def sync_changes(
+        self, change: CaptureDiff, desired: Callable[[], CaptureState]
+    ) -> SyncResult:
+        """One transaction applying ``change`` (a ``CaptureTracker``'s pending change): work
+        proportional to the change. ``desired`` gives the whole state for a first sync or a
+        rebuild after drift."""
+        result: SyncResult = await self._call(self._sync_changes_blocking, change, desired)
         self.last = result
         return result
 
@@ -196,9 +245,9 @@ class CaptureTable:
         """True when the kernel's table holds exactly what we installed; else forget it, so
         the next sync rebuilds."""
         current = await self.read()
-        ok = self.installed is not None and current == self.installed
+        ok = self._installed is not None and current == self.installed
         if not ok:
-            self.installed = None
+            self._installed = None
         return ok
 
     async def cleanup(self) -> None:
