@@ -20,6 +20,7 @@ the kernel re-route the node's own packets once they are marked.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
@@ -61,7 +62,7 @@ def element_json(name: CaptureSet, element: Element) -> Any:
             parts.append(value.value.lower())
         elif isinstance(value, int):
             parts.append(value)
-        elif hasattr(value, "prefixlen"):  # an IPNetwork
+        elif isinstance(value, ipaddress.IPv4Network | ipaddress.IPv6Network):
             parts.append({"prefix": {"addr": str(value.network_address), "len": value.prefixlen}})
         else:
             parts.append(str(value))
@@ -137,8 +138,8 @@ def skeleton() -> list[Command]:
             if name is CaptureSet.FIREWALL_ALLOW:
                 spec["flags"] = ["interval"]  # the source is a prefix
             commands.append({"add": {"set": spec}})
-    for name in ("firewall", "capture-mark"):
-        commands.append(_chain(name))
+    commands.append(_chain("firewall"))
+    commands.append(_chain("capture-mark"))
     commands.append(_chain("prerouting", ("filter", "prerouting", MANGLE)))
     commands.append(_chain("output", ("route", "output", MANGLE)))
     commands.append(_chain("nat-prerouting", ("nat", "prerouting", DSTNAT)))

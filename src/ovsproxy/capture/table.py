@@ -203,7 +203,8 @@ class CaptureTable:
             if "No such file or directory" in error:
                 return None
             raise NftablesError("list", error, 1)
-        return json.loads(output) if isinstance(output, str) else output
+        listing: dict[str, Any] = json.loads(output) if isinstance(output, str) else output
+        return listing
 
     def _cleanup_blocking(self) -> None:
         self._run("cleanup", render.delete_table())

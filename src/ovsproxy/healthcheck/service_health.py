@@ -105,9 +105,9 @@ class ServiceHealthServers:
         started: list[ServiceKey] = []
         failed: dict[ServiceKey, str] = {}
         for key, want in desired.items():
-            inst = self._instances.get(key)
-            if inst is not None:
-                inst.health = want  # the count changes the answer, not the server
+            running = self._instances.get(key)
+            if running is not None:
+                running.health = want  # the count changes the answer, not the server
                 continue
             try:
                 servers = await self._listen(key, want.port)
@@ -128,8 +128,8 @@ class ServiceHealthServers:
         self._instances.clear()
 
     async def _listen(self, key: ServiceKey, port: int) -> list[asyncio.Server]:
-        def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> object:
-            return self._serve(key, reader, writer)
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve(key, reader, writer)
 
         servers: list[asyncio.Server] = []
         hosts: list[str | None] = [None] if self.addresses is None else list(self.addresses)
