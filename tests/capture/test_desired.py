@@ -125,6 +125,12 @@ def test_source_ranges_restrict_only_load_balancer_ips() -> None:
     assert state.elements(CaptureSet.FIREWALL_ALLOW, V6) == {(*lb6, net("2001:db8:1::/48"))}
     # the NodePort is captured from everywhere, as in kube-proxy
     assert state.elements(CaptureSet.NODEPORTS, V4) == {(Protocol.TCP, 30001)}
+    # ranges of one family only: the other family's LB IP is not restricted (kube-proxy
+    # filters the ranges by family)
+    only_v4 = dataclasses.replace(svc, load_balancer_source_ranges=(net("198.51.100.0/24"),))
+    state = desired_state([only_v4], NODE_IPS)
+    assert state.elements(CaptureSet.FIREWALL, V4) == {lb4}
+    assert state.elements(CaptureSet.FIREWALL, V6) == frozenset()
 
 
 def test_a_range_holding_the_node_ip_allows_the_lb_ip_as_source() -> None:

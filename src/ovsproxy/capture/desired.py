@@ -16,7 +16,8 @@ Sets (one per IP family where an address is part of the key):
   ``firewall-allow``: (destination, source CIDR) pairs allowed to reach them.
 
 Source ranges follow kube-proxy's nftables proxier: they restrict traffic to the Service's
-load-balancer IPs only. Its NodePorts and external IPs stay open to every source ("for better
+load-balancer IPs only, per family (an LB IP of a family with no range listed is not
+restricted). Its NodePorts and external IPs stay open to every source ("for better
 or for worse, nodeports are not subject to loadBalancerSourceRanges"). When a range contains
 the node's primary IP of that family, the load-balancer IPs themselves are allowed as sources
 too (a node reaching a VIP that is also a local address sends from the VIP).
@@ -182,6 +183,8 @@ def port_elements(
     for lb_ip in port.load_balancer_ips:
         family = IPFamily.of(lb_ip)
         ranges = [r for r in port.load_balancer_source_ranges if r.version == family]
+        if not ranges:
+            continue  # kube-proxy filters the ranges by family: none here, no restriction
         destination = (lb_ip, port.protocol, port.port)
         out.append(((CaptureSet.FIREWALL, family), destination))
         for source in ranges:
