@@ -16,6 +16,7 @@ from ovsproxy.capture import (
     CaptureSet,
     CaptureTable,
     CaptureTracker,
+    NftablesError,
     NodePortAddresses,
     desired_state,
 )
@@ -266,6 +267,31 @@ async def test_tracker_changes_are_patched_and_drift_rebuilds(node: Node) -> Non
         result = await table.sync_changes(tracker.take_changes(), tracker.state)
         assert result.kind == "rebuild" and result.error
         assert await table.read() == tracker.state()
+    finally:
+        await table.cleanup()
+        await table.close()
+
+
+async def test_a_missing_namespace_is_a_clear_error() -> None:
+    table = CaptureTable("ovsp-cap-no-such-namespace")
+    try:
+        with pytest.raises(OSError, match="ovsp-cap-no-such-namespace"):
+            await table.sync(desired_state([], NODE_IPS))
+    finally:
+        await table.close()
+
+
+async def test_a_rejected_transaction_names_what_failed(node: Node) -> None:
+    table = CaptureTable(node.node)
+    try:
+        # a port the kernel cannot hold: libnftables refuses the whole batch
+        bad = svc(1, 70000)
+        with pytest.raises(NftablesError, match=r"nftables rebuild \(\d+ commands\) failed: .+"):
+            await table.sync(desired_state([bad], NODE_IPS, ADDRESSES))
+        assert TABLE not in node.nft("list", "tables")  # nothing half-applied
+        assert table.installed is None
+        good = desired_state([svc(1, 30001)], NODE_IPS, ADDRESSES)
+        assert (await table.sync(good)).kind == "rebuild"
     finally:
         await table.cleanup()
         await table.close()

@@ -119,10 +119,9 @@ class CaptureTable:
 
     def __init__(self, netns: str | None = None) -> None:
         self.netns = netns
-        self._executor = ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="nft", initializer=self._init_thread
-        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nft")
         self._nft: Any = None
+        self._joined = False  # the worker thread is inside netns
         # What the kernel holds (mutable, so a patch costs its own size); None: unknown,
         # the next sync rebuilds.
         self._installed: dict[SetKey, set[Element]] | None = None
@@ -130,17 +129,22 @@ class CaptureTable:
 
     # -- the worker thread ------------------------------------------------------------------
 
-    def _init_thread(self) -> None:
-        if self.netns:
-            _enter_netns(self.netns)
-        nft = load_binding().Nftables()
-        nft.set_json_output(True)
-        nft.set_handle_output(False)
-        self._nft = nft
+    def _context(self) -> Any:
+        """The libnftables context, created on the worker thread inside ``netns`` (once: a
+        failure, such as a missing namespace, is raised to the caller and retried next time)."""
+        if self._nft is None:
+            if self.netns and not self._joined:
+                _enter_netns(self.netns)
+                self._joined = True
+            nft = load_binding().Nftables()
+            nft.set_json_output(True)
+            nft.set_handle_output(False)
+            self._nft = nft
+        return self._nft
 
     def _run(self, what: str, commands: list[dict[str, Any]]) -> tuple[int, Any]:
         payload = json.dumps({"nftables": commands}, separators=(",", ":"))
-        rc, output, error = self._nft.cmd(payload)
+        rc, output, error = self._context().cmd(payload)
         if rc != 0:
             raise NftablesError(what, error or "(no message)", len(commands))
         return len(payload), output
@@ -198,7 +202,7 @@ class CaptureTable:
         return self._rebuild(desired(), started, rejected)
 
     def _read_blocking(self) -> dict[str, Any] | None:
-        rc, output, error = self._nft.cmd(f"list table {render.FAMILY} {render.TABLE}")
+        rc, output, error = self._context().cmd(f"list table {render.FAMILY} {render.TABLE}")
         if rc != 0:
             if "No such file or directory" in error:
                 return None
