@@ -16,9 +16,10 @@ EndpointDNAT flow shared by two Services) is installed while any of them wants i
 Streaming: the bundle is streamed (``Switch.bundle()``): messages are planned, encoded and
 written while Open vSwitch decodes the ones before them, so a full sync costs about
 max(planning, OVS) instead of their sum. To keep both sides busy, the flows that use no group
-are interleaved with the group messages: a group costs us far more to plan than it costs OVS to take in, a flow the
-other way round (with every flow after the groups, OVS was the bottleneck for the flows and
-idle during the groups: 0.2 s of waiting in a 10,000-Service sync).
+are interleaved with the group messages: a group costs us far more to plan than it costs OVS
+to take in, a flow the other way round (with every flow after the groups, OVS was the
+bottleneck for the flows and idle during the groups: 0.2 s of waiting in a 10,000-Service
+sync).
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
