@@ -315,8 +315,9 @@ class Bundle:
 
     def add(self, msg: of.Message) -> int:
         """Adds a FLOW_MOD, GROUP_MOD or PACKET_OUT (buffered; returns its xid)."""
-        xid = self._session.bundle_add(self._state, msg)
-        if self._session.pending_output >= _WRITE_CHUNK:
+        session = self._session
+        xid = session.bundle_add(self._state, msg)
+        if session.pending_output >= _WRITE_CHUNK:
             self._since_drain += self.conn.flush()
         return xid
 

@@ -47,6 +47,8 @@ _ECHO_REPLY = int(of.MsgType.ECHO_REPLY)
 _HELLO = int(of.MsgType.HELLO)
 _ERROR = int(of.MsgType.ERROR)
 _KEEPALIVE_DATA = b"ovsproxy"
+_ADD_HEADER = of.BUNDLE_ADD_HEADER_LEN
+_encode_bundle_add = of.encode_bundle_add
 
 
 class Phase(enum.Enum):
@@ -213,9 +215,10 @@ class Session:
         self._phase_started = 0.0
         self._parser = of.Parser()
         self._out: list[bytes] = []
-        self._out_size = 0
-        self._adds_out = 0  # BUNDLE_ADD messages in _out, counted when taken
-        self._adds_out_bytes = 0
+        self.pending_output = 0  # bytes waiting in data_to_send
+        # What else than BUNDLE_ADDs _out holds: the adds are counted when taken.
+        self._others_out = 0
+        self._others_out_bytes = 0
         self._xids = itertools.count(1)
         self._bundle_ids = itertools.count(1)
         self._pending: dict[int, _Pending] = {}
@@ -233,22 +236,21 @@ class Session:
         if not self._out:
             return b""
         data = b"".join(self._out)
+        adds = len(self._out) - self._others_out
+        if adds:
+            size = len(data) - self._others_out_bytes
+            self.counters.count_sent("BUNDLE_ADD_MESSAGE", size, adds)
         self._out.clear()
-        self._out_size = 0
-        if self._adds_out:
-            self.counters.count_sent("BUNDLE_ADD_MESSAGE", self._adds_out_bytes, self._adds_out)
-            self._adds_out = self._adds_out_bytes = 0
+        self.pending_output = self._others_out = self._others_out_bytes = 0
         return data
 
-    @property
-    def pending_output(self) -> int:
-        """Bytes waiting in ``data_to_send``."""
-        return self._out_size
-
     def _queue(self, data: bytes, kind: str) -> None:
+        size = len(data)
         self._out.append(data)
-        self._out_size += len(data)
-        self.counters.count_sent(kind, len(data))
+        self.pending_output += size
+        self._others_out += 1
+        self._others_out_bytes += size
+        self.counters.count_sent(kind, size)
 
     def _next_xid(self) -> int:
         xid = next(self._xids) & 0xFFFFFFFF
@@ -304,7 +306,7 @@ class Session:
             bundle.state = "lost"
         self._bundles.clear()
         self._out.clear()
-        self._out_size = self._adds_out = self._adds_out_bytes = 0
+        self.pending_output = self._others_out = self._others_out_bytes = 0
         if handshaking:
             if not self._handshake_reported:
                 self._handshake_reported = True
@@ -424,12 +426,21 @@ class Session:
 
     def bundle_add(self, bundle: BundleState, msg: of.Message) -> int:
         """Queues a FLOW_MOD, GROUP_MOD or PACKET_OUT into the bundle; returns its xid."""
+        # The hot path of a full sync (one call per message): kept inline.
         if bundle.state != "open":
             raise ChannelError(f"bundle {bundle.bundle_id:#x} is {bundle.state}")
-        xid = self._next_xid()
-        data = of.encode_bundle_add(bundle.bundle_id, msg, xid, bundle.flags)
+        xid = next(self._xids) & 0xFFFFFFFF or self._next_xid()
+        data = _encode_bundle_add(bundle.bundle_id, msg, xid, bundle.flags)
         bundle.messages[xid] = msg
-        self._add_queued(bundle, msg.msg_type, data)
+        size = len(data)
+        row = bundle._inner.get(msg.msg_type)
+        if row is None:
+            bundle._inner[msg.msg_type] = [1, size - _ADD_HEADER]
+        else:
+            row[0] += 1
+            row[1] += size - _ADD_HEADER
+        self._out.append(data)
+        self.pending_output += size
         return xid
 
     def bundle_add_encoded(
@@ -441,20 +452,13 @@ class Session:
         xid = self._next_xid()
         data = of.bundle_add(bundle.bundle_id, inner, xid, bundle.flags)
         bundle.messages[xid] = msg if msg is not None else of.decode(inner)
-        self._add_queued(bundle, inner[1], data)
-        return xid
-
-    def _add_queued(self, bundle: BundleState, msg_type: int, data: bytes) -> None:
         size = len(data)
-        row = bundle._inner.get(msg_type)
-        if row is None:
-            row = bundle._inner[msg_type] = [0, 0]
+        row = bundle._inner.setdefault(inner[1], [0, 0])
         row[0] += 1
-        row[1] += size - of.BUNDLE_ADD_HEADER_LEN
+        row[1] += size - _ADD_HEADER
         self._out.append(data)
-        self._out_size += size
-        self._adds_out += 1
-        self._adds_out_bytes += size
+        self.pending_output += size
+        return xid
 
     def bundle_control(self, bundle: BundleState, ctrl: of.BundleCtrlType) -> int:
         """Queues a CLOSE, COMMIT or DISCARD request for the bundle; returns its xid. The
