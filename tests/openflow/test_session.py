@@ -516,7 +516,7 @@ def test_frames_split_anywhere_give_the_same_events(cuts: list[int]) -> None:
     whole_events, whole_out = _run([])
     kinds = [e[0] if isinstance(e[0], type) else type(e[0]) for e in whole_events]
     assert kinds == [ses.RequestFailed, ses.Reply, ses.PacketInReceived, ses.Reply]
-    assert len(whole_events[1][0].reply) == 31  # type: ignore[union-attr]
+    assert len(whole_events[1][0].reply) == 31  # type: ignore[attr-defined]
     events, out = _run(cuts)
     assert events == whole_events
     assert out == whole_out  # the echo reply, whatever the chunking

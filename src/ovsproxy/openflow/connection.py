@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import contextvars
 import errno
+import functools
 import logging
 import time
 from collections import deque
@@ -252,10 +253,10 @@ class _Connection(asyncio.Protocol):
     def _future(self, xid: int) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.futures[xid] = future
-        future.add_done_callback(lambda _f, xid=xid: self._forget(xid))
+        future.add_done_callback(functools.partial(self._forget, xid))
         return future
 
-    def _forget(self, xid: int) -> None:
+    def _forget(self, xid: int, _future: object = None) -> None:
         self.futures.pop(xid, None)
         self.session.forget(xid)
 
@@ -685,12 +686,13 @@ class Channel:
             await conn.drain()
             await self.request(of.BarrierRequest(), timeout)
         finally:
-            errors = []
+            errors: list[BaseException] = []
             for xid, future in futures:
                 conn.futures.pop(xid, None)
                 session.forget(xid)
-                if future.done() and future.exception() is not None:
-                    errors.append(future.exception())
+                error = future.exception() if future.done() else None
+                if error is not None:
+                    errors.append(error)
                 future.cancel()
         if errors:
             raise errors[0]
@@ -776,32 +778,33 @@ class Channel:
         """Turns the session's events into future results, callbacks and logs."""
         futures = conn.futures
         for event in events:
-            kind = type(event)
-            if kind is ses.Reply or kind is ses.RequestFailed:
-                future = futures.get(event.xid)  # type: ignore[union-attr]
-                if future is not None and not future.done():
-                    if kind is ses.Reply:
-                        future.set_result(event.reply)  # type: ignore[union-attr]
-                    else:
-                        future.set_exception(event.error)  # type: ignore[union-attr]
-            elif kind is ses.PacketInReceived:
-                self._on_packet_in(event.message)  # type: ignore[union-attr]
-            elif kind is ses.Ready:
-                if not conn.handshake.done():
-                    conn.handshake.set_result(event.datapath_id)  # type: ignore[union-attr]
-            elif kind is ses.HandshakeFailed:
-                if not conn.handshake.done():
-                    conn.handshake.set_exception(event.error)  # type: ignore[union-attr]
-            elif kind is ses.UnsolicitedError:
-                failure = event.error  # type: ignore[union-attr]
-                self.unsolicited_errors.append(failure)
-                log.warning("openflow: error for an unknown request: %s", failure)
-            elif kind is ses.MustClose:
-                # Logged once, as the reason the connection ended (by _run or _connect).
-                if conn.transport is not None:
-                    conn.transport.abort()
-            elif kind is ses.Closed and conn is self._conn:
-                self._ready = False
+            match event:
+                case ses.Reply(xid, reply):
+                    future = futures.get(xid)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
+                case ses.RequestFailed(xid, error):
+                    future = futures.get(xid)
+                    if future is not None and not future.done():
+                        future.set_exception(error)
+                case ses.PacketInReceived(message):
+                    self._on_packet_in(message)
+                case ses.Ready(datapath_id):
+                    if not conn.handshake.done():
+                        conn.handshake.set_result(datapath_id)
+                case ses.HandshakeFailed(error):
+                    if not conn.handshake.done():
+                        conn.handshake.set_exception(error)
+                case ses.UnsolicitedError(failure):
+                    self.unsolicited_errors.append(failure)
+                    log.warning("openflow: error for an unknown request: %s", failure)
+                case ses.MustClose():
+                    # Logged once, as the reason the connection ended (by _run or _connect).
+                    if conn.transport is not None:
+                        conn.transport.abort()
+                case ses.Closed():
+                    if conn is self._conn:
+                        self._ready = False
 
     def _on_packet_in(self, msg: of.PacketIn) -> None:
         if self.on_packet_in is not None:
