@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.connection import (
+from ovsproxy.openflow.connection import Channel
+from ovsproxy.openflow.errors import (
     BundleError,
-    Channel,
     ChannelError,
     ChannelNotReady,
     ConnectionLost,

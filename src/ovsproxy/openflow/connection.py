@@ -602,17 +602,14 @@ class Channel:
             conn.abort("the handshake failed")
             raise
         self.connections += 1
-        if self.failed_attempts:
-            log.info(
-                "openflow: connected to %s after %d failed attempts",
-                self.endpoint,
-                self.failed_attempts,
-            )
+        after = f" after {self.failed_attempts} failed attempts" if self.failed_attempts else ""
         self.failed_attempts = 0
         self._failing_since = self._failure_logged = None
         self._fatal = None
         self.last_error = None
-        log.info("openflow: connected to %s (dpid %016x)", self.endpoint, self.datapath_id or 0)
+        log.info(
+            "openflow: connected to %s (dpid %016x)%s", self.endpoint, self.datapath_id or 0, after
+        )
         if self.on_connected is not None:
             token = _HOOK_SESSION.set(session)
             try:
