@@ -449,6 +449,10 @@ async def test_a_missing_endpoint_at_start_is_reported_once_and_retried(
         assert "is ovs-vswitchd running" in warnings[0] and "backoff up to 0.2s" in warnings[0]
         with pytest.raises(ChannelNotReady, match="not connected"):
             await channel.barrier()
+        with pytest.raises(
+            ChannelNotReady, match=f"last error: .*the socket {re.escape(socket)} does not"
+        ):
+            await channel.wait_ready(0.1)
         await asyncio.to_thread(sandbox.restart_vswitchd)  # the switch appears
         await channel.wait_ready(10)
         await channel.barrier()

@@ -493,9 +493,10 @@ class Channel:
         try:
             await asyncio.wait_for(wait(), timeout)
         except TimeoutError:
+            last = self.last_error
             raise ChannelNotReady(
                 f"{self.endpoint}: not connected after {timeout}s"
-                + (f" (last error: {self.last_error})" if self.last_error else "")
+                + (f" (last error: {describe_connect_error(self.endpoint, last)})" if last else "")
             ) from None
 
     async def close(self) -> None:
