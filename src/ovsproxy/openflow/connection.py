@@ -160,8 +160,9 @@ class _Connection(asyncio.Protocol):
         events = self.session.receive_data(data, time.monotonic())
         if events:
             self.channel._on_events(self, events)
-        self.flush()
-        self._schedule()
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()  # echo replies, the handshake's next step
+            self._schedule()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._can_write.set()
