@@ -381,6 +381,47 @@ def test_anything_received_after_the_echo_proves_liveness() -> None:
     assert isinstance(event, ses.MustClose)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(min_value=0.0, max_value=8.0), st.sampled_from("-tr")),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_keepalive_decisions_follow_the_quiet_time(steps: list[tuple[float, str]]) -> None:
+    """Random timelines of polls, other traffic (t) and echo replies (r): an echo only
+    after a quiet interval, never two outstanding, and death only after echo_timeout of
+    silence since both the echo and the last byte received."""
+    interval, timeout = 5.0, 15.0
+    session = open_session(echo_interval=interval, echo_timeout=timeout)
+    now, last_receive, echo_at, echo_xid = 0.0, 0.0, None, 0
+    for delta, action in steps:
+        now += delta
+        if action == "t":
+            xid = session.request(of.BarrierRequest())
+            session.receive_data(of.BarrierReply().encode(xid), now)
+            last_receive = now
+        elif action == "r" and echo_at is not None:
+            assert session.receive_data(of.EchoReply(b"ovsproxy").encode(echo_xid), now) == []
+            last_receive, echo_at = now, None
+        session.data_to_send()
+        events = session.poll(now)
+        echoes = [(x, m) for x, m in sent(session) if isinstance(m, of.EchoRequest)]
+        if events:
+            (event,) = events
+            assert isinstance(event, ses.MustClose)
+            assert echo_at is not None and now >= max(echo_at, last_receive) + timeout
+            return
+        if echoes:
+            assert echo_at is None and now >= last_receive + interval
+            ((echo_xid, _),) = echoes
+            echo_at = now
+        else:
+            assert echo_at is not None or now < last_receive + interval
+        assert session.next_deadline() > now
+
+
 # -- the end -----------------------------------------------------------------------------------
 
 

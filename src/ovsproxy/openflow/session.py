@@ -350,7 +350,7 @@ class Session:
         if self._closing is not None or self.phase is Phase.CLOSED:
             return []
         if self.phase is not Phase.OPEN:
-            if now - self._phase_started >= self.connect_timeout:
+            if now >= self._phase_started + self.connect_timeout:
                 return [
                     self._must_close(
                         RequestTimeout(
@@ -361,8 +361,8 @@ class Session:
                 ]
             return []
         if self._echo_sent_at is not None:
-            quiet_since = max(self._echo_sent_at, self.last_receive)
-            if now - quiet_since >= self.echo_timeout:
+            # The same sums as next_deadline(): at that time, poll() decides.
+            if now >= max(self._echo_sent_at, self.last_receive) + self.echo_timeout:
                 return [
                     self._must_close(
                         ConnectionLost(
@@ -371,7 +371,7 @@ class Session:
                         )
                     )
                 ]
-        elif now - self.last_receive >= self.echo_interval:
+        elif now >= self.last_receive + self.echo_interval:
             self._echo_xid = self._write(of.EchoRequest(_KEEPALIVE_DATA))
             self._echo_sent_at = now
         return []
