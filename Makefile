@@ -19,9 +19,10 @@ test-fast: setup
 lint: setup
 	.venv/bin/ruff check src tests bench
 	.venv/bin/ruff format --check src tests bench
+	.venv/bin/mypy
 
 bench: setup
 	.venv/bin/python -m bench all $(ARGS)
 
 clean:
-	rm -rf .venv build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf .venv build *.egg-info src/*.egg-info .pytest_cache .ruff_cache .mypy_cache

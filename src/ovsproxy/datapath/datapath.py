@@ -68,7 +68,6 @@ log = logging.getLogger(__name__)
 FlowKey = bytes  # table (1 byte), priority (2 bytes), then the match's wire encoding
 
 _KEY_HEAD = struct.Struct("!BH")
-_MISSING: Any = object()
 _GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
 _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED = GroupPlan((), None, "delete")
@@ -164,6 +163,10 @@ class _Owner:
     flows: dict[FlowKey, of.FlowMod] = field(default_factory=dict)
 
 
+# Who wants a flow: its one owner, or (shared) the owners in the order they asked.
+_FlowRef = _Owner | dict[_Owner, None]
+
+
 class DatapathError(RuntimeError):
     """A commit failed. ``owners``: the owners whose messages the switch refused (when it
     said which), so the caller can set them aside and commit everything else."""
@@ -249,7 +252,7 @@ class Datapath:
         self._owners: dict[Hashable, _Owner] = {}
         # desired state, merged over owners: the owner that wants a flow, or (shared) a dict
         # of them in the order they asked
-        self._flow_refs: dict[FlowKey, _Owner | dict[_Owner, None]] = {}
+        self._flow_refs: dict[FlowKey, _FlowRef] = {}
         self._group_owner: dict[int, _Owner] = {}
         # installed state (what the switch holds once the last commit succeeded)
         self.installed_flows: dict[FlowKey, of.FlowMod] = {}
@@ -294,8 +297,8 @@ class Datapath:
                 return
             me = self._owners[owner] = _Owner(owner, new_groups, new_flows)
             for key in new_flows:
-                ref = refs.get(key, _MISSING)
-                if ref is _MISSING:
+                ref = refs.get(key)
+                if ref is None:
                     refs[key] = me
                 else:
                     self._ref_shared(key, ref, me)
@@ -312,8 +315,8 @@ class Datapath:
         for key, flow in new_flows.items():
             was = old_flows.get(key)
             if was is not flow and was != flow:
-                ref = refs.get(key, _MISSING)
-                if ref is _MISSING:
+                ref = refs.get(key)
+                if ref is None:
                     refs[key] = old
                 else:
                     self._ref_shared(key, ref, old)
@@ -352,8 +355,8 @@ class Datapath:
         if pause is not None:
             pause.__exit__(None, None, None)
 
-    def _ref_shared(self, key: FlowKey, ref: Any, owner: _Owner) -> None:
-        if type(ref) is dict:
+    def _ref_shared(self, key: FlowKey, ref: _FlowRef, owner: _Owner) -> None:
+        if isinstance(ref, dict):
             ref.pop(owner, None)
             ref[owner] = None  # the newest asker goes last
         elif ref is not owner:
@@ -361,9 +364,9 @@ class Datapath:
 
     def _unref_flow(self, key: FlowKey, owner: _Owner) -> None:
         refs = self._flow_refs
-        ref = refs.get(key, _MISSING)
-        if ref is not _MISSING:
-            if type(ref) is dict:
+        ref = refs.get(key)
+        if ref is not None:
+            if isinstance(ref, dict):
                 ref.pop(owner, None)
                 if len(ref) == 1:
                     refs[key] = next(iter(ref))
@@ -377,15 +380,16 @@ class Datapath:
         return list(self._owners)
 
     def desired_flow(self, key: FlowKey) -> of.FlowMod | None:
-        ref = self._flow_refs.get(key, _MISSING)
-        if ref is _MISSING:
+        ref = self._flow_refs.get(key)
+        if ref is None:
             return None
-        if type(ref) is not dict:
-            return ref.flows[key]  # type: ignore[union-attr]
+        return ref.flows[key] if isinstance(ref, _Owner) else self._shared_flow(key, ref)
+
+    def _shared_flow(self, key: FlowKey, sharers: dict[_Owner, None]) -> of.FlowMod:
         # Owners that share a flow want the same one; if not, the newest wins (and we say so).
-        flows = [o.flows[key] for o in ref]
+        flows = [o.flows[key] for o in sharers]
         if any(f != flows[0] for f in flows[1:]):
-            log.warning("owners %s want different flows for %r", [o.key for o in ref], key)
+            log.warning("owners %s want different flows for %r", [o.key for o in sharers], key)
         return flows[-1]
 
     def desired_group(self, gid: int) -> GroupSpec | None:
@@ -518,13 +522,13 @@ class Datapath:
                 if have is not None:
                     delete_keys.append(key)
                 continue
-            want = ref.flows[key] if type(ref) is _Owner else self.desired_flow(key)
+            want = ref.flows[key] if isinstance(ref, _Owner) else self._shared_flow(key, ref)
             if want is have or (have is not None and want == have):
                 continue
             # ADD replaces a flow with the same match and priority
             add_key(key)
-            add_flow(want)  # type: ignore[arg-type]
-            yield want  # type: ignore[misc]
+            add_flow(want)
+            yield want
 
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all

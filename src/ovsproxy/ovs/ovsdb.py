@@ -42,7 +42,8 @@ def _import_ovsdbapp() -> tuple[Any, Any]:
     """
     hidden = "eventlet" not in sys.modules
     if hidden:
-        sys.modules["eventlet"] = None  # type: ignore[assignment]  # import -> ImportError
+        # None makes the import raise ImportError; typeshed allows only modules here.
+        sys.modules["eventlet"] = None  # type: ignore[assignment]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

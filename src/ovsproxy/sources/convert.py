@@ -268,8 +268,11 @@ def convert_service(obj: Mapping[str, Any], *, location: SourceLocation | None =
         ):
             affinity = timeout
         else:
-            path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
-            check.error(path, timeout, f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds")
+            check.error(
+                ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds"),
+                timeout,
+                f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds",
+            )
     internal_policy = (
         check.choice(spec, "internalTrafficPolicy", ("spec",), _POLICIES) or TrafficPolicy.CLUSTER
     )
@@ -365,6 +368,7 @@ def _cluster_ips(check: _Checker, spec: Mapping[str, Any]) -> tuple[IPAddress, .
     listed = check.sequence(spec, "clusterIPs", ("spec",))
     if listed and single and listed[0] != single:
         check.error(("spec", "clusterIPs", 0), listed[0], f"must equal spec.clusterIP {single!r}")
+    paths: list[FieldPath]
     if listed:
         raw, paths = listed, [("spec", "clusterIPs", i) for i in range(len(listed))]
     elif single:

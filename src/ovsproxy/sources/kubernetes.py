@@ -29,7 +29,7 @@ import os
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from ovsproxy.model import EndpointSlice, Service
 from ovsproxy.model.handler import (
@@ -171,10 +171,6 @@ class Informer:
         self._failures = 0  # consecutive, for the backoff
         self._synced_event = asyncio.Event()
         self._name = f"kubernetes/{resource.plural}"
-
-    def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer:
-        """Run a ServiceCIDR informer; its objects reach ``handler`` as model values."""
-        return self.informer(SERVICE_CIDRS, ServiceCIDREvents(handler))
 
     async def wait_synced(self) -> None:
         await self._synced_event.wait()
@@ -359,15 +355,18 @@ def kube_http_client(
     return client
 
 
+_Value = TypeVar("_Value", Service, EndpointSlice)
+
+
 @dataclass(slots=True)
-class _ModelEvents:
+class _ModelEvents(Generic[_Value]):
     """Raw objects of one kind -> validated model values -> the SourceHandler."""
 
     handler: SourceHandler
     sync_name: str
-    convert: Callable[[Mapping[str, Any]], Any]
-    add: Callable[[Any], None]
-    update: Callable[[Any], None]
+    convert: Callable[[Mapping[str, Any]], _Value]
+    add: Callable[[_Value], None]
+    update: Callable[[_Value], None]
     delete: Callable[[str, str], None]
 
     def on_add(self, obj: Obj) -> None:
@@ -391,9 +390,9 @@ class _ModelEvents:
     def on_error(self, problem: SourceError) -> None:
         self.handler.on_error(problem)
 
-    def _convert(self, obj: Obj) -> Service | EndpointSlice | None:
+    def _convert(self, obj: Obj) -> _Value | None:
         try:
-            return self.convert(obj)  # type: ignore[no-any-return]
+            return self.convert(obj)
         except InvalidObjectError as exc:
             # Skipped: the handler keeps the last valid version, if it had one.
             for error in exc.errors:

@@ -24,10 +24,10 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -55,7 +55,18 @@ log = logging.getLogger(__name__)
 SOURCE = "manifests"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 _API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
-_CONVERTERS = {"Service": convert_service, "EndpointSlice": convert_endpoint_slice}
+
+
+class _Converter(Protocol):
+    def __call__(
+        self, obj: Mapping[str, Any], *, location: SourceLocation | None = None
+    ) -> Service | EndpointSlice: ...
+
+
+_CONVERTERS: dict[str, _Converter] = {
+    "Service": convert_service,
+    "EndpointSlice": convert_endpoint_slice,
+}
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
 
 ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
@@ -122,8 +133,8 @@ def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
             message += f" (column {mark.column + 1})"
         context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
         if context and context_mark is not None and context_mark is not mark:
-            where = f"line {context_mark.line + 1}, column {context_mark.column + 1}"
-            message += f", {context} started at {where}"
+            started = f"line {context_mark.line + 1}, column {context_mark.column + 1}"
+            message += f", {context} started at {started}"
         error = SourceError(SOURCE, message, SourceLocation(path, line))
         return ParsedManifest(path, (), (*problems, error), parse_failed=True)
     finally:
@@ -152,7 +163,7 @@ def _add_object(
     full_key = (kind, *key) if key else None
     api_version = obj.get("apiVersion")
     errors: list[ValidationError] = []
-    value = None
+    value: Service | EndpointSlice | None = None
     try:
         value = _CONVERTERS[kind](obj, location=where)
     except InvalidObjectError as exc:
@@ -230,7 +241,7 @@ def discover_files(
     seen: set[Path] = set()
     for root in map(Path, paths):
         if root.is_dir():
-            found = []
+            found: list[Path] = []
             for directory, subdirs, names in os.walk(root):
                 subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
                 found.extend(
