@@ -109,11 +109,21 @@ class World:
         )
 
     async def udp(
-        self, client: Pod, host: str, port: int, count: int = 3, timeout: float = 1.0, **kw: Any
+        self,
+        client: Pod,
+        host: str,
+        port: int,
+        count: int = 3,
+        timeout: float = 1.0,
+        *,
+        interval: float = 0.0,
+        new_socket: bool = False,
     ) -> dict:
         args = ["udp", host, str(port), "--count", str(count), "--timeout", str(timeout)]
-        if kw.get("interval"):
-            args += ["--interval", str(kw["interval"])]
+        if interval:
+            args += ["--interval", str(interval)]
+        if new_socket:
+            args.append("--new-socket")
         return await asyncio.to_thread(run_in_netns, client.netns, *args)
 
     def learned_flows(self) -> list[str]:
