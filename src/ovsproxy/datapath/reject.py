@@ -386,9 +386,12 @@ def agent_wiring(channel: Any, datapath: Any) -> tuple[Any, dict[str, Any]]:
     Installs the reject meter before the datapath's replay by wrapping the channel's
     ``on_connected`` hook, and starts the affinity sweeper (timeouts above 65,535 s).
     """
+    from ovsproxy.datapath.conntrack import vswitchd_appctl
     from ovsproxy.datapath.semantics import ServiceSemantics
 
-    semantics = ServiceSemantics(channel, datapath)
+    # The switch's ovs-appctl, when it is local: the UDP flush waits for its revalidators.
+    appctl = vswitchd_appctl(str(getattr(channel, "endpoint", "")))
+    semantics = ServiceSemantics(channel, datapath, appctl=appctl)
     semantics.wrap_on_connected()
     semantics.start()
     return semantics, semantics.proxier_kwargs()

@@ -4,7 +4,8 @@
 
 * ``rejector`` (``reject.Rejector``): answers reject packet-ins; its meter is installed from the
   channel's on_connected hook before the datapath replays (``wrap_on_connected``);
-* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals;
+* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals,
+  again once the datapath is revalidated (``appctl``: ``revalidator/wait``; ``close`` stops it);
 * ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
   runs it as a task; ``close`` stops it).
 
@@ -80,6 +81,7 @@ class ServiceSemantics:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.conntrack.close()
         await self.rejector.close()
 
     def status(self) -> dict[str, Any]:
