@@ -293,9 +293,7 @@ class SyncResult:
     seconds: float = 0.0
 
 
-def _udp_pairs_back(
-    old: InstalledService | None, new: InstalledService
-) -> list[FlushFilter]:
+def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
     """The flush filters of (frontend, endpoint) pairs of a UDP port that ``new`` has and
     ``old`` had not (a frontend new to it: its frontend-wide filter too)."""
     port = new.state.port
