@@ -125,8 +125,8 @@ class Recorder(FakeSwitch):
 
     pending = 0
 
-    def keep(self, filters) -> None:
-        self.log.append(("keep", list(filters)))
+    def restored(self, filters) -> None:
+        self.log.append(("restored", list(filters)))
 
 
 @pytest.fixture
@@ -244,7 +244,7 @@ async def test_a_udp_pair_that_comes_back_before_its_second_flush_is_kept(rig) -
     rec.log.clear()
     apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])  # back before the second flush
     await proxier.sync()
-    (kept,) = rec.take("keep")
+    (kept,) = rec.take("restored")
     assert kept == [FlushFilter(Protocol.UDP, ip("10.96.0.1"), 80, ip("10.0.0.1"), 8080)]
     # A Service deleted and created again: its frontend-wide filter and every pair.
     tracker.on_service_delete("ns", "dns")
@@ -252,7 +252,7 @@ async def test_a_udp_pair_that_comes_back_before_its_second_flush_is_kept(rig) -
     rec.log.clear()
     apply(tracker, p, [ep("10.0.0.2")])
     await proxier.sync()
-    (kept,) = rec.take("keep")
+    (kept,) = rec.take("restored")
     assert sorted(map(str, kept)) == [
         "UDP 10.96.0.1:80 -> * (zone 65520)",
         "UDP 10.96.0.1:80 -> 10.0.0.2:8080 (zone 65520)",

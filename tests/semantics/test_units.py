@@ -212,7 +212,7 @@ async def test_filters_queued_during_a_wait_wait_for_the_next_round_and_kept_pai
     await flusher.flush([first, back])
     await asyncio.sleep(0)  # the settle task is waiting for revalidation now
     await flusher.flush([second])  # its commit came after that wait began
-    flusher.keep([back])  # and this pair is an endpoint again
+    flusher.restored([back])  # and this pair is an endpoint again
     switch.gate.set()
     await flusher.settled()
     flushes = [entry for entry in switch.log if isinstance(entry, tuple)]
@@ -223,7 +223,7 @@ async def test_filters_queued_during_a_wait_wait_for_the_next_round_and_kept_pai
         ("flush", ["10.96.0.4010.244.0.4"]),  # after two more
     ]
     assert switch.log.count("revalidator/wait") == 4
-    assert (flusher.stats.settle_flushes, flusher.stats.settle_kept) == (2, 1)
+    assert (flusher.stats.settle_flushes, flusher.stats.settle_restored) == (2, 1)
 
 
 @pytest.mark.parametrize("appctl", ["none", "failing"])

@@ -18,7 +18,7 @@ Revalidated means two ``ovs-appctl revalidator/wait`` (the first may end with a 
 started before the commit; the second ends a round that started after it) when an ``appctl``
 runner is given, else ``REVALIDATION_GRACE`` seconds (best effort: two default revalidator
 periods). The second flush runs in the background, coalesced across syncs, and skips pairs
-that came back meanwhile (``keep``). Cost: two flush messages per removed (frontend, endpoint)
+that came back meanwhile (``restored``). Cost: two flush messages per removed (frontend, endpoint)
 pair and two appctl calls per batch; nothing per unchanged endpoint or Service.
 
 Mechanism, in order of preference:
@@ -164,7 +164,7 @@ class FlushStats:
     messages: int = 0  # NXT_CT_FLUSH sent
     appctl_entries: int = 0  # entries flushed one by one through ovs-appctl
     settle_flushes: int = 0  # filters flushed again after the datapath was revalidated
-    settle_kept: int = 0  # filters not flushed again: their pair came back meanwhile
+    settle_restored: int = 0  # filters not flushed again: their pair came back meanwhile
     revalidation: str = "appctl"  # how revalidation is awaited: "appctl", or "timed"
     failures: int = 0
     last_error: str = ""
@@ -177,7 +177,7 @@ class FlushStats:
             "messages": self.messages,
             "appctl_entries": self.appctl_entries,
             "settle_flushes": self.settle_flushes,
-            "settle_kept": self.settle_kept,
+            "settle_restored": self.settle_restored,
             "revalidation": self.revalidation,
             "failures": self.failures,
             "last_error": self.last_error,
@@ -226,12 +226,12 @@ class ConntrackFlusher:
                 self._settle_pending(), name="conntrack settle"
             )
 
-    def keep(self, filters: Iterable[FlushFilter]) -> None:
+    def restored(self, filters: Iterable[FlushFilter]) -> None:
         """These pairs are valid again (an endpoint came back): no second flush for them."""
         if self._pending:
             for f in filters:
                 if self._pending.pop(f, None) is not None:
-                    self.stats.settle_kept += 1
+                    self.stats.settle_restored += 1
 
     @property
     def pending(self) -> int:

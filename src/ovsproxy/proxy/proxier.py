@@ -442,7 +442,7 @@ class Proxier:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
         pairs that went away, and deletes of learned affinity flows that no longer apply."""
         if new is not None and self.conntrack is not None and self.conntrack.pending:
-            self.conntrack.keep(_udp_pairs_back(old, new))
+            self.conntrack.restored(_udp_pairs_back(old, new))
         if old is None:
             return
         old_port = old.state.port
