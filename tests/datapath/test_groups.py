@@ -14,6 +14,7 @@ from ovsproxy.datapath.groups import (
     BucketSpec,
     GroupSpec,
     InstalledGroup,
+    SelectionMethod,
     plan_group,
 )
 from ovsproxy.openflow import protocol as of
@@ -82,6 +83,38 @@ def test_one_removed_endpoint_is_one_remove_bucket_by_its_id() -> None:
     plan = plan_group(group([1, 3]), first.result)
     assert [(m.command, m.command_bucket_id) for m in plan.messages] == [(CMD.REMOVE_BUCKET, 1)]
     assert plan.result is not None and plan.result.ids == {bucket(1).key: 0, bucket(3).key: 2}
+
+
+def test_the_service_selection_method_rides_on_add_and_modify_only() -> None:
+    """ADD and MODIFY carry the 5-tuple hash fields; INSERT_BUCKET and REMOVE_BUCKET carry
+    no selection method (OVS refuses it there and keeps the group's own), so an endpoint
+    change costs the same bytes with or without fields."""
+    method = svc.GROUP_SELECTION_METHOD
+    assert method.fields == svc.CONNECTION_HASH_FIELDS
+    first = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, method), None)
+    (add,) = first.messages
+    assert (add.command, add.selection_method) == (CMD.ADD, "hash")
+    assert add.fields == tuple(of.get_field(f) for f in svc.CONNECTION_HASH_FIELDS)
+    assert of.group_mod_length(add) == of.group_mod_overhead(*method) + sum(
+        len(b.wire) for b in add.buckets
+    )
+    grown = plan_group(GroupSpec(7, group([1, 2, 3, 4]).buckets, method), first.result)
+    (insert,) = grown.messages
+    assert (insert.command, insert.selection_method, insert.fields) == (
+        CMD.INSERT_BUCKET,
+        None,
+        (),
+    )
+    assert of.group_mod_length(insert) == of.group_mod_overhead() + len(insert.buckets[0].wire)
+    shrunk = plan_group(GroupSpec(7, group([1, 3, 4]).buckets, method), grown.result)
+    (remove,) = shrunk.messages
+    assert (remove.command, of.group_mod_length(remove)) == (CMD.REMOVE_BUCKET, 24)
+    # A group an older agent installed without fields is rewritten whole, ids kept.
+    old = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, SelectionMethod("hash")), None)
+    upgraded = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, method), old.result)
+    (modify,) = upgraded.messages
+    assert (modify.command, modify.fields, upgraded.kind) == (CMD.MODIFY, add.fields, "modify")
+    assert [b.bucket_id for b in modify.buckets] == [0, 1, 2]
 
 
 def test_replacing_most_endpoints_is_one_modify() -> None:

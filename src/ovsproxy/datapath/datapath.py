@@ -751,8 +751,8 @@ class Datapath:
             group = self.installed_groups[gid]
             # Text is built per bucket: a large group is no single OpenFlow message.
             text = f"group_id={gid},type=select"
-            if group.selection_method:
-                text += f",selection_method={group.selection_method}"
+            if group.selection_method is not None:
+                text += "," + group.selection_method.to_text()
             for key, spec in sorted(group.buckets.items(), key=lambda kv: group.ids[kv[0]]):
                 bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
                 text += "," + bucket.to_text(of.GroupType.SELECT)

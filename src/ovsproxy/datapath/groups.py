@@ -54,10 +54,27 @@ class BucketSpec(NamedTuple):
     weight: int = 100
 
 
+class SelectionMethod(NamedTuple):
+    """A select group's selection method: Open vSwitch's ``name`` ("hash", "dp_hash") and,
+    for "hash", the fields it hashes (none: OVS's default hash). INSERT_BUCKET and
+    REMOVE_BUCKET do not carry it: OVS keeps the group's own (EXT-570)."""
+
+    name: str
+    fields: tuple[str, ...] = ()
+
+    def to_text(self) -> str:
+        """As ``ovs-ofctl dump-groups`` prints it."""
+        text = f"selection_method={self.name}"
+        names = [of.get_field(f).mf_name for f in self.fields]
+        if len(names) == 1:
+            return f"{text},fields={names[0]}"
+        return f"{text},fields({','.join(names)})" if names else text
+
+
 class GroupSpec(NamedTuple):
     group_id: int
     buckets: tuple[BucketSpec, ...]
-    selection_method: str | None = None
+    selection_method: SelectionMethod | None = None
 
     def by_key(self) -> dict[Hashable, BucketSpec]:
         return {b[0]: b for b in self.buckets}
@@ -82,7 +99,7 @@ class InstalledGroup:
         group_id: int,
         ids: dict[Hashable, int] | None = None,
         buckets: dict[Hashable, BucketSpec] | None = None,
-        selection_method: str | None = None,
+        selection_method: SelectionMethod | None = None,
         bucket_bytes: int = -1,
     ) -> None:
         self.group_id = group_id
@@ -157,14 +174,15 @@ def _assign_ids(
     return ids, wanted
 
 
-_OVERHEADS: dict[str | None, int] = {None: _BASE_OVERHEAD}
+_OVERHEADS: dict[SelectionMethod | None, int] = {None: _BASE_OVERHEAD}
 
 
-def _overhead(selection_method: str | None) -> int:
+def _overhead(selection_method: SelectionMethod | None) -> int:
     """A GroupMod's size without buckets (with its selection method property)."""
     size = _OVERHEADS.get(selection_method)
     if size is None:
-        size = _OVERHEADS[selection_method] = of.group_mod_overhead(selection_method)
+        assert selection_method is not None
+        size = _OVERHEADS[selection_method] = of.group_mod_overhead(*selection_method)
     return size
 
 
@@ -172,16 +190,21 @@ def _group_mod(
     command: of.GroupModCommand,
     group_id: int,
     buckets: Sequence[of.Bucket],
-    selection_method: str | None,
+    selection_method: SelectionMethod | None,
     command_bucket_id: int = of.OFPG_BUCKET_ALL,
 ) -> of.GroupMod:
+    if selection_method is None:
+        return _fast_group_mod(
+            command, group_id, _SELECT, buckets, command_bucket_id=command_bucket_id
+        )
     return _fast_group_mod(
         command,
         group_id,
         _SELECT,
         buckets,
         command_bucket_id=command_bucket_id,
-        selection_method=selection_method,
+        selection_method=selection_method[0],
+        fields=selection_method[1],
     )
 
 
@@ -189,7 +212,7 @@ def _chunked(
     command: of.GroupModCommand,
     group_id: int,
     buckets: Sequence[of.Bucket],
-    selection_method: str | None,
+    selection_method: SelectionMethod | None,
     total: int = -1,
 ) -> list[of.GroupMod]:
     """ADD/MODIFY (or INSERT_BUCKET) with as many buckets as fit, then INSERT_BUCKET(LAST)

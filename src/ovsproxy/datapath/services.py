@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.groups import BucketSpec, GroupSpec
+from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates
@@ -482,13 +482,30 @@ def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.F
     )
 
 
-# With session affinity, a select group hashes in the slow path ("hash" without fields: OVS's
-# default symmetric L4 hash at translation time), so each new connection is its own datapath
-# flow and is translated against the learned flows as they are now. With OVS's default dp_hash
-# the datapath flow before the group is shared by every connection of a client: the ones that
-# arrive before the revalidators catch up with a just-learned flow would pick a bucket anew.
-AFFINITY_SELECTION_METHOD = "hash"
-GROUP_SELECTION_METHOD = "hash"
+# Every select group uses Open vSwitch's "hash" method over the connection's 5-tuple:
+# highest random weight per bucket id, so inserting or removing a bucket moves only the
+# connections that bucket wins or had, and each new connection is translated afresh (also
+# against just-learned affinity flows). OVS's default method, dp_hash, sends every new
+# connection to a bucket added by INSERT_BUCKET until the next MODIFY (OVS 3.1); "hash"
+# without fields is OVS's symmetric L4 hash, which leaves UDP ports out (one UDP client,
+# one endpoint, however many sockets). OVS skips a listed field whose prerequisites the
+# packet does not meet (ofproto-dpif-xlate.c, pick_hash_fields_select_group), so one list
+# serves TCP, UDP and SCTP over IPv4 and IPv6; it is in OVS's field order, as dump-groups
+# prints it.
+CONNECTION_HASH_FIELDS = (
+    "ipv4_src",
+    "ipv4_dst",
+    "ipv6_src",
+    "ipv6_dst",
+    "ip_proto",
+    "tcp_src",
+    "tcp_dst",
+    "udp_src",
+    "udp_dst",
+    "sctp_src",
+    "sctp_dst",
+)
+GROUP_SELECTION_METHOD = SelectionMethod("hash", CONNECTION_HASH_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,11 +584,7 @@ def frontend_objects(
                         del cache[next(iter(cache))]
                     cache[key] = flow
                 dnat[key] = flow
-        # GroupSpec(group_id, buckets, selection_method): every group, not only affinity ones,
-        # selects by "hash": Open vSwitch 3.1's dp_hash method sends all new connections to the
-        # bucket an INSERT_BUCKET added (until the next MODIFY or REMOVE_BUCKET); "hash"
-        # (highest random weight over the 5-tuple) stays balanced and moves only the
-        # connections of changed buckets.
+        # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
         )
