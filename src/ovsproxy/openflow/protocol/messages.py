@@ -29,7 +29,17 @@ from .actions import (
     join_actions,
 )
 from .errors import MessageTooLarge, OpenFlowDecodeError, OpenFlowEncodeError
-from .fields import FIELDS, Field, Match, decode_tlvs, field_by_nxm_header, format_port, get_field
+from .fields import (
+    FIELDS,
+    IN_PORT,
+    Entry,
+    Field,
+    Match,
+    decode_tlvs,
+    field_by_nxm_header,
+    format_port,
+    get_field,
+)
 
 _HEADER = struct.Struct("!BBHI")
 _U16 = struct.Struct("!H")
@@ -621,17 +631,12 @@ _GROUP_MOD = struct.Struct("!HBxIH2xI")
 _SELECTION_METHOD = struct.Struct("!HHII4x16sQ")
 
 
-_SELECTION_PROPS: dict[tuple[str, int, tuple[Field, ...]], bytes] = {}
-
-
 def _selection_method_prop(method: str, param: int, fields: tuple[Field, ...]) -> bytes:
-    key = (method, param, fields)
-    prop = _SELECTION_PROPS.get(key)
-    if prop is None:
-        prop = _encode_selection_method_prop(method, param, fields)
-        if len(_SELECTION_PROPS) < 256:  # a few methods in practice; never unbounded
-            _SELECTION_PROPS[key] = prop
-    return prop
+    if not param and not fields:
+        prop = _PLAIN_SELECTION_PROPS.get(method)
+        if prop is not None:
+            return prop
+    return _encode_selection_method_prop(method, param, fields)
 
 
 def _encode_selection_method_prop(method: str, param: int, fields: tuple[Field, ...]) -> bytes:
@@ -648,6 +653,10 @@ def _encode_selection_method_prop(method: str, param: int, fields: tuple[Field, 
         + field_headers
         + _ZEROS[: -length % 8]
     )
+
+
+# Open vSwitch's two methods, encoded once (a fixed table: decoding adds nothing to it).
+_PLAIN_SELECTION_PROPS = {m: _encode_selection_method_prop(m, 0, ()) for m in ("hash", "dp_hash")}
 
 
 class GroupMod(Message):
@@ -929,7 +938,10 @@ class PacketOut(Message):
         match: Match | None = None,
     ) -> PacketOut:
         actions = tuple(actions)
-        match = Match(in_port=in_port) if match is None else match.replace(in_port=in_port)
+        if match is None:
+            match = Match(in_port=in_port)
+        elif match.get("in_port") != in_port:
+            match = _without_in_port(match, (IN_PORT, in_port, None))
         try:
             body = b"".join([a[0] for a in actions])
             wire = _PACKET_OUT.pack(buffer_id, len(body)) + match[0] + body + bytes(data)
@@ -939,13 +951,19 @@ class PacketOut(Message):
 
     def to_text(self, xid: int = 0) -> str:
         text = f" in_port={format_port(self[3])}"
-        other = self[5].replace(in_port=None).to_text()
+        other = _without_in_port(self[5]).to_text()
         if other:
             text += f" {other}"
         text += f" actions={format_actions(self[1])}"
         if self[4] != c.OFP_NO_BUFFER:
             return text + f" buffer={self[4]:#010x}"
         return text + f" data_len={len(self[2])}"
+
+
+def _without_in_port(match: Match, *extra: Entry) -> Match:
+    """``match`` without its in_port, plus ``extra`` entries (built from the entries, not
+    from keywords: a decoded match may hold fields we do not model)."""
+    return Match.from_entries([e for e in match.entries if e[0] is not IN_PORT] + list(extra))
 
 
 _PACKET_IN = struct.Struct("!IHBBQ")
