@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 import ipaddress
-import itertools
 import pickle
 import struct
 
 import pytest
 
+from ovsproxy.datapath.groups import group_mod_chunks
 from ovsproxy.openflow import protocol as of
 
 IP = ipaddress.ip_address
@@ -200,36 +200,9 @@ def test_a_message_over_65535_bytes_is_refused_with_a_clear_error() -> None:
         of.encode_bundle_add(1, group, 1)
     with pytest.raises(of.MessageTooLarge):
         of.bundle_add(1, of.encode(group, 1), 1)
-    chunks = of.split_group_mod(group)
+    chunks = group_mod_chunks(group.command, group.group_id, group.buckets)
     assert len(chunks) == 2
     assert all(of.encode_bundle_add(1, c, 1) for c in chunks)
-
-
-def test_group_mod_chunks_keep_order_and_fit_a_bundle() -> None:
-    buckets = [svc_bucket(i, f"10.0.{i // 256}.{i % 256}") for i in range(2500)]
-    assert sum(len(b.wire) for b in buckets) > 2 * 65535
-    chunks = of.group_mod_chunks(of.GroupModCommand.ADD, 5, buckets, selection_method="dp_hash")
-    assert len(chunks) == 3
-    assert all(c.length <= of.MAX_BUNDLED_MESSAGE_LEN for c in chunks)
-    assert chunks[0].command == of.GroupModCommand.ADD
-    assert chunks[0].selection_method == "dp_hash"
-    assert all(c.command == of.GroupModCommand.INSERT_BUCKET for c in chunks[1:])
-    assert all(c.selection_method is None for c in chunks[1:])
-    assert [b for c in chunks for b in c.buckets] == buckets
-    for previous, chunk in itertools.pairwise(chunks):
-        assert chunk.command_bucket_id == previous.buckets[-1].bucket_id
-    # Outside a bundle the full 65,535 bytes are usable: fewer, fuller chunks.
-    loose = of.group_mod_chunks(of.GroupModCommand.MODIFY, 5, buckets, limit=of.OFP_MAX_MESSAGE_LEN)
-    assert all(c.length <= of.OFP_MAX_MESSAGE_LEN for c in loose)
-    assert len(loose) <= len(chunks)
-    assert [b for c in loose for b in c.buckets] == buckets
-    small = of.GroupMod(of.GroupModCommand.MODIFY, 5, buckets=buckets[:3])
-    assert of.split_group_mod(small) == [small]
-    assert of.group_mod_chunks(of.GroupModCommand.MODIFY, 5, buckets[:3]) == [small]
-    with pytest.raises(of.MessageTooLarge):
-        of.group_mod_chunks(
-            of.GroupModCommand.ADD, 5, [of.Bucket(0, [of.Controller(userdata=bytes(65500))])]
-        )
 
 
 def test_size_helpers_match_the_encoding() -> None:

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.ofext import MeterCommand, MeteredController, MeterMod
 from ovsproxy.model import Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.protocol import MeterCommand, MeteredController, MeterMod
 from ovsproxy.openflow.protocol.ct_flush import CtFlush, decode_ct_flush
 from tests.openflow.ofctl import OVS_OFCTL, encode_flow, ofp_print
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from . import constants as c
 from .errors import OpenFlowDecodeError
-from .messages import Message
+from .message import Message
 
 NXT_CT_FLUSH = 32
 NXT_CT_ORIG_TUPLE = 0
