@@ -125,6 +125,25 @@ def test_flow_delete_uses_any_port_and_group() -> None:
     # out_port/out_group sit at fixed offsets of the flow mod body.
     body = delete.wire
     assert struct.unpack_from("!II", body, 28) == (of.OFPP_ANY, of.OFPG_ANY)
+    assert delete == of.FlowMod(
+        10,
+        200,
+        of.Match(reg0=1),
+        cookie=0x77,
+        cookie_mask=0xFFFFFFFFFFFFFFFF,
+        command=of.FlowModCommand.DELETE_STRICT,
+    )
+    # Without the cookie: any flow with this table, priority and match.
+    loose = flow.as_delete(same_cookie=False)
+    assert (loose.cookie, loose.cookie_mask, loose.priority) == (0, 0, 200)
+    # The one constructor for deletes: every table by default, non-strict.
+    generation = of.FlowMod.delete(cookie=0x5 << 32, cookie_mask=0xFF << 32)
+    assert generation.table_id == of.OFPTT_ALL and generation.match == of.Match()
+    assert generation.command == of.FlowModCommand.DELETE
+    assert (
+        of.to_text(generation)
+        == "DEL table:255 priority=0 cookie:0x500000000/0xff00000000 actions=drop"
+    )
 
 
 def test_nat_is_padded_and_validated() -> None:
@@ -210,7 +229,7 @@ def test_size_helpers_match_the_encoding() -> None:
     group = of.GroupMod(
         of.GroupModCommand.ADD, 1, buckets=[b, b.replace(bucket_id=2)], selection_method="dp_hash"
     )
-    assert of.bucket_length(b) == len(b.wire) == 64
+    assert len(b.wire) == 64
     assert of.group_mod_length(group) == len(of.encode(group, 1))
     assert of.group_mod_overhead("dp_hash") + 2 * 64 == of.group_mod_length(group)
     assert of.group_mod_overhead() == 24
@@ -225,9 +244,9 @@ def test_bundle_add_wraps_encoded_bytes_without_reencoding() -> None:
     wrapped = of.bundle_add(7, inner, 1234, of.BundleFlags.ATOMIC | of.BundleFlags.ORDERED)
     assert wrapped == of.encode_bundle_add(7, group, 1234)
     assert wrapped == of.BundleAdd(7, group).encode(1234)
-    header = of.parse_header(wrapped)
+    header = of.Header._make(struct.unpack_from("!BBHI", wrapped))
     assert header.msg_type == of.MsgType.BUNDLE_ADD_MESSAGE and header.xid == 1234
-    assert of.parse_header(wrapped[16:]).xid == 1234  # inner xid rewritten to the outer one
+    assert struct.unpack_from("!I", wrapped, 20)[0] == 1234  # inner xid rewritten to the outer one
     assert wrapped[24:] == inner[8:]
     decoded = of.decode(wrapped)
     assert decoded == of.BundleAdd(7, group) and decoded.message == group

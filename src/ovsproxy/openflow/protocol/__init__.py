@@ -97,19 +97,18 @@ from .constants import (
     MultipartType,
     PacketInReason,
 )
-from .decode import decode, decode_with_xid
+from .decode import decode
 from .errors import MessageTooLarge, OpenFlowCodecError, OpenFlowDecodeError, OpenFlowEncodeError
 from .fields import FIELDS, Field, Match, Subfield, get_field
 from .flows import FlowMod, format_flow
 from .groups import (
     Bucket,
     GroupMod,
-    bucket_length,
     format_group,
     group_mod_length,
     group_mod_overhead,
 )
-from .message import Header, Message, encode, message_kind, parse_header, to_text
+from .message import Header, Message, encode, message_kind, to_text
 from .meters import MeterCommand, MeterFlags, MeterMod, meter_add
 from .multipart import (
     FlowDesc,
@@ -148,7 +147,6 @@ __all__ = [
     "BarrierReply",
     "BarrierRequest",
     "Bucket",
-    "bucket_length",
     "bundle_add",
     "BUNDLE_ADD_HEADER_LEN",
     "BundleAdd",
@@ -168,7 +166,6 @@ __all__ = [
     "CT_TRK",
     "CTClear",
     "decode",
-    "decode_with_xid",
     "DecTTL",
     "EchoReply",
     "EchoRequest",
@@ -264,7 +261,6 @@ __all__ = [
     "PacketIn",
     "PacketInReason",
     "PacketOut",
-    "parse_header",
     "Parser",
     "RawAction",
     "RawInstruction",

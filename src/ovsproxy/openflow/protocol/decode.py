@@ -91,11 +91,6 @@ def decode(data: bytes) -> Message:
         ) from None
 
 
-def decode_with_xid(data: bytes) -> tuple[int, Message]:
-    msg = decode(data)
-    return _U32.unpack_from(data, 4)[0], msg
-
-
 def _dec_hello(data: bytes, version: int) -> Message:
     versions: set[int] = set()
     pos = 8

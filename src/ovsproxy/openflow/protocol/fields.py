@@ -1198,10 +1198,6 @@ class Match(Value):
         return format_match(self, priority)
 
 
-def _first(item: tuple) -> int:
-    return item[0]
-
-
 _EMPTY_MATCH = _build_match([])
 
 

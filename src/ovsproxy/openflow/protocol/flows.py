@@ -143,16 +143,42 @@ class FlowMod(Message):
                 return instruction[1]
         return ()
 
-    def as_delete(self, strict: bool = True) -> FlowMod:
-        """A DELETE(_STRICT) of this flow (same table, priority, match and cookie)."""
-        return FlowMod(
-            self[1],
-            self[2],
-            self[3],
+    @classmethod
+    def delete(
+        cls,
+        table_id: int = c.OFPTT_ALL,
+        match: Match | None = None,
+        *,
+        priority: int = 0,
+        strict: bool = False,
+        cookie: int = 0,
+        cookie_mask: int = 0,
+    ) -> FlowMod:
+        """A DELETE of the flows of ``table_id`` (every table by default) that ``match``
+        covers, or with ``strict`` a DELETE_STRICT of the one flow with exactly this match
+        and ``priority``; only flows whose cookie equals ``cookie`` in the ``cookie_mask``
+        bits. Any out_port and out_group."""
+        return cls(
+            table_id,
+            priority,
+            match,
             (),
-            cookie=self[5],
-            cookie_mask=0xFFFFFFFFFFFFFFFF if self[5] else 0,
+            cookie=cookie,
+            cookie_mask=cookie_mask,
             command=c.FlowModCommand.DELETE_STRICT if strict else c.FlowModCommand.DELETE,
+        )
+
+    def as_delete(self, *, same_cookie: bool = True) -> FlowMod:
+        """A DELETE_STRICT of this flow (same table, priority and match); with
+        ``same_cookie``, and a cookie, only while the switch's flow still has that cookie."""
+        with_cookie = same_cookie and self[5] != 0
+        return FlowMod.delete(
+            self[1],
+            self[3],
+            priority=self[2],
+            strict=True,
+            cookie=self[5] if with_cookie else 0,
+            cookie_mask=0xFFFFFFFFFFFFFFFF if with_cookie else 0,
         )
 
     def to_text(self, xid: int = 0) -> str:

@@ -234,11 +234,6 @@ class GroupMod(Message):
         return tuple(FIELDS[name] for name in self[8])
 
 
-def bucket_length(bucket: Bucket) -> int:
-    """Encoded size of a bucket, for sizing GroupMod chunks."""
-    return len(bucket[0])
-
-
 def group_mod_length(group: GroupMod) -> int:
     """Encoded size of a group mod message, header included."""
     return 8 + len(group[0])

@@ -15,7 +15,7 @@ from typing import ClassVar, NamedTuple
 
 from . import constants as c
 from ._value import Value
-from .errors import MessageTooLarge, OpenFlowDecodeError
+from .errors import MessageTooLarge
 
 _HEADER = struct.Struct("!BBHI")
 
@@ -25,13 +25,6 @@ class Header(NamedTuple):
     msg_type: int
     length: int
     xid: int
-
-
-def parse_header(data: bytes) -> Header:
-    """The header of a message (no validation beyond its presence)."""
-    if len(data) < c.OFP_HEADER_LEN:
-        raise OpenFlowDecodeError("message shorter than an OpenFlow header")
-    return Header(*_HEADER.unpack_from(data))
 
 
 class Message(Value):
