@@ -17,10 +17,12 @@ anything raised other than ``OpenFlowCodecError`` is a finding. Every input also
 through ``Parser`` inside a stream, fed in random chunk sizes: the framer must give back
 exactly the messages that were concatenated (or raise the codec's error on a garbage
 length). Figures: ``inputs``, ``unexpected_exceptions`` (goal 0, with the first examples),
-``framing_mismatches`` (goal 0), ``slowest_decode_ms`` (goal < 10; the slowest inputs are
-timed again, best of 5, because a shared machine stalls a process now and then: both the
-first observation and the re-timed figure are given), ``inputs_per_s``. Seeded: the same
-seed gives the same inputs.
+``framing_mismatches`` (goal 0), ``global_tables_changed`` (decoding must not grow any
+module-level table of the codec: goal none), the slowest decode (goal < 10 ms) in the
+decoding thread's CPU time, which a shared machine's scheduling does not inflate:
+``slowest_decode_first_seen_ms`` over every input, and ``slowest_decode_ms`` for the 20
+slowest timed again, best of 5 (``slowest_decode_wall_ms`` is the wall-clock maximum, stalls
+of the machine included), and ``inputs_per_s``. Seeded: the same seed gives the same inputs.
 """
 
 from __future__ import annotations
@@ -442,24 +444,27 @@ def global_tables() -> dict[str, int]:
     return sizes
 
 
-def _check(data: bytes) -> tuple[int, bool, BaseException | None]:
-    """Decode (timed), then print and re-encode what decoded: (ns, decoded, finding)."""
-    started = time.perf_counter_ns()
+def _check(data: bytes) -> tuple[int, int, bool, BaseException | None]:
+    """Decode (timed: CPU and wall ns), then print and re-encode what decoded:
+    (cpu_ns, wall_ns, decoded, finding)."""
+    wall = time.perf_counter_ns()
+    cpu = time.thread_time_ns()
     try:
         msg = of.decode(data)
     except of.OpenFlowCodecError:
-        return time.perf_counter_ns() - started, False, None
+        return time.thread_time_ns() - cpu, time.perf_counter_ns() - wall, False, None
     except Exception as exc:  # a finding
-        return time.perf_counter_ns() - started, False, exc
-    elapsed = time.perf_counter_ns() - started
+        return time.thread_time_ns() - cpu, time.perf_counter_ns() - wall, False, exc
+    elapsed = time.thread_time_ns() - cpu
+    wall = time.perf_counter_ns() - wall
     try:
         of.to_text(msg, 1)
         of.encode(msg, 1)
     except of.OpenFlowCodecError:
         pass
     except Exception as exc:  # a finding
-        return elapsed, True, exc
-    return elapsed, True, None
+        return elapsed, wall, True, exc
+    return elapsed, wall, True, None
 
 
 def _frame(stream: bytes, rng: random.Random) -> tuple[list[bytes], BaseException | None]:
@@ -490,6 +495,7 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
     ops: Counter[str] = Counter()
     decoded_ok = 0
     total_ns = 0
+    slowest_wall = 0
     started = time.perf_counter()
     done = 0
 
@@ -515,8 +521,9 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
         done += len(inputs)
         for how, data in inputs:
             ops[how.split("+")[0]] += 1
-            elapsed, decoded, exc = _check(data)
+            elapsed, wall_ns, decoded, exc = _check(data)
             total_ns += elapsed
+            slowest_wall = max(slowest_wall, wall_ns)
             decoded_ok += decoded
             if exc is not None:
                 finding("decode", exc, how, data)
@@ -541,6 +548,7 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
         retimed.append((best, first_ns, how, len(data)))
     retimed.sort(reverse=True)
     slowest_ms = retimed[0][0] / 1e6 if retimed else 0.0
+    first_seen_ms = max((item[0] for item in slowest), default=0) / 1e6
     return {
         "seed": seed,
         "seeds": len(seed_list),
@@ -553,7 +561,8 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
         "framing_mismatches": framing_mismatches,
         "global_tables_changed": grown,
         "slowest_decode_ms": round(slowest_ms, 3),
-        "slowest_decode_first_seen_ms": round(max((s[0] for s in slowest), default=0) / 1e6, 3),
+        "slowest_decode_first_seen_ms": round(first_seen_ms, 3),
+        "slowest_decode_wall_ms": round(slowest_wall / 1e6, 3),
         "slowest_inputs": [
             {"best_ms": round(b / 1e6, 3), "first_ms": round(f / 1e6, 3), "mutation": h, "bytes": n}
             for b, f, h, n in retimed[:5]
@@ -563,7 +572,7 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
         "decoded_whole": decoded_ok,
         "inputs_per_s": round(done / wall),
         "goals_met": not (unexpected or framing_mismatches or grown)
-        and slowest_ms < GOAL_SLOWEST_MS,
+        and max(slowest_ms, first_seen_ms) < GOAL_SLOWEST_MS,
     }
 
 
