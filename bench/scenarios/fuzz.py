@@ -19,10 +19,12 @@ exactly the messages that were concatenated (or raise the codec's error on a gar
 length). Figures: ``inputs``, ``unexpected_exceptions`` (goal 0, with the first examples),
 ``framing_mismatches`` (goal 0), ``global_tables_changed`` (decoding must not grow any
 module-level table of the codec: goal none), the slowest decode (goal < 10 ms) in the
-decoding thread's CPU time, which a shared machine's scheduling does not inflate:
-``slowest_decode_first_seen_ms`` over every input, and ``slowest_decode_ms`` for the 20
-slowest timed again, best of 5 (``slowest_decode_wall_ms`` is the wall-clock maximum, stalls
-of the machine included), and ``inputs_per_s``. Seeded: the same seed gives the same inputs.
+decoding thread's CPU time (which still grows when a virtual machine's CPU is taken away):
+``slowest_decode_first_seen_ms`` is the largest first observation; the 20 slowest inputs
+are timed again, best of 5, and ``slowest_decode_ms`` -- the figure the goal is about -- is
+the largest of those, or of the 20th first observation if that is larger (a bound on every
+input's decode time: noise only adds). ``slowest_decode_wall_ms`` is the wall-clock maximum,
+the machine's stalls included; ``inputs_per_s``. Seeded: the same seed gives the same inputs.
 """
 
 from __future__ import annotations
@@ -555,7 +557,9 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
         best = min(_check(data)[0] for _ in range(5))
         retimed.append((best, first_ns, how, len(data)))
     retimed.sort(reverse=True)
-    slowest_ms = retimed[0][0] / 1e6 if retimed else 0.0
+    # Every input not timed again was first seen under the 20th slowest first observation,
+    # and noise only adds time: the larger of the two bounds every input's decode.
+    slowest_ms = max(retimed[0][0] if retimed else 0, slowest[0][0] if slowest else 0) / 1e6
     first_seen_ms = max((item[0] for item in slowest), default=0) / 1e6
     return {
         "seed": seed,
@@ -580,7 +584,7 @@ def fuzz(count: int, seed: int = SEED, batch: int = 64) -> dict[str, Any]:
         "decoded_whole": decoded_ok,
         "inputs_per_s": round(done / wall),
         "goals_met": not (unexpected or framing_mismatches or grown)
-        and max(slowest_ms, first_seen_ms) < GOAL_SLOWEST_MS,
+        and slowest_ms < GOAL_SLOWEST_MS,
     }
 
 
