@@ -29,7 +29,6 @@ from ovsproxy.openflow import protocol as of
 log = logging.getLogger(__name__)
 
 
-
 def expired_flows(flows: Iterable[of.FlowDesc]) -> list[of.FlowDesc]:
     """The swept learned flows whose idle age has reached the timeout in their cookie."""
     out = []
