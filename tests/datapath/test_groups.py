@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +16,7 @@ from ovsproxy.datapath.groups import (
     GroupSpec,
     InstalledGroup,
     SelectionMethod,
+    group_mod_chunks,
     plan_group,
 )
 from ovsproxy.openflow import protocol as of
@@ -179,3 +181,32 @@ def test_unknown_present_group_is_rewritten_with_add_or_mod() -> None:
 
 def test_installed_group_counts_endpoints() -> None:
     assert InstalledGroup(1).endpoint_count == 0
+
+
+def _svc_bucket(i: int) -> of.Bucket:
+    ip = ipaddress.ip_address(f"10.0.{i // 256}.{i % 256}")
+    return of.Bucket(i, [of.SetField("reg3", ip), of.SetField("reg4", 80, 0xFFFF), of.Resubmit(42)])
+
+
+def test_group_mod_chunks_keep_order_and_fit_a_bundle() -> None:
+    buckets = [_svc_bucket(i) for i in range(2500)]
+    assert sum(len(b.wire) for b in buckets) > 2 * 65535
+    chunks = group_mod_chunks(CMD.ADD, 5, buckets, SelectionMethod("dp_hash"))
+    assert len(chunks) == 3
+    assert all(c.length <= MAX_BUNDLED_MESSAGE for c in chunks)
+    assert chunks[0].command == CMD.ADD
+    assert chunks[0].selection_method == "dp_hash"
+    assert all(c.command == CMD.INSERT_BUCKET for c in chunks[1:])
+    assert all(c.command_bucket_id == of.OFPG_BUCKET_LAST for c in chunks[1:])
+    assert all(c.selection_method is None for c in chunks[1:])
+    assert [b for c in chunks for b in c.buckets] == buckets
+    # Outside a bundle the full 65,535 bytes are usable: fewer, fuller chunks.
+    loose = group_mod_chunks(CMD.MODIFY, 5, buckets, limit=of.OFP_MAX_MESSAGE_LEN)
+    assert all(c.length <= of.OFP_MAX_MESSAGE_LEN for c in loose)
+    assert len(loose) <= len(chunks)
+    assert [b for c in loose for b in c.buckets] == buckets
+    small = of.GroupMod(CMD.MODIFY, 5, buckets=buckets[:3])
+    assert group_mod_chunks(CMD.MODIFY, 5, buckets[:3]) == [small]
+    huge = of.Bucket(0, [of.Controller(userdata=bytes(65460))])
+    with pytest.raises(of.MessageTooLarge):
+        group_mod_chunks(CMD.ADD, 5, [_svc_bucket(1), huge])

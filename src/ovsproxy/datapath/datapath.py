@@ -472,25 +472,11 @@ class Datapath:
         installed_flows = self.installed_flows
         # ...flows before the groups they used.
         for key in delete_keys:
-            have = installed_flows[key]
-            yield of.FlowMod(
-                table_id=have.table_id,
-                priority=have.priority,
-                match=have.match,
-                command=of.FlowModCommand.DELETE_STRICT,
-                out_port=of.OFPP_ANY,
-                out_group=of.OFPG_ANY,
-            )
+            yield installed_flows[key].as_delete(same_cookie=False)
         if delete_keys:
             kinds["flow_delete_strict"] = kinds.get("flow_delete_strict", 0) + len(delete_keys)
         for gen in sorted(diff.stale):
-            yield of.FlowMod(
-                table_id=of.OFPTT_ALL,
-                priority=0,
-                match=of.Match(),
-                command=of.FlowModCommand.DELETE,
-                out_port=of.OFPP_ANY,
-                out_group=of.OFPG_ANY,
+            yield of.FlowMod.delete(
                 cookie=(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (gen << pl.COOKIE_GENERATION_SHIFT),
                 cookie_mask=pl.COOKIE_APP_GENERATION_MASK,
             )

@@ -470,13 +470,9 @@ def frontend_match(port: ServicePort, ip: IPAddress, **extra: object) -> of.Matc
 
 def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.FlowMod:
     """Delete every learned affinity flow of one frontend (non-strict: any client)."""
-    return of.FlowMod(
-        table_id=ctx.tables.session_affinity,
-        priority=0,
-        match=frontend_match(port, ip),
-        command=of.FlowModCommand.DELETE,
-        out_port=of.OFPP_ANY,
-        out_group=of.OFPG_ANY,
+    return of.FlowMod.delete(
+        ctx.tables.session_affinity,
+        frontend_match(port, ip),
         cookie=pl.learned_cookie(),
         cookie_mask=pl.LEARNED_CATEGORY_MASK,
     )

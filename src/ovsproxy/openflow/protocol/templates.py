@@ -32,7 +32,8 @@ from . import constants as c
 from .actions import CT, NAT, Action, ApplyActions, GroupAction, SetField
 from .errors import OpenFlowEncodeError
 from .fields import Match, get_field
-from .messages import Bucket, FlowMod, GroupMod, _selection_method_prop
+from .flows import FlowMod
+from .groups import Bucket, GroupMod, _selection_method_prop
 
 __all__ = [
     "EndpointDnatFlows",
