@@ -241,7 +241,7 @@ _IPV4 = ipaddress.IPv4Address
 
 
 def _endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
-    return (ip._ip, port, 4 if type(ip) is _IPV4 else ip.version)
+    return (ip._ip, port, 4 if type(ip) is _IPV4 else ip.version)  # type: ignore[union-attr]  # hot path, see above
 
 
 def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
@@ -279,7 +279,8 @@ def _bucket_caches(tables: pl.Tables) -> _BucketCaches:
         if caches is None:
             caches = _bucket_actions[tables] = _BucketCaches()
         last[:] = (tables, caches)
-    return last[1]  # type: ignore[no-any-return]
+    current: _BucketCaches = last[1]
+    return current
 
 
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
@@ -554,13 +555,13 @@ def frontend_objects(
     for fset in sets:
         if not fset.frontends:
             continue
-        buckets = []
+        buckets: list[BucketSpec] = []
         append = buckets.append
         for ep in fset.endpoints:
             ip = ep.ip
             ep_port = ep.port
             version = 4 if type(ip) is ipv4 else ip.version
-            key = (ip._ip, ep_port, version)
+            key = (ip._ip, ep_port, version)  # type: ignore[union-attr]  # hot: see _endpoint_key
             actions = bucket_cache.get(key)
             if actions is None:
                 tail = tails.get((ep_port, affinity))
@@ -588,7 +589,8 @@ def frontend_objects(
         # To the group; with no endpoints, the reject action or (empty) drop.
         actions = (of.GroupAction(fset.group_id),) if fset.endpoints else tuple(fset.empty_actions)
         for ip in fset.frontends:
-            flows.append(frontend_templates[ip.version].flow(ip._ip, port.port, actions))
+            address = ip._ip  # type: ignore[union-attr]  # hot path: see _endpoint_key
+            flows.append(frontend_templates[ip.version].flow(address, port.port, actions))
             if not (affinity and fset.endpoints):
                 continue
             family = IPFamily.of(ip)

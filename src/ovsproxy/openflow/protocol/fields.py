@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import struct
-from typing import Any
+from typing import Any, Literal
 
 from . import constants as c
 from ._value import Value
@@ -162,20 +162,17 @@ class Field:
             if len(value) != 2:
                 raise OpenFlowEncodeError(f"{self.name}: a masked value is (value, mask)")
             v = self.to_int(value[0])
-            m: int | None = self.to_int(value[1])
+            m = self.to_int(value[1])
         elif isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
             v = self.to_int(value.network_address)
             m = self.to_int(value.netmask)
         else:
             return self.to_int(value), None
-        full = (1 << (self.n_bytes * 8)) - 1
-        if m == full:
-            m = None
-        elif not self.maskable and m != 0:
+        if m == (1 << (self.n_bytes * 8)) - 1:
+            return v, None
+        if not self.maskable and m != 0:
             raise OpenFlowEncodeError(f"{self.name} cannot be masked")
-        else:
-            v &= m  # type: ignore[operator]
-        return v, m
+        return v & m, m
 
     def python_value(self, value: int) -> Any:
         """The natural Python form of an integer value (ipaddress objects for addresses)."""
@@ -809,10 +806,9 @@ def _split_wide(field: Field, value: int, mask: int | None) -> list[Entry]:
     words = field.n_bytes // 4
     first = field.order - 80  # xregN/xxregN are ordered at their first 32-bit register
     entries: list[Entry] = []
-    full = mask is None
     for i in range(words):
         shift = 32 * (words - 1 - i)
-        word_mask = _FULL32 if full else (mask >> shift) & _FULL32  # type: ignore[operator]
+        word_mask = _FULL32 if mask is None else (mask >> shift) & _FULL32
         if word_mask == 0:
             continue
         word_value = (value >> shift) & word_mask
@@ -910,35 +906,41 @@ def _regs_split(entries: list[Entry]) -> list[Entry]:
 # out once (a "plan"); building a match is then encoding its values in that order.
 # (kind, field or xreg field, index of the value or of the high register, index of the low)
 _PLAIN, _XREG = 0, 1
-_PLANS: dict[tuple[str, ...], tuple | bool] = {}
+# (kind, field, first index, second index, TLV header, value bytes, value limit)
+_PlanOp = tuple[int, Field, int, int, bytes, int, int]
+# (ops, eth_index, proto_index, eth_allowed, proto_required): see _make_plan
+_Plan = tuple[tuple[_PlanOp, ...], int, int, frozenset[int] | None, int | None]
+_PLANS: dict[tuple[str, ...], _Plan | Literal[False]] = {}
 
 
-def _make_plan(names: tuple[str, ...]) -> tuple | bool:
+def _make_plan(names: tuple[str, ...]) -> _Plan | Literal[False]:
     """The plan for a keyword set, or False when the general path must handle it.
 
     A plan is (ops, eth_index, proto_index, eth_allowed, proto_required): the fields in
     canonical order, registers paired into xregs, with what each encoding needs at hand,
     and the prerequisites folded into one check on the eth_type and ip_proto values.
     """
-    fields = [FIELDS.get(name) for name in names]
-    if None in fields:
-        return False
+    fields: list[Field] = []
+    for name in names:
+        known = FIELDS.get(name)
+        if known is None:
+            return False
+        fields.append(known)
     seen = set()
     for field in fields:
-        if field.wide or field in seen:  # type: ignore[union-attr]
+        if field.wide or field in seen:
             return False
         seen.add(field)
-    order = sorted(range(len(fields)), key=lambda i: fields[i].order)  # type: ignore[union-attr]
+    order = sorted(range(len(fields)), key=lambda i: fields[i].order)
     eth_index = next((i for i, f in enumerate(fields) if f is ETH_TYPE), -1)
     proto_index = next((i for i, f in enumerate(fields) if f is IP_PROTO), -1)
     eth_allowed: frozenset[int] | None = None
-    protos = set()
-    ops: list[tuple] = []
+    protos: set[int] = set()
+    ops: list[_PlanOp] = []
     position = 0
     while position < len(order):
         index = order[position]
         field = fields[index]
-        assert field is not None
         position += 1
         if field.prereq_eth is not None:
             if eth_index < 0 or (field.prereq_proto is not None and proto_index < 0):
@@ -959,7 +961,7 @@ def _make_plan(names: tuple[str, ...]) -> tuple | bool:
             high = index
             if position < len(order):
                 nxt = fields[order[position]]
-                if nxt is not None and nxt.reg_index == reg + 1:
+                if nxt.reg_index == reg + 1:
                     low = order[position]
                     position += 1
         xfield = XREGS[reg >> 1]
@@ -986,7 +988,7 @@ def _plain_value(field: Field, raw: Any) -> tuple[int, int | None] | None:
     return None
 
 
-def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
+def _encode_with_plan(plan: _Plan, values: tuple[Any, ...]) -> bytes | None:
     ops, eth_index, proto_index, eth_allowed, proto_required = plan
     if eth_allowed is not None and (
         values[eth_index] not in eth_allowed
@@ -1062,13 +1064,13 @@ class Match(Value):
     def items(self) -> tuple[tuple[int, Field, int, int | None], ...]:
         """(order, field, value, mask) in canonical order (decoded from the wire when the
         match was built on the fast path, which only produces the encoding)."""
-        items = self[1]
+        items: tuple[tuple[int, Field, int, int | None], ...] | None = self[1]
         if items is None:
             length = _MATCH_HEADER.unpack_from(self[0], 0)[1]
             items = tuple(
                 (f.order, f, v, m) for f, v, m in _regs_split(decode_tlvs(self[0], 4, length))
             )
-        return items  # type: ignore[no-any-return]
+        return items
 
     @property
     def entries(self) -> tuple[Entry, ...]:
@@ -1157,10 +1159,10 @@ class Match(Value):
         found = False
         regs = {f.reg_index: (v, m) for _, f, v, m in self.items if f.reg_index >= 0}
         for i in range(words):
-            v, m = regs.get(first + i, (0, 0))
+            v, reg_mask = regs.get(first + i, (0, 0))
             if (first + i) in regs:
                 found = True
-                m = _FULL32 if m is None else m
+            m = _FULL32 if reg_mask is None else reg_mask  # None: an exact register
             value = (value << 32) | v
             mask = (mask << 32) | m
         if not found:
