@@ -46,6 +46,12 @@ def _options(func: Any) -> Any:
         click.option("--next-table", type=int, help="table that takes forwarded packets [20]"),
         click.option("--group-id-min", type=int),
         click.option("--group-id-max", type=int),
+        click.option(
+            "--host-snat-ip",
+            multiple=True,
+            help="standalone: an unused pod-CIDR address per family, resolved to the virtual "
+            "MAC on the gateway; node-originated Service traffic to other nodes is SNATed to it",
+        ),
         click.option("--node-name", help="this node's name (internalTrafficPolicy: Local)"),
         click.option("--zone", help="this node's topology zone"),
         click.option(
