@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
 from ovsproxy.ovs.sandbox import Pod, Sandbox, SandboxRecord
@@ -60,6 +61,7 @@ EXTERNAL_HOST = 100  # the external client's host number on the underlay
 SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/108")
 HTTP_PORT = 8080
 UDP_PORT = 5353
+WEB_CLUSTER_IPS = addresses("10.96.0.10", "fd00:10:96::10")
 
 
 class LabError(RuntimeError):
@@ -272,7 +274,9 @@ class Lab:
             name=self.name,
             workdir=str(self.workdir),
             owner_pid=os.getpid(),
-            persistent=self.persistent,
+            # Persistent only once complete: until then it is ours (a persistent record whose
+            # parts are missing would be swept as a leftover by any other lab or sandbox start).
+            persistent=False,
             owner_started=sb._start_time(os.getpid()),
             netns=[self.underlay_netns, self.external_netns],
             sandboxes=[f"{self.name}-n{i}" for i in range(1, self.node_count + 1)],
@@ -283,6 +287,12 @@ class Lab:
         except BaseException:
             self.down()
             raise
+        if self.persistent:
+            for node in self.nodes.values():
+                assert node.sandbox.record is not None
+                node.sandbox.persistent = node.sandbox.record.persistent = True
+                node.sandbox.record.save()
+            self.record.persistent = True
         self.started_in = time.monotonic() - started
         self._save_status()
         return self
@@ -338,7 +348,6 @@ class Lab:
             gateway_ipv4=_host(v4, 1),
             gateway_ipv6=_host(v6, 1),
             datapath_id=index,
-            persistent=self.persistent,
         )
         sandbox.up()
         ns = sandbox.netns
@@ -400,6 +409,26 @@ class Lab:
             namespace="lab",
             http_ports=(HTTP_PORT,) if serves else (),
             udp_ports=(UDP_PORT,) if serves else (),
+        )
+
+    def endpoints(self, *pod_names: str, **conditions: bool) -> tuple[LabEndpoint, ...]:
+        """The named pods (default: every serving pod) as endpoints, with their node and zone."""
+        found = []
+        for node in self.nodes.values():
+            for pod in node.pods.values():
+                if (pod.name in pod_names) if pod_names else bool(pod.http_ports):
+                    found.append(
+                        LabEndpoint(pod.name, tuple(pod.ips), node.name, node.zone, **conditions)
+                    )
+        return tuple(found)
+
+    def web_service(self) -> LabService:
+        """The lab's default Service ``lab/web``: HTTP 80 and UDP 53 on every serving pod."""
+        return LabService(
+            "web",
+            WEB_CLUSTER_IPS,
+            (LabPort("http", 80, HTTP_PORT), LabPort("dns", 53, UDP_PORT, "UDP")),
+            self.endpoints(),
         )
 
     def pod(self, pod_name: str) -> Pod:
