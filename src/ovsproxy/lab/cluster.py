@@ -572,8 +572,8 @@ class Lab:
 
     def remove_node(self, node_name: str) -> None:
         """The node leaves: its agent stopped, its namespace (daemons, pods) gone."""
-        node = self.nodes.pop(node_name)
         self.stop_agent(node_name)
+        node = self.nodes.pop(node_name)
         node.sandbox.down()
         for other in self.nodes.values():
             for cidr in node.pod_cidrs:
