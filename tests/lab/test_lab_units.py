@@ -128,3 +128,23 @@ def test_lab_addressing_and_bad_arguments() -> None:
         Lab(0)
     with pytest.raises(LabError, match="lab name"):
         Lab(2, name="no spaces allowed")
+
+
+def test_lab_imports_only_the_ovs_layer_and_the_model() -> None:
+    """The lab sits at the ovs layer: agents are processes, never imported."""
+    import ast
+    from pathlib import Path
+
+    import ovsproxy.lab
+
+    allowed = ("ovsproxy.lab", "ovsproxy.ovs", "ovsproxy.model")
+    for path in Path(ovsproxy.lab.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                if name.startswith("ovsproxy"):
+                    assert name.startswith(allowed), f"{path.name} imports {name}"
