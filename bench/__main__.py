@@ -21,7 +21,7 @@ from typing import Any
 import bench.scenarios as scenarios_pkg
 
 RESULTS = Path(__file__).parent / "results"
-ORDER = ["encode", "load", "full-sync", "incremental", "routes", "memory"]
+ORDER = ["encode", "load", "full-sync", "incremental", "routes", "nodeport", "memory"]
 
 
 def available() -> dict[str, Any]:

@@ -173,7 +173,8 @@ def _incremental(inc: dict[str, Any], plot: str) -> list[str]:
         f"| the removal: REMOVE_BUCKET | {inc['remove_bucket_bytes']} bytes |",
         f"| unchanged full resync (`noop_messages`, bytes written) | {inc['noop_messages']}, "
         f"{inc['noop_wire_bytes']} |",
-        f"| Antrea's fix, one full MODIFY of the {inc['group_endpoints']}-endpoint group, sent |"
+        f"| one full MODIFY of the {inc['group_endpoints']}-endpoint group (Antrea's strategy, our "
+        f"encoding), sent |"
         f" {inc['full_modify_bytes']} bytes ({inc['ratio_full_modify_vs_ours_bytes']}x ours),"
         f" {inc['full_modify_ms']:.2f} ms |",
         f"| the seed's N+1 GroupMods, sent | {inc['n_plus_1_messages']} messages, "

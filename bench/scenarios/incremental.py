@@ -14,9 +14,9 @@ installed first by the proxier's initial sync (``initial_sync_s``).
   new endpoint's EndpointDNAT flow). The same event in a 100-Service cluster
   (``event_to_commit_ms_100_services``): the cost does not depend on the number of Services.
 * Baselines, measured by sending what that code sends for the same group to the same switch,
-  each followed by a barrier: Antrea's fix, one full MODIFY of the group; and the seed's bug,
-  N+1 MODIFYs of growing size (the group with bucket 0, then 0-1, ... then all N, then all N
-  again).
+  each followed by a barrier: one full MODIFY of the group (Antrea's strategy, our
+  encoding); and the seed's bug, N+1 MODIFYs of growing size (the group with bucket 0, then
+  0-1, ... then all N, then all N again).
 * The plot (``plot``): GROUP_MOD bytes for one added endpoint as the group grows from 10 to
   5,000 endpoints, for our INSERT_BUCKET, a full MODIFY and the N+1 sequence (log scales).
   Ours and the full MODIFY are the exact messages ``plan_group`` produces (ours also sent live
@@ -263,7 +263,9 @@ def _plot(rows: list[dict[str, int]], path: Path) -> None:
     x = [r["endpoints"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.plot(x, [r["n_plus_1_bytes"] for r in rows], "o-", label="seed bug: N+1 MODIFYs")
-    ax.plot(x, [r["full_modify_bytes"] for r in rows], "s-", label="full MODIFY (Antrea's fix)")
+    ax.plot(
+        x, [r["full_modify_bytes"] for r in rows], "s-", label="one full MODIFY (Antrea's strategy)"
+    )
     ax.plot(x, [r["ours_bytes"] for r in rows], "^-", label="ovsproxy: one INSERT_BUCKET")
     ax.set_xscale("log")
     ax.set_yscale("log")
