@@ -118,6 +118,14 @@ def test_lab_service_manifest_reads_back() -> None:
     }
 
 
+def test_lab_virtual_mac_is_the_pipelines() -> None:
+    """The lab resolves host-SNAT addresses to the pipeline's virtual MAC (it may not import
+    the datapath, so it keeps a copy)."""
+    from ovsproxy.lab import cluster
+
+    assert cluster.VIRTUAL_MAC == pl.VIRTUAL_MAC
+
+
 def test_lab_addressing_and_bad_arguments() -> None:
     v4, v6 = pod_cidrs(12)
     assert v4 == ipaddress.ip_network("10.244.12.0/24")

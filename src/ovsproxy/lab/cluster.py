@@ -252,14 +252,6 @@ class Lab:
         return (UNDERLAY_V4[EXTERNAL_HOST], UNDERLAY_V6[EXTERNAL_HOST])
 
     # -- lifecycle ----------------------------------------------------------------------
-    @classmethod
-    def attach(cls, name: str) -> LabRecord:
-        """The record of a running lab (e.g. one started by `ovsproxy lab up`)."""
-        record = LabRecord.load(LAB_REGISTRY / f"{name}.json")
-        if record is None:
-            raise LabError(f"no lab named {name!r} (`ovsproxy lab up` starts one)")
-        return record
-
     def up(self) -> Self:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, OVS sandboxes)")
@@ -656,9 +648,17 @@ class Lab:
             self.record.save()
 
 
+def lab_record(name: str) -> LabRecord:
+    """The record of a running lab (e.g. one started by `ovsproxy lab up`)."""
+    record = LabRecord.load(LAB_REGISTRY / f"{name}.json")
+    if record is None:
+        raise LabError(f"no lab named {name!r} (`ovsproxy lab up` starts one)")
+    return record
+
+
 def lab_status(name: str) -> dict[str, Any]:
     """The status of a running lab by name, with its agents' liveness checked now."""
-    record = Lab.attach(name)
+    record = lab_record(name)
     status = dict(record.status)
     status["leftover"] = record.is_leftover()
     for node in status.get("nodes", []):
@@ -689,6 +689,7 @@ __all__ = [
     "LabRecord",
     "cleanup_lab_record",
     "lab_down",
+    "lab_record",
     "lab_status",
     "sweep_lab_leftovers",
 ]
