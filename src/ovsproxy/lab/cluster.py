@@ -58,6 +58,7 @@ VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"  # datapath.pipeline.VIRTUAL_MAC (the lab may 
 UNDERLAY_V4 = ipaddress.ip_network("192.168.50.0/24")
 UNDERLAY_V6 = ipaddress.ip_network("fd00:192:168:50::/64")
 EXTERNAL_HOST = 100  # the external client's host number on the underlay
+MAX_NODES = 50  # node N is host N of the underlay, below the external client
 SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/108")
 HTTP_PORT = 8080
 UDP_PORT = 5353
@@ -221,8 +222,8 @@ class Lab:
         source_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
     ) -> None:
-        if not 1 <= nodes <= 200:
-            raise LabError(f"nodes: {nodes} is not between 1 and 200")
+        if not 1 <= nodes <= MAX_NODES:
+            raise LabError(f"nodes: {nodes} is not between 1 and {MAX_NODES}")
         if not 1 <= zones <= nodes:
             raise LabError(f"zones: {zones} is not between 1 and the number of nodes ({nodes})")
         self.name = name or f"l{secrets.token_hex(3)}"
