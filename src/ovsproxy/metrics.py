@@ -98,6 +98,12 @@ class Metrics:
             "Unix time of the last successful sync.",
             registry=r,
         )
+        self.not_pods = Gauge(
+            "ovsproxy_bridge_interfaces_not_pods",
+            "Interfaces on the bridge not read as pods (no external_ids:ip or attached-mac, "
+            "or a bad ip): they get no flows. The gateway is not counted.",
+            registry=r,
+        )
         # kube-proxy's names (its kubeproxy_ prefix made ours), its buckets and semantics,
         # for the dashboards and alerts operators already have.
         self.sync_proxy_rules_duration = Histogram(

@@ -49,7 +49,7 @@ class Agent:
         self.parts = Components(config)
         self.health = HealthState()
         self.metrics = Metrics()
-        self.pods = PodWatcher(config.bridge)
+        self.pods = self.parts.pods = PodWatcher(config.bridge, config.gateway)
         self.pages = StatusPages(self.parts, self.metrics, self.health)
         self.syncer = Syncer(self.parts, self.metrics, self.health, self._first_sync)
         self.ready = self.syncer.ready

@@ -112,6 +112,7 @@ def register_metrics(
         lambda: {(k,): float(v) for k, v in stats.errors.items()},
     )
     health.connected = lambda: parts.channel is not None and parts.channel.connected
+    m.not_pods.set_function(lambda: float(len(parts.pods.not_pods) if parts.pods else 0))
 
 
 class StatusPages:
@@ -185,6 +186,11 @@ class StatusPages:
             "routes": routes,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            # Interfaces on the bridge that get no flows, and why (standalone mode)
+            "not_pods": [
+                {"interface": name, "reason": reason}
+                for name, reason in sorted(parts.pods.not_pods.items() if parts.pods else ())
+            ],
             # Service ports the switch refused: they keep their last good state
             "refused": {
                 str(name): reason
