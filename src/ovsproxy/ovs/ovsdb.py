@@ -65,6 +65,38 @@ class BridgeSpec:
     external_ids: dict[str, str] = field(default_factory=dict)
 
 
+def _private_api(impl_idl: Any) -> Any:
+    """ovsdbapp's Open_vSwitch API class, private to one connection, whose transactions do not
+    wait for ovs-vswitchd (``ovs-vsctl --no-wait``).
+
+    ovsdbapp keeps the connection in a class attribute (a process-wide singleton): a private
+    subclass per instance lets two sandboxes, or a sandbox and the agent, talk to different
+    ovsdb-servers from one process. Its transactions bump ``next_cfg`` and block until
+    ovs-vswitchd has applied it: with the switch down (started after the agent, restarting)
+    every write would time out. What we write is bookkeeping in external_ids, and where the
+    switch must have applied a change (a new port's number) the caller waits for that."""
+
+    class NoWaitTransaction(impl_idl.OvsVsctlTransaction):  # type: ignore[misc]
+        def pre_commit(self, txn: Any) -> None:
+            txn.expected_ifaces = set()  # (add_port records its interface here)
+
+        def do_post_commit(self, txn: Any) -> None:
+            pass
+
+    def create_transaction(
+        api: Any, check_error: bool = False, log_errors: bool = True, **_: Any
+    ) -> Any:
+        return NoWaitTransaction(
+            api, api.ovsdb_connection, check_error=check_error, log_errors=log_errors
+        )
+
+    return type(
+        "PrivateOvsdbIdl",
+        (impl_idl.OvsdbIdl,),
+        {"_ovsdb_connection": None, "create_transaction": create_transaction},
+    )
+
+
 class OVSDB:
     """A connection to ovsdb-server's Open_vSwitch database."""
 
@@ -75,11 +107,7 @@ class OVSDB:
         try:
             idl = connection.OvsdbIdl.from_server(endpoint, "Open_vSwitch")
             self._conn = connection.Connection(idl=idl, timeout=timeout)
-            # ovsdbapp keeps the connection in a class attribute (a process-wide singleton):
-            # a private subclass per instance lets two sandboxes, or a sandbox and the agent,
-            # talk to different ovsdb-servers from one process.
-            private_api = type("PrivateOvsdbIdl", (impl_idl.OvsdbIdl,), {"_ovsdb_connection": None})
-            self.api = private_api(self._conn)
+            self.api = _private_api(impl_idl)(self._conn)
         except Exception as exc:
             raise OVSDBError(f"cannot connect to OVSDB at {endpoint}: {exc}") from exc
 
