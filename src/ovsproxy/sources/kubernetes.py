@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import EndpointSlice, Service
 from ovsproxy.sources.convert import (
     PROXY_LABEL_SELECTOR,
@@ -49,6 +51,7 @@ except ImportError:  # pragma: no cover - depends on the installed lightkube
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+FREEZE_AFTER_LIST = 1000
 ObjKey = tuple[str, str]  # (namespace or "", name)
 
 
@@ -209,15 +212,19 @@ class Informer:
         items, resource_version = await self._list()
         old, self.store = self.store, items
         # Diff against what was known: the events the expired watch could not deliver.
-        for key, obj in items.items():
-            previous = old.get(key)
-            if previous is None:
-                self._deliver(self.handler.on_add, obj)
-            elif _resource_version(previous) != _resource_version(obj):
-                self._deliver(self.handler.on_update, previous, obj)
-        for key, previous in old.items():
-            if key not in items:
-                self._deliver(self.handler.on_delete, previous)
+        # Synchronous, and every object it makes stays alive: no collector passes over them.
+        with gc_paused():
+            for key, obj in items.items():
+                previous = old.get(key)
+                if previous is None:
+                    self._deliver(self.handler.on_add, obj)
+                elif _resource_version(previous) != _resource_version(obj):
+                    self._deliver(self.handler.on_update, previous, obj)
+            for key, previous in old.items():
+                if key not in items:
+                    self._deliver(self.handler.on_delete, previous)
+            if len(items) >= FREEZE_AFTER_LIST:
+                gc.freeze()
         self.resource_version = resource_version
         self.stats.lists += 1
         self._failures = 0
@@ -236,7 +243,8 @@ class Informer:
             )
             if response.status_code != 200:
                 raise _status_error(response.status_code, response.content)
-            body = json.loads(response.content)
+            with gc_paused():  # a page is thousands of containers, all kept (see _relist)
+                body = json.loads(response.content)
             self.stats.pages += 1
             for obj in body.get("items") or ():
                 items[_key(obj)] = obj
