@@ -403,3 +403,48 @@ def test_garbage_slice_fields_never_crash(garbage) -> None:
 def test_parse_ip_accepts_canonical_addresses(text: str) -> None:
     assert parse_ip(text) == ipaddress.ip_address(text)
     assert parse_ip(f" {text}") is None
+
+
+def _reference_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if text != text.strip() or "%" in text:
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+@given(
+    st.one_of(
+        st.text(alphabet="0123456789.", max_size=20),
+        st.text(max_size=16),
+        st.lists(st.integers(0, 300), min_size=1, max_size=5).map(
+            lambda octets: ".".join(map(str, octets))
+        ),
+        st.lists(
+            st.text(alphabet="0123456789", min_size=1, max_size=4), min_size=4, max_size=4
+        ).map(".".join),
+    )
+)
+def test_parse_ip_rejects_what_ipaddress_rejects(text: str) -> None:
+    """The IPv4 fast path (inet_pton) accepts and rejects exactly what ipaddress does."""
+    assert parse_ip(text) == _reference_ip(text)
+
+
+def test_parse_ip_edge_cases() -> None:
+    for text in (
+        "010.0.0.1",
+        "1.2.3",
+        "1.2.3.4.5",
+        "256.1.1.1",
+        "1.2.3.4\x00",
+        "１.２.３.４",
+        "0x1.2.3.4",
+        "1.2.3.4 ",
+        "",
+        "1..2.3",
+        "+1.2.3.4",
+    ):
+        assert parse_ip(text) is None, text
+    assert parse_ip("0.0.0.0") == ipaddress.ip_address("0.0.0.0")
+    assert parse_ip("255.255.255.255") == ipaddress.ip_address("255.255.255.255")
