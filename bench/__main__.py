@@ -21,7 +21,17 @@ from typing import Any
 import bench.scenarios as scenarios_pkg
 
 RESULTS = Path(__file__).parent / "results"
-ORDER = ["encode", "load", "full-sync", "incremental", "routes", "memory"]
+ORDER = [
+    "encode",
+    "load",
+    "full-sync",
+    "incremental",
+    "routes",
+    "memory",
+    "cold-start",
+    "churn",
+    "scale",
+]
 
 
 def available() -> dict[str, Any]:
@@ -67,6 +77,33 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def measured_tree() -> dict[str, Any]:
+    """The commit the run measures and whether the tree was clean (tracked or untracked
+    changes outside bench/results, where runs write), taken before anything is written."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
+        ).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        changes = [
+            line[3:]
+            for line in git("status", "--porcelain").splitlines()
+            if not line[3:].startswith("bench/results/")
+        ]
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "clean": None}
+    tree: dict[str, Any] = {"commit": commit, "clean": not changes}
+    if changes:
+        tree["changed_files"] = changes[:50]
+    return tree
+
+
 def to_markdown(name: str, result: dict[str, Any]) -> str:
     lines = [f"## {name}", "", "| figure | value |", "|---|---|"]
     for key, value in result.items():
@@ -91,7 +128,13 @@ def main(argv: list[str] | None = None) -> int:
 
     names = list(found) if args.scenario == "all" else [args.scenario]
     today = dt.date.today().isoformat()
-    report: dict[str, Any] = {"date": today, "quick": args.quick, "machine": machine()}
+    tree = measured_tree()
+    report: dict[str, Any] = {
+        "date": today,
+        "quick": args.quick,
+        **tree,
+        "machine": machine(),
+    }
     failed = False
     for name in names:
         started = time.perf_counter()
@@ -108,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             RESULTS.mkdir(exist_ok=True)
             suffix = "-quick" if args.quick else ""
             stem = RESULTS / f"{today}-{name}{suffix}"
-            payload = {"date": today, "quick": args.quick, "machine": report["machine"]}
+            payload = {"date": today, "quick": args.quick, **tree, "machine": report["machine"]}
             payload[name] = result
             stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
             stem.with_suffix(".md").write_text(to_markdown(name, result))
@@ -119,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = RESULTS / f"{today}-all{'-quick' if args.quick else ''}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         header = f"# Benchmarks {today}{' (quick)' if args.quick else ''}\n\n"
+        header += f"commit `{tree['commit']}`{'' if tree['clean'] else ' (tree not clean)'}\n\n"
         header += "`" + json.dumps(report["machine"]) + "`\n\n"
         body = "\n".join(to_markdown(name, report[name]) for name in names)
         stem.with_suffix(".md").write_text(header + body)

@@ -133,6 +133,7 @@ class Probe:
         self.gc_seconds = 0.0
         self.gc_collections = 0
         self._gc_started = 0.0
+        self.gc_by_generation: dict[str, list[float]] = {}  # generation -> [count, seconds]
         self.syncs: list[dict[str, float]] = []
         # event latency: stamps noted by the informer, handed to a sync at its checkpoint
         self.noted: list[float] = []
@@ -273,8 +274,12 @@ class Probe:
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
-            self.gc_seconds += time.perf_counter() - self._gc_started
+            took = time.perf_counter() - self._gc_started
+            self.gc_seconds += took
             self.gc_collections += 1
+            gen = self.gc_by_generation.setdefault(str(info["generation"]), [0, 0.0])
+            gen[0] += 1
+            gen[1] += took
 
     def attach(self, agent: Any) -> None:
         """Time the tracker's handlers (the sources bind them at start) and hand the noted
@@ -338,6 +343,10 @@ class Probe:
             "sent": self.agent.channel.counters.total("sent"),
             "syncs": len(self.syncs),
             "gc": self.gc_seconds,
+            "gc_gen": {g: list(v) for g, v in self.gc_by_generation.items()},
+            "decode": self.timers["decode"].seconds,
+            "convert": self.timers["convert"].seconds,
+            "track": self.timers["track"].seconds,
         }
         return {"event": "window"}
 
@@ -360,7 +369,21 @@ class Probe:
             "syncs": len(syncs),
             "sync_wall_s": sum(s["wall"] for s in syncs),
             "sync_commit_s": sum(s["commit"] for s in syncs),
+            "sync_build_s": sum(s["build"] for s in syncs),
+            "sync_stage_s": sum(s["stage"] for s in syncs),
+            "sync_track_s": sum(s["sync_track"] for s in syncs),
+            "changed": sum(s["changed"] for s in syncs),
+            "decode_s": self.timers["decode"].seconds - w["decode"],
+            "convert_s": self.timers["convert"].seconds - w["convert"],
+            "track_s": self.timers["track"].seconds - w["track"],
             "gc_s": self.gc_seconds - w["gc"],
+            "gc_by_generation": {
+                g: [
+                    c - w["gc_gen"].get(g, [0, 0.0])[0],
+                    round(t - w["gc_gen"].get(g, [0, 0.0])[1], 4),
+                ]
+                for g, (c, t) in self.gc_by_generation.items()
+            },
         }
 
 
