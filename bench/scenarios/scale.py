@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,7 @@ async def _one(sb: Any, services: int, tmp: Path) -> dict[str, Any]:
 def growth(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     """Marginal cost per Service between consecutive sizes, against the first step's."""
     steps = []
-    for low, high in zip(rows, rows[1:], strict=False):
+    for low, high in itertools.pairwise(rows):
         per_service = (high[key] - low[key]) / (high["services"] - low["services"])
         steps.append({"from": low["services"], "to": high["services"], "per_service": per_service})
     first = steps[0]["per_service"] if steps else 0.0

@@ -438,7 +438,7 @@ def test_parse_ip_edge_cases() -> None:
         "1.2.3.4.5",
         "256.1.1.1",
         "1.2.3.4\x00",
-        "１.２.３.４",
+        "\uff11.\uff12.\uff13.\uff14",  # fullwidth digits
         "0x1.2.3.4",
         "1.2.3.4 ",
         "",
