@@ -4,7 +4,7 @@ benchmarks can say where a cold start's time goes and how long an event takes to
 switch. Nothing in src is changed: the wrappers replace module and class attributes before
 the agent starts (a missing one fails loudly: the phase map is out of date).
 
-    python -m bench.agent_probe '{"config": {...}, "decoder": "json", "spawned_at": T}'
+    python -m bench.agent_probe '{"config": {...}, "decoder": "msgspec", "spawned_at": T}'
 
 Prints one JSON line ``{"event": "ready", ...}`` when the agent's first sync is done, then
 answers commands read from stdin, one JSON object a line, with one JSON line each:
@@ -84,7 +84,7 @@ class Timer:
 
 def _decoder(name: str) -> Callable[[Any], Any]:
     if name == "json":
-        return json.loads
+        return json.loads  # what the agent used before
     if name == "orjson":
         import orjson
 
@@ -94,15 +94,6 @@ def _decoder(name: str) -> Callable[[Any], Any]:
 
         return msgspec.json.Decoder().decode
     raise ValueError(f"unknown decoder {name!r}")
-
-
-class _DecoderShim:
-    """Stands in for the ``json`` module in ovsproxy.sources.kubernetes."""
-
-    def __init__(self, loads: Callable[[Any], Any], timer: Timer) -> None:
-        self.loads = timer.wrap(loads)
-        self.dumps = json.dumps
-        self.bytes = 0
 
 
 def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
@@ -153,7 +144,7 @@ class Probe:
         from ovsproxy.sources import kubernetes as k8s
 
         t = self.timers
-        k8s.json = _DecoderShim(_decoder(self.spec.get("decoder", "json")), t["decode"])  # type: ignore[assignment]
+        k8s.decode_json = t["decode"].wrap(_decoder(self.spec.get("decoder", "msgspec")))
         _patch(k8s, "convert_service", t["convert"].wrap)
         _patch(k8s, "convert_endpoint_slice", t["convert"].wrap)
         _patch(svc, "frontend_objects", t["build"].wrap)
@@ -329,6 +320,7 @@ class Probe:
             "gc_collections": self.gc_collections,
             "syncs": len(self.syncs),
             "rss_kb": rss_kb(),
+            "cpu_s": round(time.process_time(), 3),  # the process's, all threads, to ready
             "flows": len(self.agent.datapath.installed_flows),
             "groups": len(self.agent.datapath.installed_groups),
         }

@@ -220,7 +220,7 @@ class ProbeProcess:
                 await self.proc.wait()
 
 
-async def start_probe(config: dict[str, Any], decoder: str = "json", timeout: float = 600):
+async def start_probe(config: dict[str, Any], decoder: str = "msgspec", timeout: float = 600):
     spawned = time.time()
     spec = {"config": config, "decoder": decoder, "spawned_at": spawned}
     proc = await asyncio.create_subprocess_exec(

@@ -100,7 +100,7 @@ async def _window(
     interval: float,
 ) -> dict[str, Any]:
     await probe.ask({"cmd": "min_interval", "value": interval})
-    await churn.stream(min(rate, 100.0), 1.0)  # warm-up, not measured
+    await churn.stream(min(rate, 100.0), min(1.0, seconds / 4))  # warm-up, not measured
     await asyncio.sleep(interval + 0.2)
     await probe.ask({"cmd": "window"})
     cpu, ovs = probe.cpu(), dp.ovs_cpu(sb)
@@ -169,9 +169,9 @@ async def _measure(
             for interval in (0.0, 1.0):
                 for rate in rates:
                     windows.append(await _window(sb, probe, churn, rate, seconds, interval))
-            idle_cpu = probe.cpu()
-            await asyncio.sleep(2.0)
-            idle = 100 * (probe.cpu() - idle_cpu) / 2.0
+            idle_cpu, idle_s = probe.cpu(), min(2.0, seconds / 2)
+            await asyncio.sleep(idle_s)
+            idle = 100 * (probe.cpu() - idle_cpu) / idle_s
         finally:
             await probe.stop()
             agentrun.reset(sb)
@@ -195,6 +195,6 @@ async def _measure(
 
 
 def run(quick: bool) -> dict[str, Any]:
-    services, seconds = (1_000, 3.0) if quick else (10_000, 30.0)
+    services, seconds = (1_000, 2.0) if quick else (10_000, 30.0)
     with tempfile.TemporaryDirectory(prefix="ovsproxy-bench-churn-") as tmp, dp.sandbox() as sb:
         return asyncio.run(_measure(sb, services, 10, seconds, [100.0, 1000.0], Path(tmp)))
