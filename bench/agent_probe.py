@@ -121,6 +121,7 @@ class Probe:
         }
         self.lists: dict[str, dict[str, float]] = {}
         self.marks: dict[str, float] = {}
+        self.rss: dict[str, int] = {}  # kB at some marks
         self.gc_seconds = 0.0
         self.gc_collections = 0
         self._gc_started = 0.0
@@ -218,6 +219,7 @@ class Probe:
                 entry["convert_s"] = t["convert"].seconds - before[0]
                 entry["track_s"] = t["track"].seconds - before[1]
                 probe.mark(f"listed_{informer.resource.plural}")
+                probe.rss[f"listed_{informer.resource.plural}"] = rss_kb()["VmRSS"]
 
             return timed
 
@@ -255,6 +257,7 @@ class Probe:
                     "track_s": t["track"].seconds - before[2],
                 }
                 probe.mark("listed_manifests")
+                probe.rss["listed_manifests"] = rss_kb()["VmRSS"]
 
             return timed
 
@@ -320,6 +323,7 @@ class Probe:
             "gc_collections": self.gc_collections,
             "syncs": len(self.syncs),
             "rss_kb": rss_kb(),
+            "rss_kb_at": probe_rss(self),
             "cpu_s": round(time.process_time(), 3),  # the process's, all threads, to ready
             "flows": len(self.agent.datapath.installed_flows),
             "groups": len(self.agent.datapath.installed_groups),
@@ -379,6 +383,10 @@ class Probe:
         }
 
 
+def probe_rss(probe: Probe) -> dict[str, int]:
+    return {**probe.rss, "ready": rss_kb()["VmRSS"]}
+
+
 def rss_kb() -> dict[str, int]:
     out = {}
     with open("/proc/self/status") as status:
@@ -400,6 +408,7 @@ async def main(spec: dict[str, Any]) -> None:
     from ovsproxy.config import load
 
     probe.mark("imported")
+    probe.rss["imported"] = rss_kb()["VmRSS"]
     probe.install()
     config = load(**spec["config"])
     setup_logging(config.log_level, config.log_format)

@@ -288,6 +288,7 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
         "|---|---|---|",
         *rows,
         "",
+        *_cold_memory(cs),
         "JSON decoders for the API's list pages, on the very pages served (best of 3): "
         + ", ".join(f"`{k}` {_s(v)}" for k, v in decoders.items())
         + f"; end to end (the probe, spawn -> healthy, median of {cs['probe_rounds']}): "
@@ -296,6 +297,28 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
             for k, v in e2e.items()
         )
         + f". The agent decodes with `{used}`.",
+        "",
+    ]
+
+
+def _cold_memory(cs: dict[str, Any]) -> list[str]:
+    api, man = cs.get("memory_api_mb"), cs.get("memory_manifests_mb")
+    if not api or not man:
+        return []
+
+    def parts(m: dict[str, float], what: str) -> str:
+        return (
+            f"{m['total_mb']} MB: interpreter and imports {m['imports_mb']} MB, {what} and the"
+            f" tracker's model values {m['sources_and_model_mb']} MB, the first sync (desired"
+            f" and installed datapath state, the proxier's records) {m['first_sync_mb']} MB"
+        )
+
+    return [
+        "Where the memory goes (the probe's RSS when healthy): from the API "
+        + parts(api, "the informers' stores (the objects as listed)")
+        + "; from manifests "
+        + parts(man, "the manifest source's objects")
+        + ".",
         "",
     ]
 

@@ -118,6 +118,25 @@ def phases(ready: dict[str, Any], source: str) -> dict[str, float]:
     return result
 
 
+def memory(ready: dict[str, Any], source: str) -> dict[str, float]:
+    """Where the agent's RSS goes: interpreter and imports, what the lists left (the
+    informer store or the manifest files' objects, the tracker's model values), and the
+    first sync (desired and installed state, the proxier's records)."""
+    at = ready.get("rss_kb_at", {})
+    if not at:
+        return {}
+    listed = max(
+        at.get(k, 0) for k in ("listed_services", "listed_endpointslices", "listed_manifests")
+    )
+    out = {
+        "imports_mb": at.get("imported", 0),
+        "sources_and_model_mb": listed - at.get("imported", 0),
+        "first_sync_mb": at["ready"] - listed,
+        "total_mb": at["ready"],
+    }
+    return {k: round(v / 1024, 1) for k, v in out.items()}
+
+
 async def _measure(
     sb: Any, services: int, endpoints: int, rounds: int, probe_rounds: int, tmp: Path
 ) -> dict[str, Any]:
@@ -227,6 +246,8 @@ async def _measure(
         "phases_api": phases(probe_runs[AGENT_DECODER][0], "api"),
         "phases_manifests": phases(manifest_ready, "manifests"),
         "probe_rss_mb": round(probe_runs[AGENT_DECODER][0]["rss_kb"].get("VmRSS", 0) / 1024, 1),
+        "memory_api_mb": memory(probe_runs[AGENT_DECODER][0], "api"),
+        "memory_manifests_mb": memory(manifest_ready, "manifests"),
         "decode_pages_s": decode,
         "decode_in_agent_s": decode_in_agent,
         "agent_decoder": AGENT_DECODER,
