@@ -27,6 +27,7 @@ ORDER = [
     "full-sync",
     "incremental",
     "routes",
+    "nodeport",
     "memory",
     "cold-start",
     "churn",

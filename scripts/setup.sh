@@ -15,6 +15,7 @@ declare -A PROVIDER=(
   [ethtool]=ethtool
   [ip]=iproute2
   [curl]=curl
+  [nft]=nftables
 )
 missing=()
 for cmd in "${!PROVIDER[@]}"; do
@@ -31,6 +32,10 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; th
 fi
 if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
   missing+=("python3-venv")
+fi
+# libnftables' Python binding (ovsproxy.capture loads it from here when the venv cannot import it)
+if [ ! -f /usr/lib/python3/dist-packages/nftables/__init__.py ]; then
+  missing+=("python3-nftables")
 fi
 
 if ((${#missing[@]})); then

@@ -90,8 +90,14 @@ class ServicePort:
     type: ServiceType = ServiceType.CLUSTER_IP
     node_port: int = 0  # 0 when none
     external_ips: tuple[IPAddress, ...] = ()
+    # Only ingress IPs the nodes capture: an ``ipMode: Proxy`` ingress is left to the LB.
     load_balancer_ips: tuple[IPAddress, ...] = ()
     traffic_distribution: TrafficDistribution | None = None
+    # The Service's healthCheckNodePort (LoadBalancer with externalTrafficPolicy Local); 0: none.
+    health_check_node_port: int = 0
+    # spec.loadBalancerSourceRanges: the clients allowed to reach the load-balancer IPs
+    # (both families; empty = everyone). NodePorts and external IPs are not restricted.
+    load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
 
     @property
     def session_affinity(self) -> bool:

@@ -15,7 +15,8 @@ from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.connection import BundleError, Channel
+from ovsproxy.openflow.connection import Channel
+from ovsproxy.openflow.errors import BundleError
 from ovsproxy.ovs.sandbox import Sandbox
 
 pytestmark = pytest.mark.ovs

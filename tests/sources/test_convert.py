@@ -146,6 +146,34 @@ SERVICE_ERRORS = [
         {("spec.externalIPs[0]", "192.0.2.300")},
     ),
     ("spec is a list", {"metadata": {"name": "web"}, "spec": []}, {("spec", ())}),
+    (
+        "source ranges on a ClusterIP Service",
+        service(loadBalancerSourceRanges=["10.0.0.0/8"]),
+        {("spec.loadBalancerSourceRanges", ("10.0.0.0/8",))},
+    ),
+    (
+        "source range not a CIDR",
+        service(type="LoadBalancer", loadBalancerSourceRanges=["10.0.0.0/8", "10.0.0.1", "x/8"]),
+        {
+            ("spec.loadBalancerSourceRanges[1]", "10.0.0.1"),
+            ("spec.loadBalancerSourceRanges[2]", "x/8"),
+        },
+    ),
+    (
+        "source range prefix too long",
+        service(type="LoadBalancer", loadBalancerSourceRanges=["fd00::/129"]),
+        {("spec.loadBalancerSourceRanges[0]", "fd00::/129")},
+    ),
+    (
+        "healthCheckNodePort with externalTrafficPolicy Cluster",
+        service(type="LoadBalancer", healthCheckNodePort=32000),
+        {("spec.healthCheckNodePort", 32000)},
+    ),
+    (
+        "healthCheckNodePort out of range",
+        service(type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=70000),
+        {("spec.healthCheckNodePort", 70000)},
+    ),
 ]
 
 
@@ -155,6 +183,27 @@ def test_invalid_service_names_field_and_value(what: str, obj: dict, expected: s
         (f, tuple(v) if isinstance(v, list) else v) for f, v in errors_of(convert_service, obj)
     }
     assert found == expected
+
+
+def test_load_balancer_source_ranges_and_health_check_port() -> None:
+    obj = service(
+        type="LoadBalancer",
+        externalTrafficPolicy="Local",
+        healthCheckNodePort=32000,
+        loadBalancerSourceRanges=[" 192.168.1.7/24", "fd00:1::/64", "192.168.1.0/24"],
+        ports=[{"name": "a", "port": 80}, {"name": "b", "port": 81}],
+    )
+    ports = convert_service(obj).ports
+    for port in ports:
+        assert port.health_check_node_port == 32000
+        # host bits masked, whitespace trimmed, duplicates dropped (as kube-proxy parses them)
+        assert port.load_balancer_source_ranges == (
+            ipaddress.ip_network("192.168.1.0/24"),
+            ipaddress.ip_network("fd00:1::/64"),
+        )
+    plain = convert_service(service()).ports[0]
+    assert plain.health_check_node_port == 0
+    assert plain.load_balancer_source_ranges == ()
 
 
 def test_error_names_object_and_path() -> None:

@@ -25,6 +25,7 @@ from ovsproxy.model import (
     EndpointSlice,
     IPAddress,
     IPFamily,
+    IPNetwork,
     Protocol,
     Service,
     ServicePort,
@@ -285,6 +286,18 @@ def convert_service(obj: Mapping[str, Any], *, location: SourceLocation | None =
         check.choice(spec, "externalTrafficPolicy", ("spec",), _POLICIES) or TrafficPolicy.CLUSTER
     )
     distribution = check.choice(spec, "trafficDistribution", ("spec",), _DISTRIBUTIONS)
+    source_ranges = _source_ranges(check, spec, service_type)
+    health_check_port = check.port_number(spec, "healthCheckNodePort", ("spec",), required=False)
+    if health_check_port and not (
+        service_type is ServiceType.LOAD_BALANCER and external_policy is TrafficPolicy.LOCAL
+    ):
+        # The API server's rule; kube-proxy serves it only for such a Service.
+        check.error(
+            ("spec", "healthCheckNodePort"),
+            health_check_port,
+            "may only be set for type LoadBalancer with externalTrafficPolicy Local",
+        )
+        health_check_port = 0
 
     raw_ports = spec.get("ports")
     if not isinstance(raw_ports, list) or not raw_ports:
@@ -347,6 +360,8 @@ def convert_service(obj: Mapping[str, Any], *, location: SourceLocation | None =
             external_ips=external_ips,
             load_balancer_ips=lb_ips,
             traffic_distribution=distribution,
+            health_check_node_port=health_check_port,
+            load_balancer_source_ranges=source_ranges,
         )
         for name, protocol, port, node_port in parsed
     )
@@ -417,6 +432,43 @@ def _ip_list(
         elif ip not in out:
             out.append(ip)
     return tuple(out)
+
+
+def _source_ranges(
+    check: _Checker, spec: Mapping[str, Any], service_type: ServiceType
+) -> tuple[IPNetwork, ...]:
+    """spec.loadBalancerSourceRanges: CIDRs (host bits allowed and masked, surrounding
+    whitespace trimmed, as the API server and kube-proxy parse them), for type LoadBalancer."""
+    raw = check.sequence(spec, "loadBalancerSourceRanges", ("spec",))
+    if raw and service_type is not ServiceType.LOAD_BALANCER:
+        check.error(
+            ("spec", "loadBalancerSourceRanges"), raw, "may only be set for type LoadBalancer"
+        )
+        return ()
+    out: list[IPNetwork] = []
+    for index, text in enumerate(raw):
+        network = _parse_cidr(text)
+        if network is None:
+            check.error(
+                ("spec", "loadBalancerSourceRanges", index),
+                text,
+                "not a valid CIDR (e.g. 10.0.0.0/8)",
+            )
+        elif network not in out:
+            out.append(network)
+    return tuple(out)
+
+
+def _parse_cidr(text: object) -> IPNetwork | None:
+    if not isinstance(text, str) or "/" not in text or "%" in text:
+        return None
+    address, _, length = text.strip().partition("/")
+    if parse_ip(address) is None or not length.isdigit():
+        return None
+    try:
+        return ipaddress.ip_network(text.strip(), strict=False)
+    except ValueError:
+        return None
 
 
 def _load_balancer_ips(check: _Checker, obj: Mapping[str, Any]) -> tuple[IPAddress, ...]:

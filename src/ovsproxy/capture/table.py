@@ -1,0 +1,308 @@
+"""The one owner of the node's ``inet ovsproxy`` nftables table: sync, verify, cleanup.
+
+Binding: libnftables' JSON API through Debian's ``python3-nftables`` module (a thin ctypes
+wrapper over ``libnftables.so.1``, maintained with nftables itself). Why not ``nft -j -f -``:
+the library runs a whole JSON batch as one netlink transaction in-process (no fork+exec per
+sync, no parsing of a second process's output), returns the kernel's error text for the
+batch, and reads the table back as JSON through the same call. The module is pure Python over
+ctypes, so it works with any CPython; the Debian package installs it for the system Python
+only, so when ``import nftables`` fails (our virtualenv does not see dist-packages) it is
+loaded from the Debian path by file location. ``scripts/setup.sh`` installs ``nftables`` and
+``python3-nftables``.
+
+Ownership: every command names ``inet ovsproxy``; nothing else in the ruleset is read or
+written. Every sync is one transaction (one libnftables batch, atomic in the kernel):
+
+* first sync, or after a failed one: a full rebuild (``add``+``delete``+recreate the table
+  with every element), so whatever state the table was left in is replaced at once;
+* afterwards: only the element adds and deletes between the installed and the desired
+  state (``sync``: diffed here; ``sync_changes``: a ``CaptureTracker``'s pending change, so
+  the work is proportional to the change). A patch the kernel rejects (someone deleted our
+  table or an element: drift) is answered by a full rebuild in the same sync. ``verify``
+  reads the table back and compares (the periodic resync's check; additions by others are
+  found there).
+
+Network namespaces: a netlink socket belongs to the namespace of the thread that opens it,
+so all library calls run on one worker thread that first joins ``netns`` (``setns``), which
+also keeps blocking calls off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ovsproxy.capture import render
+from ovsproxy.capture.desired import (
+    CaptureDiff,
+    CaptureSet,
+    CaptureState,
+    Element,
+    SetKey,
+    diff,
+)
+from ovsproxy.model import IPFamily
+
+DEBIAN_MODULE = Path("/usr/lib/python3/dist-packages/nftables/__init__.py")
+CLONE_NEWNET = 0x40000000
+
+
+class NftablesError(RuntimeError):
+    """libnftables rejected a transaction; ``message`` is its error text."""
+
+    def __init__(self, what: str, message: str, commands: int) -> None:
+        self.what = what
+        self.message = message.strip()
+        self.commands = commands
+        super().__init__(f"nftables {what} ({commands} commands) failed: {self.message}")
+
+
+def load_binding() -> Any:
+    """The ``nftables`` module (python3-nftables), importable or from the Debian path."""
+    try:
+        import nftables  # type: ignore[import-not-found]
+
+        return nftables
+    except ImportError:
+        pass
+    if not DEBIAN_MODULE.exists():
+        raise RuntimeError(
+            "libnftables' Python binding is missing: apt-get install nftables python3-nftables"
+        )
+    spec = importlib.util.spec_from_file_location(
+        "nftables", DEBIAN_MODULE, submodule_search_locations=[str(DEBIAN_MODULE.parent)]
+    )
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {DEBIAN_MODULE}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["nftables"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _enter_netns(netns: str) -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns into network namespace {netns}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    """What one sync sent: ``kind`` is "rebuild", "patch" or "none"."""
+
+    kind: str
+    elements: int  # elements added + deleted (rebuild: elements written)
+    commands: int
+    bytes: int  # size of the JSON transaction handed to libnftables
+    seconds: float
+    error: str | None = None  # a rejected patch that led to this rebuild
+
+
+class CaptureTable:
+    """Makes the node's ``inet ovsproxy`` table hold a ``CaptureState``; nothing else."""
+
+    def __init__(self, netns: str | None = None) -> None:
+        self.netns = netns
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nft")
+        self._nft: Any = None
+        self._joined = False  # the worker thread is inside netns
+        # What the kernel holds (mutable, so a patch costs its own size); None: unknown,
+        # the next sync rebuilds.
+        self._installed: dict[SetKey, set[Element]] | None = None
+        self.last: SyncResult | None = None
+
+    # -- the worker thread ------------------------------------------------------------------
+
+    def _context(self) -> Any:
+        """The libnftables context, created on the worker thread inside ``netns`` (once: a
+        failure, such as a missing namespace, is raised to the caller and retried next time)."""
+        if self._nft is None:
+            if self.netns and not self._joined:
+                _enter_netns(self.netns)
+                self._joined = True
+            nft = load_binding().Nftables()
+            nft.set_json_output(True)
+            nft.set_handle_output(False)
+            self._nft = nft
+        return self._nft
+
+    def _run(self, what: str, commands: list[dict[str, Any]]) -> tuple[int, Any]:
+        payload = json.dumps({"nftables": commands}, separators=(",", ":"))
+        rc, output, error = self._context().cmd(payload)
+        if rc != 0:
+            raise NftablesError(what, error or "(no message)", len(commands))
+        return len(payload), output
+
+    def _installed_state(self) -> CaptureState:
+        assert self._installed is not None
+        return CaptureState({k: frozenset(v) for k, v in self._installed.items()})
+
+    def _rebuild(self, desired: CaptureState, started: float, rejected: str | None) -> SyncResult:
+        commands = render.full_rebuild(desired)
+        self._installed = None
+        size, _ = self._run("rebuild", commands)
+        self._installed = {k: set(v) for k, v in desired.sets.items()}
+        elapsed = time.perf_counter() - started
+        return SyncResult("rebuild", desired.size, len(commands), size, elapsed, rejected)
+
+    def _patch(self, change: CaptureDiff, started: float) -> SyncResult | str:
+        """The patch's result, or the kernel's reason for rejecting it (drift)."""
+        assert self._installed is not None
+        if not change:
+            return SyncResult("none", 0, 0, 0, time.perf_counter() - started)
+        commands = render.patch(change)
+        try:
+            size, _ = self._run("patch", commands)
+        except NftablesError as exc:
+            self._installed = None
+            return exc.message
+        for key, removed in change.deletes.items():
+            self._installed.setdefault(key, set()).difference_update(removed)
+        for key, added in change.adds.items():
+            self._installed.setdefault(key, set()).update(added)
+        elapsed = time.perf_counter() - started
+        return SyncResult("patch", change.size, len(commands), size, elapsed)
+
+    def _sync_blocking(self, desired: CaptureState) -> SyncResult:
+        started = time.perf_counter()
+        rejected: str | None = None
+        if self._installed is not None:
+            result = self._patch(diff(self._installed_state(), desired), started)
+            if isinstance(result, SyncResult):
+                return result
+            rejected = result  # drift: someone changed our table; rebuild it
+        return self._rebuild(desired, started, rejected)
+
+    def _sync_changes_blocking(
+        self, change: CaptureDiff, desired: Callable[[], CaptureState]
+    ) -> SyncResult:
+        started = time.perf_counter()
+        rejected: str | None = None
+        if self._installed is not None:
+            result = self._patch(change, started)
+            if isinstance(result, SyncResult):
+                return result
+            rejected = result
+        return self._rebuild(desired(), started, rejected)
+
+    def _read_blocking(self) -> dict[str, Any] | None:
+        rc, output, error = self._context().cmd(f"list table {render.FAMILY} {render.TABLE}")
+        if rc != 0:
+            if "No such file or directory" in error:
+                return None
+            raise NftablesError("list", error, 1)
+        listing: dict[str, Any] = json.loads(output) if isinstance(output, str) else output
+        return listing
+
+    def _cleanup_blocking(self) -> None:
+        self._run("cleanup", render.delete_table())
+        self._installed = None
+
+    # -- the API (coroutines; state changes only on the worker thread, one call at a time) --
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    @property
+    def installed(self) -> CaptureState | None:
+        """What the kernel holds as far as we know (None: unknown; O(elements))."""
+        return None if self._installed is None else self._installed_state()
+
+    async def sync(self, desired: CaptureState) -> SyncResult:
+        """One transaction making the table hold ``desired`` (diffed against what is
+        installed: O(elements)); raises ``NftablesError``."""
+        result: SyncResult = await self._call(self._sync_blocking, desired)
+        self.last = result
+        return result
+
+    async def sync_changes(
+        self, change: CaptureDiff, desired: Callable[[], CaptureState]
+    ) -> SyncResult:
+        """One transaction applying ``change`` (a ``CaptureTracker``'s pending change): work
+        proportional to the change. ``desired`` gives the whole state for a first sync or a
+        rebuild after drift."""
+        result: SyncResult = await self._call(self._sync_changes_blocking, change, desired)
+        self.last = result
+        return result
+
+    async def read(self) -> CaptureState | None:
+        """The table's current set content, parsed back (None when the table is absent)."""
+        listing = await self._call(self._read_blocking)
+        return None if listing is None else parse_listing(listing)
+
+    async def verify(self) -> bool:
+        """True when the kernel's table holds exactly what we installed; else forget it, so
+        the next sync rebuilds."""
+        current = await self.read()
+        ok = self._installed is not None and current == self.installed
+        if not ok:
+            self._installed = None
+        return ok
+
+    async def cleanup(self) -> None:
+        """Delete our table (``--cleanup``); nothing else in the ruleset is touched."""
+        await self._call(self._cleanup_blocking)
+
+    async def close(self) -> None:
+        self._executor.shutdown(wait=True)
+
+
+_SET_BY_NAME = {
+    render.set_name(name, family): (name, family) for name in CaptureSet for family in IPFamily
+}
+
+
+def parse_listing(listing: dict[str, Any]) -> CaptureState:
+    """The sets of a ``list table`` JSON answer as a ``CaptureState`` (for verify and tests)."""
+    import ipaddress
+
+    from ovsproxy.model import Protocol
+
+    protocols = {p.value.lower(): p for p in Protocol}
+
+    def value(raw: Any) -> Any:
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, dict) and "prefix" in raw:
+            prefix = raw["prefix"]
+            return ipaddress.ip_network(f"{prefix['addr']}/{prefix['len']}")
+        if isinstance(raw, str) and raw in protocols:
+            return protocols[raw]
+        return ipaddress.ip_address(raw)
+
+    sets: dict[tuple[CaptureSet, IPFamily], frozenset[Element]] = {}
+    for item in listing.get("nftables", []):
+        spec = item.get("set")
+        if not spec or spec.get("name") not in _SET_BY_NAME:
+            continue
+        key = _SET_BY_NAME[spec["name"]]
+        elements: set[Element] = set()
+        for raw in spec.get("elem", []):
+            if isinstance(raw, dict) and "elem" in raw:  # an element with options
+                raw = raw["elem"]["val"]
+            if isinstance(raw, dict) and "concat" in raw:
+                element = tuple(value(v) for v in raw["concat"])
+            else:
+                element = (value(raw),)
+            # a host prefix lists as a plain address; the model keeps networks
+            if key[0] is CaptureSet.FIREWALL_ALLOW and not hasattr(element[-1], "prefixlen"):
+                element = (*element[:-1], ipaddress.ip_network(element[-1]))
+            elements.add(element)
+        sets[key] = frozenset(elements)
+    return CaptureState(sets)

@@ -1,0 +1,193 @@
+"""healthCheckNodePort servers, one per Service, with kube-proxy's semantics.
+
+kube-proxy (pkg/proxy/healthcheck/service_health.go) opens, for every Service of type
+LoadBalancer with externalTrafficPolicy Local, an HTTP server on its healthCheckNodePort on
+the node's addresses. Any path answers JSON::
+
+    {"service": {"namespace": ..., "name": ...}, "localEndpoints": N, "serviceProxyHealthy": B}
+
+with status 200 when N > 0 and the proxy is healthy, else 503, and the header
+``X-Load-Balancing-Endpoint-Weight: N`` on both (kube-proxy sets it on every answer). N counts
+the distinct IPs of this node's *ready* endpoints across the Service's ports (terminating
+endpoints do not count: a node with only terminating endpoints fails its check, so the load
+balancer drains it).
+
+``ServiceHealthServers.update(mapping)`` makes the running servers match a desired mapping:
+a new Service starts its server, a removed one stops, a changed port restarts, a changed
+endpoint count changes the answer only. A port that cannot be opened (in use) is reported in
+the result and in ``failed`` and retried on the next update; the other Services' servers are
+unaffected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ovsproxy.model import ServiceState
+
+log = logging.getLogger(__name__)
+
+ServiceKey = tuple[str, str]  # (namespace, name)
+WEIGHT_HEADER = "X-Load-Balancing-Endpoint-Weight"
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceHealth:
+    """One Service's health check: its port and the number of ready local endpoint IPs."""
+
+    port: int
+    local_endpoints: int = 0
+
+
+def desired_health_checks(
+    states: Iterable[ServiceState], node_name: str
+) -> dict[ServiceKey, ServiceHealth]:
+    """The servers this node must run, from all Service ports and their endpoints (pure)."""
+    ports: dict[ServiceKey, int] = {}
+    local_ips: dict[ServiceKey, set[object]] = {}
+    for state in states:
+        port = state.port
+        if not port.health_check_node_port:
+            continue
+        key = port.name.service
+        ports[key] = port.health_check_node_port
+        ips = local_ips.setdefault(key, set())
+        ips.update(ep.ip for ep in state.endpoints if ep.ready and ep.is_local(node_name))
+    return {key: ServiceHealth(port, len(local_ips[key])) for key, port in ports.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateResult:
+    started: tuple[ServiceKey, ...] = ()
+    stopped: tuple[ServiceKey, ...] = ()
+    failed: Mapping[ServiceKey, str] = field(default_factory=dict)  # key -> why
+
+
+class _Instance:
+    __slots__ = ("health", "servers")
+
+    def __init__(self, health: ServiceHealth, servers: list[asyncio.Server]) -> None:
+        self.health = health
+        self.servers = servers
+
+
+class ServiceHealthServers:
+    """The running health-check servers; one owner, on the event loop."""
+
+    def __init__(
+        self,
+        proxy_healthy: Callable[[], bool],
+        addresses: Sequence[str] | None = None,  # None: every address, both families
+    ) -> None:
+        self.proxy_healthy = proxy_healthy
+        self.addresses = list(addresses) if addresses is not None else None
+        self._instances: dict[ServiceKey, _Instance] = {}
+        self.failed: dict[ServiceKey, str] = {}
+
+    @property
+    def running(self) -> dict[ServiceKey, int]:
+        return {key: inst.health.port for key, inst in self._instances.items()}
+
+    async def update(self, desired: Mapping[ServiceKey, ServiceHealth]) -> UpdateResult:
+        stopped: list[ServiceKey] = []
+        for key, inst in list(self._instances.items()):
+            want = desired.get(key)
+            if want is None or want.port != inst.health.port:
+                await _close(inst.servers)
+                del self._instances[key]
+                stopped.append(key)
+        self.failed = {k: v for k, v in self.failed.items() if k in desired}
+        started: list[ServiceKey] = []
+        failed: dict[ServiceKey, str] = {}
+        for key, want in desired.items():
+            running = self._instances.get(key)
+            if running is not None:
+                running.health = want  # the count changes the answer, not the server
+                continue
+            try:
+                servers = await self._listen(key, want.port)
+            except OSError as exc:
+                why = f"cannot listen on port {want.port}: {exc.strerror or exc}"
+                log.error("health check of Service %s/%s: %s", *key, why)
+                failed[key] = why
+                continue
+            self._instances[key] = _Instance(want, servers)
+            self.failed.pop(key, None)
+            started.append(key)
+        self.failed.update(failed)
+        return UpdateResult(tuple(started), tuple(stopped), failed)
+
+    async def close(self) -> None:
+        for inst in self._instances.values():
+            await _close(inst.servers)
+        self._instances.clear()
+
+    async def _listen(self, key: ServiceKey, port: int) -> list[asyncio.Server]:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve(key, reader, writer)
+
+        servers: list[asyncio.Server] = []
+        hosts: list[str | None] = [None] if self.addresses is None else list(self.addresses)
+        try:
+            for host in hosts:
+                servers.append(await asyncio.start_server(handler, host, port))
+        except OSError:
+            await _close(servers)  # all addresses or none, so a retry can take the port
+            raise
+        return servers
+
+    def answer(self, key: ServiceKey) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers and body for a request to ``key``'s health check."""
+        inst = self._instances.get(key)
+        count = inst.health.local_endpoints if inst is not None else 0
+        healthy = self.proxy_healthy()
+        body = {
+            "service": {"namespace": key[0], "name": key[1]},
+            "localEndpoints": count,
+            "serviceProxyHealthy": healthy,
+        }
+        headers = {
+            "Content-Type": "application/json",
+            "X-Content-Type-Options": "nosniff",
+            WEIGHT_HEADER: str(count),
+        }
+        status = 200 if count and healthy else 503
+        return status, headers, json.dumps(body, indent="\t").encode()
+
+    async def _serve(
+        self, key: ServiceKey, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            await asyncio.wait_for(reader.readline(), timeout=5)
+            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (
+                b"\r\n",
+                b"\n",
+                b"",
+            ):
+                pass
+            status, headers, body = self.answer(key)
+            reason = "OK" if status == 200 else "Service Unavailable"
+            lines = [f"HTTP/1.1 {status} {reason}"]
+            lines += [f"{name}: {value}" for name, value in headers.items()]
+            lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+            writer.write("\r\n".join(lines).encode() + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+async def _close(servers: list[asyncio.Server]) -> None:
+    for server in servers:
+        server.close()
+    for server in servers:
+        with contextlib.suppress(Exception):
+            await server.wait_closed()
