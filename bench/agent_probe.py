@@ -11,7 +11,7 @@ answers commands read from stdin, one JSON object a line, with one JSON line eac
 
 * ``{"cmd": "min_interval", "value": S}``: set the sync runner's minimum interval;
 * ``{"cmd": "window"}``: start a measurement window (clears the event latencies);
-* ``{"cmd": "report", "expect": N}``: wait until N events are committed (or 10 s), then
+* ``{"cmd": "report", "expect": N}``: wait until N events are committed (or 60 s), then
   report the window: event -> commit reply latencies, syncs, messages and bytes sent;
 * ``{"cmd": "stop"}``.
 
@@ -347,7 +347,7 @@ class Probe:
         return {"event": "window"}
 
     async def report(self, expect: int) -> dict[str, Any]:
-        deadline = time.perf_counter() + 10
+        deadline = time.perf_counter() + 60
         while len(self.latencies) < expect and time.perf_counter() < deadline:  # noqa: ASYNC110 - polled with a deadline
             await asyncio.sleep(0.01)
         w = self._window
