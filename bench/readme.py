@@ -296,7 +296,12 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
             f"`{k}` {_s(v)}" + (f" ({_s(cpu[k])} of CPU)" if k in cpu else "")
             for k, v in e2e.items()
         )
-        + f". The agent decodes with `{used}`.",
+        + f". The agent decodes with `{used}`"
+        + (
+            " (the least CPU time end to end in this run)."
+            if cs.get("agent_decoder_wins")
+            else "; **in this run another decoder took less CPU time end to end**."
+        ),
         "",
     ]
 
