@@ -373,11 +373,18 @@ def _scale(sc: dict[str, Any], plot: str) -> list[str]:
         f" per added Service ({t['vs_first_step']}x and {m['vs_first_step']}x the first step's)"
         for t, m in zip(sc["cold_start_cpu_growth"], sc["rss_growth"], strict=True)
     ]
+    own = ""
+    if sc.get("from_file"):
+        own = (
+            f" From `results/{sc['from_file']}` (its own run, commit `{str(sc['commit'])[:12]}`"
+            f"{'' if sc.get('clean') else ', tree not clean'}): in the `all` run the scenario"
+            f" failed ({sc.get('all_failed_with', 'error')})."
+        )
     return [
         "### Scale (`scale`)",
         "",
         "Cold start from the API (as above, one run a size) and the agent's memory as the"
-        " cluster grows (10 endpoints a Service):",
+        " cluster grows (10 endpoints a Service)." + own,
         "",
         f"![cold start and RSS by cluster size](results/{Path(plot).name})",
         "",
@@ -511,8 +518,26 @@ def section_of(document: str) -> str:
     return document.partition(BEGIN)[2].partition(END)[0].strip()
 
 
+def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
+    """Where the ``all`` run's scenario failed, its own later result file of the same date
+    (``<date>-<name>.json``, with its own commit), if there is one."""
+    if name not in report or "error" not in report[name]:
+        return
+    own = result.with_name(f"{report['date']}-{name}.json")
+    if not own.exists():
+        return
+    payload = json.loads(own.read_text())
+    if "error" in payload.get(name, {"error": ""}):
+        return
+    failed = str(report[name]["error"]).split(":", 1)[0]
+    report[name] = {**payload[name], "from_file": own.name, "commit": payload.get("commit")}
+    report[name]["all_failed_with"] = failed
+    report[name]["clean"] = payload.get("clean")
+
+
 def render_files(result: Path, quick: Path | None = None) -> str:
     report = json.loads(result.read_text())
+    _own_result(report, result, "scale")
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:
