@@ -29,6 +29,7 @@ ORDER = [
     "routes",
     "nodeport",
     "memory",
+    "fuzz",
     "cold-start",
     "churn",
     "scale",
@@ -78,31 +79,25 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def measured_tree() -> dict[str, Any]:
-    """The commit the run measures and whether the tree was clean (tracked or untracked
-    changes outside bench/results, where runs write), taken before anything is written."""
+def provenance() -> dict[str, Any]:
+    """The commit measured and whether the tree had changes not in it (then the figures are
+    not exactly that commit's)."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[1]
 
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, check=True
-        ).stdout
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
 
-    try:
-        commit = git("rev-parse", "HEAD").strip()
-        changes = [
-            line[3:]
-            for line in git("status", "--porcelain").splitlines()
-            if not line[3:].startswith("bench/results/")
-        ]
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "clean": None}
-    tree: dict[str, Any] = {"commit": commit, "clean": not changes}
-    if changes:
-        tree["changed_files"] = changes[:50]
-    return tree
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "tree_clean": None if status is None else status == ""}
 
 
 def to_markdown(name: str, result: dict[str, Any]) -> str:
@@ -129,11 +124,10 @@ def main(argv: list[str] | None = None) -> int:
 
     names = list(found) if args.scenario == "all" else [args.scenario]
     today = dt.date.today().isoformat()
-    tree = measured_tree()
     report: dict[str, Any] = {
         "date": today,
         "quick": args.quick,
-        **tree,
+        **provenance(),
         "machine": machine(),
     }
     failed = False
@@ -152,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
             RESULTS.mkdir(exist_ok=True)
             suffix = "-quick" if args.quick else ""
             stem = RESULTS / f"{today}-{name}{suffix}"
-            payload = {"date": today, "quick": args.quick, **tree, "machine": report["machine"]}
+            payload = {
+                key: report[key] for key in ("date", "quick", "commit", "tree_clean", "machine")
+            }
             payload[name] = result
             stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
             stem.with_suffix(".md").write_text(to_markdown(name, result))
@@ -163,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = RESULTS / f"{today}-all{'-quick' if args.quick else ''}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         header = f"# Benchmarks {today}{' (quick)' if args.quick else ''}\n\n"
-        header += f"commit `{tree['commit']}`{'' if tree['clean'] else ' (tree not clean)'}\n\n"
+        header += f"commit `{report['commit']}`, tree clean: {report['tree_clean']}\n\n"
         header += "`" + json.dumps(report["machine"]) + "`\n\n"
         body = "\n".join(to_markdown(name, report[name]) for name in names)
         stem.with_suffix(".md").write_text(header + body)

@@ -439,7 +439,28 @@ def _others(report: dict[str, Any]) -> list[str]:
             f"{routes['restart_adds']} adds, {routes['restart_deletes']} deletes; the per-IP "
             f"baseline needs {routes['baseline_per_ip_routes']:,} routes."
         )
+    fuzz = report.get("fuzz")
+    if fuzz and "error" not in fuzz:
+        out.append(
+            f"* `fuzz`: {fuzz['inputs']:,} mutated OpenFlow messages (from {fuzz['seeds']} seeds,"
+            f" {fuzz['seeds_from_ovs']} recorded from Open vSwitch) through the decoder and the"
+            f" stream framer: {fuzz['unexpected_exceptions']} exceptions other than the codec's"
+            f" error (goal 0), {fuzz['framing_mismatches']} framing mismatches; slowest decode"
+            f" {fuzz['slowest_decode_ms']} ms (goal < {fuzz['goal_slowest_decode_ms']:g} ms);"
+            f" {fuzz['inputs_per_s']:,} inputs/s."
+        )
     return [*out, ""]
+
+
+def _provenance(report: dict[str, Any]) -> str:
+    """Which commit the figures measured (files written before this was recorded say nothing)."""
+    commit = report.get("commit")
+    if not commit:
+        return ""
+    # ("clean": the key of result files written before "tree_clean")
+    tree_clean = report.get("tree_clean", report.get("clean"))
+    clean = {True: "clean tree", False: "with uncommitted changes"}.get(tree_clean)
+    return f", commit `{commit[:12]}`" + (f" ({clean})" if clean else "")
 
 
 def _wall(report: dict[str, Any]) -> float:
@@ -452,13 +473,6 @@ def _minutes(report: dict[str, Any]) -> str:
 
 def _ok(report: dict[str, Any], name: str) -> bool:
     return name in report and "error" not in report[name]
-
-
-def _commit(report: dict[str, Any]) -> str:
-    commit = report.get("commit")
-    if not commit:
-        return ""
-    return f", commit `{commit[:12]}`{'' if report.get('clean') else ' (tree not clean)'}"
 
 
 def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | None) -> str:
@@ -484,7 +498,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         " file records the commit it measured and whether the tree was clean.",
         "",
         f"Figures below: `{source}`{' (quick sizes)' if quick else ''}, on {report['date']}"
-        f"{_commit(report)}: {_machine(report['machine'])}.",
+        f"{_provenance(report)}: {_machine(report['machine'])}.",
         "",
         *_full_sync(fs),
         *_where(fs, report.get("encode")),
@@ -532,7 +546,7 @@ def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
     failed = str(report[name]["error"]).split(":", 1)[0]
     report[name] = {**payload[name], "from_file": own.name, "commit": payload.get("commit")}
     report[name]["all_failed_with"] = failed
-    report[name]["clean"] = payload.get("clean")
+    report[name]["clean"] = payload.get("tree_clean", payload.get("clean"))
 
 
 def render_files(result: Path, quick: Path | None = None) -> str:

@@ -40,6 +40,8 @@ class AgentConfig:
     next_table: int = 20
     group_id_min: int = 1
     group_id_max: int = 0xFFFFFEFF
+    # standalone: SNAT source of node-originated Service traffic to endpoints on other nodes
+    host_snat_ip: tuple[str, ...] = ()
     # node
     node_name: str = field(default_factory=socket.gethostname)
     zone: str | None = None
@@ -47,6 +49,7 @@ class AgentConfig:
     service_cidr: tuple[str, ...] = ()
     manage_routes: bool = True
     route_sync_interval: float = 60.0
+    route_backend: str = "auto"  # auto (by platform), linux or windows
     # runner
     min_sync_interval: float = 1.0
     full_resync_interval: float = 3600.0
@@ -70,6 +73,7 @@ class AgentConfig:
             next_table=self.next_table,
             group_id_min=self.group_id_min,
             group_id_max=self.group_id_max,
+            host_snat_ips=tuple(ipaddress.ip_address(ip) for ip in self.host_snat_ip),
         )
 
     @property
@@ -81,7 +85,9 @@ class AgentConfig:
         return [ipaddress.ip_network(c, strict=False) for c in self.service_cidr]
 
 
-_TUPLE_FIELDS = {"manifests", "service_cidr"}
+_TUPLE_FIELDS = {"manifests", "service_cidr", "host_snat_ip"}
+# The route backends ``route_backend`` may name; ``auto`` picks by platform (agent.wiring).
+ROUTE_BACKENDS = ("auto", "linux", "windows")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -119,6 +125,11 @@ def validate(config: AgentConfig) -> AgentConfig:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             raise ConfigError(f"service_cidr: {cidr!r} is not an IP network") from None
+    for ip in config.host_snat_ip:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(f"host_snat_ip: {ip!r} is not an IP address") from None
     try:
         config.pipeline  # noqa: B018 - validates tables and group range
     except ValueError as exc:
@@ -131,6 +142,14 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError(f"log_format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
+    if config.route_backend not in ROUTE_BACKENDS:
+        raise ConfigError(
+            f"route_backend: {config.route_backend!r} is not one of {', '.join(ROUTE_BACKENDS)}"
+        )
+    if config.route_backend == "windows" and config.netns is not None:
+        raise ConfigError("route_backend windows and netns: network namespaces are Linux only")
+    if config.route_sync_interval < 0:
+        raise ConfigError("route_sync_interval must be >= 0 (0: no periodic route sync)")
     if config.min_sync_interval < 0 or config.full_resync_interval <= 0:
         raise ConfigError("min_sync_interval must be >= 0 and full_resync_interval > 0")
     if (config.ovsdb is None) != (config.openflow is None):

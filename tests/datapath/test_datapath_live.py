@@ -107,6 +107,10 @@ async def test_update_3_to_4_endpoints_is_one_group_message_and_resync_is_zero(r
     assert rig.bundled("FLOW_MOD")[0] - flows_before[0] == 1
     (group,) = rig.groups()
     assert group.count("bucket=") == 4 and "bucket_id:3" in group
+    # The INSERT_BUCKET carries no selection method (OVS refuses it there); the group keeps
+    # its own, 5-tuple fields included, and reads back exactly as our cache prints it.
+    assert "selection_method=hash,fields(ip_src,ip_dst,ipv6_src,ipv6_dst,nw_proto," in group
+    assert [line for line in rig.datapath.dump() if line.startswith("group_id")] == [group]
 
     sent_before = rig.channel.counters.total("sent")
     rig.stage_service("web", "10.96.0.10", eps(4), gid=1)
@@ -198,6 +202,20 @@ async def test_delete_service_keeps_shared_endpoint_flows(rig: Rig) -> None:
     assert not any("10.96.0.21" in f for f in flows)
     assert any("10.96.0.22" in f for f in flows)
     assert len([f for f in flows if "nat(dst=" in f]) == 3  # still used by b
+
+
+async def test_drift_check_sees_flows_deleted_behind_our_back(rig: Rig) -> None:
+    """The periodic full sync's check: the switch holds fewer flows of our generation than the
+    cache says -> drifted; a resync puts them back."""
+    rig.stage_service("web", "10.96.0.10", eps(2), gid=1)
+    await rig.datapath.commit()
+    assert not await rig.datapath.drifted()
+    rig.sandbox.ofctl("del-flows", "ip,nw_dst=10.96.0.10")  # someone else's hand
+    assert not any("10.96.0.10" in f for f in rig.flows())
+    assert await rig.datapath.drifted()
+    await rig.datapath.resync_switch()
+    assert any("10.96.0.10" in f for f in rig.flows())
+    assert not await rig.datapath.drifted()
 
 
 async def test_vswitchd_restart_replays_everything_without_an_event(rig: Rig) -> None:

@@ -4,12 +4,15 @@
 
 * ``rejector`` (``reject.Rejector``): answers reject packet-ins; its meter is installed from the
   channel's on_connected hook before the datapath replays (``wrap_on_connected``);
-* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals;
+* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals,
+  again once the datapath is revalidated (``appctl``: ``revalidator/wait``; ``close`` stops it);
 * ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
   runs it as a task; ``close`` stops it).
 
-The agent registers ``semantics.handle`` as the channel's packet-in callback (or calls it from
-its own) and passes ``semantics.proxier_kwargs()`` to ``Proxier``; ``status()`` is plain data.
+The agent builds it with ``ServiceSemantics.wired(channel, datapath)`` (meter hook installed,
+sweeper started), registers ``semantics.handle`` as the channel's packet-in callback (or calls
+it from its own) and passes ``semantics.proxier_kwargs()`` to ``Proxier``; ``status()`` is
+plain data.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import logging
 from typing import Any
 
 from ovsproxy.datapath.affinity import AffinitySweeper
-from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher
+from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher, vswitchd_appctl
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.openflow import protocol as of
 
@@ -43,6 +46,17 @@ class ServiceSemantics:
         self.conntrack = ConntrackFlusher(channel, appctl=appctl)
         self.sweeper = AffinitySweeper(channel, datapath.tables, interval=sweep_interval)
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def wired(cls, channel: Any, datapath: Any) -> ServiceSemantics:
+        """What the agent runs: the reject meter installed before the datapath's replay on
+        every (re)connection (``wrap_on_connected``), the affinity sweeper started. The UDP
+        flush waits for the switch's revalidators through its ovs-appctl when it is local."""
+        appctl = vswitchd_appctl(str(getattr(channel, "endpoint", "")))
+        semantics = cls(channel, datapath, appctl=appctl)
+        semantics.wrap_on_connected()
+        semantics.start()
+        return semantics
 
     def handle(self, packet_in: of.PacketIn) -> None:
         self.rejector.handle(packet_in)
@@ -80,6 +94,7 @@ class ServiceSemantics:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.conntrack.close()
         await self.rejector.close()
 
     def status(self) -> dict[str, Any]:

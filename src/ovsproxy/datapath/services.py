@@ -5,7 +5,8 @@ datapath diffs these against what is installed. Flow values are cached per endpo
 pipeline, so a full resync re-uses the same objects (and their encoded bytes) instead of
 rebuilding 100,000 of them. The shapes built per endpoint and per frontend (EndpointDNAT and
 ServiceLB flows, the endpoint's set_field) come from the codec's templates
-(``openflow.protocol.templates``): the values the generic constructors build, 4-5x cheaper.
+(``openflow.protocol.templates``): the values the generic constructors build, several times
+cheaper (bench ``encode``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.groups import BucketSpec, GroupSpec
+from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates
@@ -58,6 +59,11 @@ class Context:
     # Affinity timeouts above this are expired by the agent's sweeper, not by OVS (tests lower
     # it to exercise the sweep with short timeouts).
     max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT
+    # Standalone: the node's host-SNAT address per family (see pipeline.py), if configured.
+    host_snat: tuple[IPAddress, ...] = ()
+
+    def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
+        return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)
 
     def cookie(self, category: pl.Category) -> int:
         return pl.cookie(self.generation, category)
@@ -107,6 +113,18 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             )
         add(t.classifier, pl.PRIORITY_MISS, of.Match(), _goto(t.conntrack_zone))
     for family in IPFamily:
+        snat_ip = ctx.host_snat_ip(family) if ctx.standalone else None
+        if snat_ip is not None:
+            # A reply to a node-originated Service connection SNATed to the host-SNAT address:
+            # undo that SNAT first (its destination is the node again), then the Service zone.
+            add(
+                t.conntrack_zone,
+                pl.PRIORITY_HIGH,
+                of.Match(**{"eth_type": eth_type(family), _dst_field(family): snat_ip}),
+                _apply(
+                    of.CT(zone=pl.host_snat_ct_zone(family), table=t.conntrack_zone, nat=of.NAT())
+                ),
+            )
         if ctx.standalone:
             # A hairpin reply (to the virtual Service IP): undo its SNAT first, then it meets
             # the Service zone like any reply.
@@ -162,12 +180,115 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         of.Match(),
         _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
     )
+    if ctx.standalone:
+        # A new connection that is not to a Service and crosses the gateway is committed: its
+        # replies are then established, not invalid (a SYN-ACK conntrack never saw the SYN of
+        # is +inv). Here those that came in from the gateway (from other nodes, the far end of
+        # a Service connection DNATed there, or the node itself); L3Forwarding commits those of
+        # local pods leaving through it. Pod-to-pod on this bridge is not committed: such an
+        # entry would share its reply with a DNATed connection of the same 5-tuple after NAT.
+        for family in IPFamily:
+            add(
+                t.service_lb,
+                pl.PRIORITY_COMMIT,
+                of.Match(eth_type=eth_type(family), **{pl.FROM_POD_REG: (0, pl.FROM_POD)}),
+                _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
+            )
     # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
     # in ServiceLB (see service_objects): a stale choice falls through to the group.
     add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
+        flows.extend(_to_node_flows(ctx, ck))
+        for family in IPFamily:
+            add(
+                t.forwarding,
+                pl.PRIORITY_COMMIT,
+                of.Match(
+                    eth_type=eth_type(family),
+                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
+                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
+                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
+                ),
+                _apply(of.CT(commit=True, zone=pl.ct_zone(family)), of.Output(of.OFPP_NORMAL)),
+            )
         add(t.forwarding, pl.PRIORITY_MISS, of.Match(), _apply(of.Output(of.OFPP_NORMAL)))
+    return flows
+
+
+# Back out of the port it came in on (the gateway), addressed to the sender: the node kernel
+# sent it to the virtual MAC, so its own MAC is the packet's source.
+_BOUNCE_TO_SENDER = (
+    of.CopyField("eth_src", "eth_dst"),
+    of.SetField("eth_src", pl.VIRTUAL_MAC),
+    of.Output(of.OFPP_IN_PORT),
+)
+
+
+def _to_node_flows(ctx: Context, ck: int) -> list[of.FlowMod]:
+    """L3Forwarding for Service traffic the node itself sent (to the virtual MAC: the next hop
+    of its Service routes and the host-SNAT address's neighbour) that is not for a local pod.
+
+    * its request, DNATed to an endpoint on another node: SNATed to the host-SNAT address
+      (other nodes route that address back to this node, and this node's kernel to the
+      gateway, so the reply re-enters OVS to be un-NATed), then back out the gateway to the
+      node's routing table;
+    * the reply to that (or any Service connection's reply addressed to the node): back out
+      the gateway, to the node's own MAC.
+    """
+    t = ctx.tables
+    flows = []
+    for family in IPFamily:
+        et = eth_type(family)
+        service = (pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_TO_NODE,
+                match=of.Match(
+                    eth_type=et,
+                    eth_dst=pl.VIRTUAL_MAC,
+                    ct_state=(of.CT_TRK | of.CT_RPL, of.CT_TRK | of.CT_RPL),
+                    ct_mark=service,
+                ),
+                instructions=_apply(*_BOUNCE_TO_SENDER),
+                cookie=ck,
+            )
+        )
+        snat_ip = ctx.host_snat_ip(family)
+        if snat_ip is None:
+            continue
+        src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_HOST_SNAT_OUT,
+                match=of.Match(**{"eth_type": et, "eth_dst": pl.VIRTUAL_MAC, src: snat_ip}),
+                instructions=_apply(*_BOUNCE_TO_SENDER),
+                cookie=ck,
+            )
+        )
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_HOST_SNAT,
+                match=of.Match(
+                    eth_type=et,
+                    eth_dst=pl.VIRTUAL_MAC,
+                    ct_state=(of.CT_TRK, of.CT_TRK | of.CT_RPL),
+                    ct_mark=service,
+                ),
+                instructions=_apply(
+                    of.CT(
+                        commit=True,
+                        zone=pl.host_snat_ct_zone(family),
+                        table=t.forwarding,
+                        nat=of.NAT(src=True, ip_min=snat_ip),
+                    )
+                ),
+                cookie=ck,
+            )
+        )
     return flows
 
 
@@ -184,10 +305,36 @@ def pod_forwarding_flows(
     ck = ctx.cookie(pl.Category.FORWARDING)
     t = ctx.tables
     flows = []
+    if t.classifier is not None:
+        flows.append(
+            of.FlowMod(
+                table_id=t.classifier,
+                priority=pl.PRIORITY_LOW,
+                match=of.Match(in_port=ofport),
+                instructions=(
+                    of.ApplyActions((of.SetField(pl.FROM_POD_REG, pl.FROM_POD, pl.FROM_POD),)),
+                    of.GotoTable(t.conntrack_zone),
+                ),
+                cookie=ck,
+            )
+        )
     for ip in ips:
         family = IPFamily.of(ip)
         src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
         to_pod = {"eth_type": eth_type(family), _dst_field(family): ip}
+        if t.classifier is not None:
+            # The pod's address arriving from anywhere but its port (the gateway: a node
+            # kernel routing one of our packets back in) is dropped: its conntrack entry would
+            # take the reply of the pod's real connection.
+            flows.append(
+                of.FlowMod(
+                    table_id=t.classifier,
+                    priority=pl.PRIORITY_SPOOFED,
+                    match=of.Match(eth_type=eth_type(family), **{src: ip}),
+                    instructions=(),
+                    cookie=ck,
+                )
+            )
         flows.append(
             of.FlowMod(
                 table_id=t.forwarding,
@@ -234,7 +381,7 @@ _new_tuple = tuple.__new__
 
 
 # Endpoint values are keyed by (address as an int, port, IP version): a tuple of ints hashes
-# in C (an (ipaddress, port) key hashes in Python, 1 us per endpoint). The address and version
+# in C (an (ipaddress, port) key hashes in Python, per endpoint). The address and version
 # are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
 EndpointKey = tuple[int, int, int]
 _IPV4 = ipaddress.IPv4Address
@@ -480,25 +627,38 @@ def frontend_match(port: ServicePort, ip: IPAddress, **extra: object) -> of.Matc
 
 def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.FlowMod:
     """Delete every learned affinity flow of one frontend (non-strict: any client)."""
-    return of.FlowMod(
-        table_id=ctx.tables.session_affinity,
-        priority=0,
-        match=frontend_match(port, ip),
-        command=of.FlowModCommand.DELETE,
-        out_port=of.OFPP_ANY,
-        out_group=of.OFPG_ANY,
+    return of.FlowMod.delete(
+        ctx.tables.session_affinity,
+        frontend_match(port, ip),
         cookie=pl.learned_cookie(),
         cookie_mask=pl.LEARNED_CATEGORY_MASK,
     )
 
 
-# With session affinity, a select group hashes in the slow path ("hash" without fields: OVS's
-# default symmetric L4 hash at translation time), so each new connection is its own datapath
-# flow and is translated against the learned flows as they are now. With OVS's default dp_hash
-# the datapath flow before the group is shared by every connection of a client: the ones that
-# arrive before the revalidators catch up with a just-learned flow would pick a bucket anew.
-AFFINITY_SELECTION_METHOD = "hash"
-GROUP_SELECTION_METHOD = "hash"
+# Every select group uses Open vSwitch's "hash" method over the connection's 5-tuple:
+# highest random weight per bucket id, so inserting or removing a bucket moves only the
+# connections that bucket wins or had, and each new connection is translated afresh (also
+# against just-learned affinity flows). OVS's default method, dp_hash, sends every new
+# connection to a bucket added by INSERT_BUCKET until the next MODIFY (OVS 3.1); "hash"
+# without fields is OVS's symmetric L4 hash, which leaves UDP ports out (one UDP client,
+# one endpoint, however many sockets). OVS skips a listed field whose prerequisites the
+# packet does not meet (ofproto-dpif-xlate.c, pick_hash_fields_select_group), so one list
+# serves TCP, UDP and SCTP over IPv4 and IPv6; it is in OVS's field order, as dump-groups
+# prints it.
+CONNECTION_HASH_FIELDS = (
+    "ipv4_src",
+    "ipv4_dst",
+    "ipv6_src",
+    "ipv6_dst",
+    "ip_proto",
+    "tcp_src",
+    "tcp_dst",
+    "udp_src",
+    "udp_dst",
+    "sctp_src",
+    "sctp_dst",
+)
+GROUP_SELECTION_METHOD = SelectionMethod("hash", CONNECTION_HASH_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,11 +737,7 @@ def frontend_objects(
                         _evict_oldest(cache)
                     cache[key] = flow
                 dnat[key] = flow
-        # GroupSpec(group_id, buckets, selection_method): every group, not only affinity ones,
-        # selects by "hash": Open vSwitch 3.1's dp_hash method sends all new connections to the
-        # bucket an INSERT_BUCKET added (until the next MODIFY or REMOVE_BUCKET); "hash"
-        # (highest random weight over the 5-tuple) stays balanced and moves only the
-        # connections of changed buckets.
+        # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
         )
