@@ -506,3 +506,48 @@ def test_trigger_time_is_left_out_of_comparisons() -> None:
     annotated = convert_endpoint_slice(_annotated("2024-05-01T10:00:00Z"))
     assert plain.trigger_time is None and annotated.trigger_time is not None
     assert plain == annotated  # only the annotation differs: nothing to program
+
+
+def _reference_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if text != text.strip() or "%" in text:
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+@given(
+    st.one_of(
+        st.text(alphabet="0123456789.", max_size=20),
+        st.text(max_size=16),
+        st.lists(st.integers(0, 300), min_size=1, max_size=5).map(
+            lambda octets: ".".join(map(str, octets))
+        ),
+        st.lists(
+            st.text(alphabet="0123456789", min_size=1, max_size=4), min_size=4, max_size=4
+        ).map(".".join),
+    )
+)
+def test_parse_ip_rejects_what_ipaddress_rejects(text: str) -> None:
+    """The IPv4 fast path (inet_pton) accepts and rejects exactly what ipaddress does."""
+    assert parse_ip(text) == _reference_ip(text)
+
+
+def test_parse_ip_edge_cases() -> None:
+    for text in (
+        "010.0.0.1",
+        "1.2.3",
+        "1.2.3.4.5",
+        "256.1.1.1",
+        "1.2.3.4\x00",
+        "\uff11.\uff12.\uff13.\uff14",  # fullwidth digits
+        "0x1.2.3.4",
+        "1.2.3.4 ",
+        "",
+        "1..2.3",
+        "+1.2.3.4",
+    ):
+        assert parse_ip(text) is None, text
+    assert parse_ip("0.0.0.0") == ipaddress.ip_address("0.0.0.0")
+    assert parse_ip("255.255.255.255") == ipaddress.ip_address("255.255.255.255")
