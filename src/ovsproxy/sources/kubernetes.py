@@ -311,7 +311,7 @@ class Informer:
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1
         elif kind in ("ADDED", "MODIFIED"):
-            obj = _kept(obj)  # type: ignore[arg-type]
+            obj = _kept(obj)
             key = _key(obj)
             previous = self.store.get(key)
             self.store[key] = obj
