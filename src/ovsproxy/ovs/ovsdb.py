@@ -169,6 +169,14 @@ class OVSDB:
             )
         return sorted(pods, key=lambda p: p.ofport)
 
+    def generation(self, bridge: str) -> int | None:
+        """The cookie generation of the current agent run (None: no agent ran here yet)."""
+        ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
+        try:
+            return int(ext[GENERATION_KEY])
+        except (KeyError, ValueError):
+            return None
+
     def next_generation(self, bridge: str) -> int:
         """A new cookie generation for this agent run, recorded on the bridge (1..65535).
 
