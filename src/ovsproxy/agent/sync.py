@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from ovsproxy.agent.wiring import Components
 from ovsproxy.metrics import HealthState, Metrics
-from ovsproxy.openflow.connection import OpenFlowError
+from ovsproxy.openflow.errors import OpenFlowError
 
 log = logging.getLogger("ovsproxy.agent")
 
