@@ -24,7 +24,7 @@ What is compared, and what is not (on purpose):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
@@ -65,6 +65,27 @@ class GroupView:
     text: str  # ovs-ofctl dump-groups syntax (or a summary for a group too large to dump)
 
 
+class _RecordedBundle:
+    """A ``datapath.StreamingBundle`` that counts its messages and commits them nowhere."""
+
+    def __init__(self, switch: RecordingSwitch) -> None:
+        self.switch = switch
+        self.count = 0
+
+    def add(self, msg: of.Message) -> int:
+        self.count += 1
+        return self.count
+
+    async def drain(self) -> None:
+        return None
+
+    async def commit(self) -> None:
+        self.switch.messages += self.count
+
+    async def discard(self) -> None:
+        self.count = 0
+
+
 class RecordingSwitch:
     """A ``datapath.Switch`` that holds nothing and accepts every bundle: a ``Datapath`` over
     it computes, stages and plans exactly what it would send to an empty switch."""
@@ -72,10 +93,10 @@ class RecordingSwitch:
     connected = True
 
     def __init__(self) -> None:
-        self.messages = 0
+        self.messages = 0  # messages committed, over all bundles
 
-    async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
-        self.messages += len(messages)
+    def bundle(self) -> _RecordedBundle:
+        return _RecordedBundle(self)
 
     async def group_ids(self) -> set[int]:
         return set()
