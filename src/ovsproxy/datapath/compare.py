@@ -31,6 +31,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.datapath import FlowKey, flow_key
 from ovsproxy.datapath.groups import InstalledGroup
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.protocol.actions import format_instructions
 
 MISSING, UNEXPECTED, DIFFERS = "missing", "unexpected", "differs"
 # The cookie bits a desired flow must match on the switch: app and category (not generation).
@@ -246,8 +247,8 @@ def _flow_detail(want: of.FlowMod, have: of.FlowMod) -> str:
     parts: list[str] = []
     if want.instructions != have.instructions:
         parts.append(
-            f"actions={of.format_instructions(have.instructions)}, "
-            f"wanted actions={of.format_instructions(want.instructions)}"
+            f"actions={format_instructions(have.instructions)}, "
+            f"wanted actions={format_instructions(want.instructions)}"
         )
     for name in ("idle_timeout", "hard_timeout", "flags", "importance"):
         if getattr(want, name) != getattr(have, name):
