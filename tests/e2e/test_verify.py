@@ -124,17 +124,16 @@ def test_verify_clean_then_every_kind_of_drift_then_repaired(node: Node) -> None
     # The first bucket's endpoint 10.244.0.11 (reg3) becomes 10.244.0.99.
     changed = group.strip().replace("set_field:0xaf4000b->reg3", "set_field:0xaf40063->reg3", 1)
     assert changed != group.strip(), group
-    node.sandbox.ofctl("mod-group", changed)
-    drift = node.verify()
+    with node.agent_paused():
+        node.sandbox.ofctl("mod-group", changed)
+        drift = node.verify()
     assert drift.returncode == 1, drift.stdout + drift.stderr
     assert f"differs group: group_id={gid}," in drift.stdout, drift.stdout
     assert "bucket missing: weight:100,actions=" in drift.stdout
     assert "bucket unexpected: weight:100,actions=" in drift.stdout
     assert "set_field:0xaf40063->reg3" in drift.stdout
-    # The agent's cheap drift check counts flows only: a changed bucket is repaired by the
-    # next full resync that sees drift or by a restart; verify is what finds it. Restore it.
-    node.sandbox.ofctl("mod-group", group.strip())
-    assert node.verify().returncode == 0
+    repaired = node.wait_clean()  # the agent's periodic drift check reads buckets too
+    assert repaired.returncode == 0, repaired.stdout
 
     # 3. Our IPv4 Service route deleted by hand.
     routes = node.sandbox.exec("ip", "route", "show", "proto", "155").stdout
@@ -173,3 +172,52 @@ def test_verify_reports_unexpected_flow_and_group_and_needs_ovs(node: Node) -> N
         timeout=60,
     )
     assert bare.returncode != 0 and "--ovsdb and --openflow" in bare.stderr
+
+
+def _big_service(endpoints: int) -> str:
+    """A Service whose group is too large for OVS to describe (GROUP_DESC over 64 KB), its
+    endpoints in slices of 1,000 (the API's limit)."""
+    docs = [
+        "apiVersion: v1\nkind: Service\nmetadata: {name: big, namespace: demo}\n"
+        "spec:\n  clusterIP: 10.96.0.50\n  ports: [{name: http, port: 80, targetPort: 8080}]\n"
+    ]
+    for start in range(0, endpoints, 1000):
+        addresses = "\n".join(
+            f"  - addresses: [10.245.{n // 250}.{n % 250 + 1}]\n    conditions: {{ready: true}}"
+            for n in range(start, min(start + 1000, endpoints))
+        )
+        docs.append(
+            "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+            f"metadata: {{name: big-{start}, namespace: demo, "
+            "labels: {kubernetes.io/service-name: big}}\n"
+            "addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\n"
+            f"endpoints:\n{addresses}\n"
+        )
+    return "---\n".join(docs)
+
+
+def test_verify_a_group_too_large_to_dump_by_count_and_bucket_probe(node: Node) -> None:
+    (node.manifests / "big.yaml").write_text(_big_service(1200))
+    node.agent.wait_for(
+        lambda: any(s["name"] == "demo/big:http/TCP" for s in node.agent.status()["services"]),
+        timeout=30,
+        what="the big Service",
+    )
+    big = next(s for s in node.agent.status()["services"] if s["name"] == "demo/big:http/TCP")
+    gid = big["group_ids"]["4"]
+    clean = node.wait_clean()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert (
+        f"note: group {gid}: 1200 buckets (too large to dump), bucket ids 0..1199" in clean.stdout
+    )
+    with node.agent_paused():
+        node.sandbox.ofctl("remove-buckets", f"group_id={gid},command_bucket_id=7")
+        drift = node.verify()
+    assert drift.returncode == 1, drift.stdout + drift.stderr
+    assert (
+        f"differs group: group_id={gid},type=select (1199 buckets, too large to dump)\n"
+        "    1199 buckets, wanted 1200"
+    ) in drift.stdout
+    assert "bucket ids not 0..1198" in drift.stdout
+    repaired = node.wait_clean()  # bucket counts are in the agent's drift check
+    assert repaired.returncode == 0, repaired.stdout

@@ -26,7 +26,7 @@ from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
-from ovsproxy.datapath.datapath import STATS_SAFE_BUCKETS, Datapath
+from ovsproxy.datapath.datapath import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS, Datapath
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.model import IPFamily, IPNetwork
 from ovsproxy.model.node import PodPort
@@ -38,8 +38,6 @@ from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 log = logging.getLogger("ovsproxy.verify")
-
-DUMP_MAX_BUCKETS = 1000  # GROUP_DESC entries above this overflow in OVS 3.1 (Channel.dump_groups)
 
 
 @dataclass
@@ -212,13 +210,13 @@ async def read_groups(
             "OVSDB-registered); a group of ours outside those is not seen"
         )
     views: dict[int, GroupView] = {}
-    small = [gid for gid, n in counts.items() if n is not None and n <= DUMP_MAX_BUCKETS]
+    small = [gid for gid, n in counts.items() if n is not None and n <= DESCRIBE_SAFE_BUCKETS]
     if len(small) == len(counts):
-        dumped = await channel.dump_groups(max_buckets=DUMP_MAX_BUCKETS) if small else []
+        dumped = await channel.dump_groups(max_buckets=DESCRIBE_SAFE_BUCKETS) if small else []
     else:
         dumped = []
         for gid in small:
-            dumped += await channel.dump_groups(gid, max_buckets=DUMP_MAX_BUCKETS)
+            dumped += await channel.dump_groups(gid, max_buckets=DESCRIBE_SAFE_BUCKETS)
     for group in dumped:
         if group.group_id in counts:
             views[group.group_id] = compare.installed_group_view(group)
