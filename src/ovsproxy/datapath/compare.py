@@ -50,8 +50,9 @@ class Difference:
     detail: str = ""
 
     def __str__(self) -> str:
-        line = f"{self.kind} {self.what}: {self.text}"
-        return line + (f"\n    {self.detail}" if self.detail else "")
+        lines = [f"{self.kind} {self.what}: {self.text}"]
+        lines += [f"    {part}" for part in self.detail.splitlines()]
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +233,7 @@ def _group_detail(want: GroupView, have: GroupView) -> str:
     if want.buckets is None or have.buckets is None:
         if want.n_buckets != have.n_buckets:
             parts.append(f"{have.n_buckets} buckets, wanted {want.n_buckets}")
-        return "; ".join(parts)
+        return "\n".join(parts)
     for label, side in (
         ("missing", want.buckets - have.buckets),
         ("unexpected", have.buckets - want.buckets),
@@ -240,7 +241,7 @@ def _group_detail(want: GroupView, have: GroupView) -> str:
         for (weight, actions), count in sorted(side.items(), key=lambda kv: kv[0][1]):
             times = f" x{count}" if count > 1 else ""
             parts.append(f"bucket {label}{times}: weight:{weight},actions={actions}")
-    return "; ".join(parts)
+    return "\n".join(parts)
 
 
 def _flow_detail(want: of.FlowMod, have: of.FlowMod) -> str:
@@ -255,7 +256,7 @@ def _flow_detail(want: of.FlowMod, have: of.FlowMod) -> str:
             parts.append(f"{name} {getattr(have, name)}, wanted {getattr(want, name)}")
     if (want.cookie ^ have.cookie) & _COOKIE_COMPARED:
         parts.append(f"cookie {have.cookie:#x}, wanted category of {want.cookie:#x}")
-    return "; ".join(parts)
+    return "\n".join(parts)
 
 
 def compare_switch(
