@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "check": "ovsproxy.cli.check_cmd:check",
     "sandbox": "ovsproxy.cli.sandbox_cmd:sandbox",
     "verify": "ovsproxy.cli.verify_cmd:verify",
+    "lab": "ovsproxy.cli.lab_cmd:lab",
 }
 
 
