@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.datapath import FlowKey, flow_key
-from ovsproxy.datapath.groups import InstalledGroup
+from ovsproxy.datapath.groups import InstalledGroup, SelectionMethod
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol.actions import format_instructions
 
@@ -119,21 +119,30 @@ def desired_group_view(group: InstalledGroup) -> GroupView:
         _bucket_text(spec.weight, spec.actions) for spec in group.buckets.values()
     )
     ordered = sorted(group.buckets.values(), key=lambda s: group.ids[s.key])
+    method = group.selection_method.to_text() if group.selection_method is not None else None
     text = f"group_id={group.group_id},type=select"
-    if group.selection_method:
-        text += f",selection_method={group.selection_method}"
+    if method:
+        text += f",{method}"
     for spec in ordered:
         text += "," + of.Bucket(group.ids[spec.key], spec.actions, spec.weight).to_text()
-    return GroupView(group.group_id, group.selection_method, len(ordered), buckets, text)
+    return GroupView(group.group_id, method, len(ordered), buckets, text)
+
+
+def installed_selection_method(group: of.GroupMod) -> SelectionMethod | None:
+    """A dumped group's selection method as the datapath keeps it."""
+    if not group.selection_method:
+        return None
+    return SelectionMethod(group.selection_method, tuple(f.name for f in group.fields))
 
 
 def installed_group_view(group: of.GroupMod) -> GroupView:
     buckets: Counter[tuple[int, str]] = Counter(
         _bucket_text(b.weight, b.actions) for b in group.buckets
     )
+    method = installed_selection_method(group)
     return GroupView(
         group.group_id,
-        group.selection_method,
+        method.to_text() if method is not None else None,
         len(group.buckets),
         buckets,
         of.format_group(group),
@@ -227,8 +236,8 @@ def _group_detail(want: GroupView, have: GroupView) -> str:
     parts: list[str] = []
     if want.selection_method != have.selection_method and have.buckets is not None:
         parts.append(
-            f"selection_method {have.selection_method or 'default'}, "
-            f"wanted {want.selection_method or 'default'}"
+            f"{have.selection_method or 'selection_method=default'}, "
+            f"wanted {want.selection_method or 'selection_method=default'}"
         )
     if want.buckets is None or have.buckets is None:
         if want.n_buckets != have.n_buckets:

@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.groups import GroupPlan, GroupSpec, InstalledGroup, delete_group, plan_group
+from ovsproxy.datapath.groups import (
+    GroupPlan,
+    GroupSpec,
+    InstalledGroup,
+    SelectionMethod,
+    delete_group,
+    plan_group,
+)
 from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
@@ -693,7 +700,12 @@ class Datapath:
             have = installed.get(group.group_id)
             if have is None:
                 continue
-            if group.selection_method != have.selection_method:
+            method = (
+                SelectionMethod(group.selection_method, tuple(f.name for f in group.fields))
+                if group.selection_method
+                else None
+            )
+            if method != have.selection_method:
                 return True
             ids = have.ids
             want = {(ids[k], spec.weight, spec.actions) for k, spec in have.buckets.items()}

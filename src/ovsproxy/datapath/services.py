@@ -27,6 +27,8 @@ ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
+IPPROTO_TCP = 6
+TCP_RST = 0x004  # tcp_flags bit
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -155,6 +157,25 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             ),
             (),
         )  # invalid: drop
+        # ...except an RST: the agent flushes its entry, the endpoint gets it (stale_reset)
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_INVALID_RST,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                tcp_flags=(TCP_RST, TCP_RST),
+            ),
+            _apply(
+                of.MeteredController(
+                    pl.INVALID_RST_MAX_LEN,
+                    userdata=pl.INVALID_RST_USERDATA,
+                    meter_id=pl.REJECT_METER_ID,
+                ),
+                of.Resubmit(t.forwarding),
+            ),
+        )
         # Established, related and reply packets skip Service selection.
         add(
             t.conntrack_state,
