@@ -24,7 +24,7 @@ What is compared, and what is not (on purpose):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
@@ -218,10 +218,14 @@ def group_mapping(
                 taken.add(installed)
     untied = [gid for gid in sorted(desired_groups) if gid not in mapping]
     for gid in untied:
-        want = desired_groups[gid]
+        wanted_group = desired_groups[gid]
         for candidate in sorted(installed_groups):
-            have = installed_groups[candidate]
-            if candidate not in taken and have.buckets is not None and have.buckets == want.buckets:
+            found_group = installed_groups[candidate]
+            if (
+                candidate not in taken
+                and found_group.buckets is not None
+                and found_group.buckets == wanted_group.buckets
+            ):
                 mapping[gid] = candidate
                 taken.add(candidate)
                 break
@@ -279,20 +283,20 @@ def compare_switch(
     diffs: list[Difference] = []
     wanted_ids: set[int] = set()
     for gid in sorted(desired_groups):
-        want = desired_groups[gid]
+        want_group = desired_groups[gid]
         target = mapping.get(gid)
         if target is None:  # its id is another group's on the switch: not installed
-            diffs.append(Difference(MISSING, "group", want.text))
+            diffs.append(Difference(MISSING, "group", want_group.text))
             continue
         wanted_ids.add(target)
-        have = installed_groups.get(target)
-        shown = want if target == gid else _renumber_view(want, target)
-        if have is None:
+        have_group = installed_groups.get(target)
+        shown = want_group if target == gid else _renumber_view(want_group, target)
+        if have_group is None:
             diffs.append(Difference(MISSING, "group", shown.text))
             continue
-        detail = _group_detail(want, have)
+        detail = _group_detail(want_group, have_group)
         if detail:
-            diffs.append(Difference(DIFFERS, "group", have.text, detail))
+            diffs.append(Difference(DIFFERS, "group", have_group.text, detail))
     for gid in sorted(set(installed_groups) - wanted_ids):
         diffs.append(Difference(UNEXPECTED, "group", installed_groups[gid].text))
     for key in sorted(
@@ -320,7 +324,7 @@ def _renumber_view(view: GroupView, group_id: int) -> GroupView:
 
 def _flow_order(
     desired: Mapping[FlowKey, of.FlowMod], installed: Mapping[FlowKey, of.FlowMod]
-) -> object:
+) -> Callable[[FlowKey], tuple[int, int, str]]:
     def order(key: FlowKey) -> tuple[int, int, str]:
         flow = desired.get(key) or installed[key]
         return (flow.table_id, -flow.priority, of.format_flow(flow))

@@ -70,9 +70,10 @@ def flush_for(packet_in: of.PacketIn) -> CtFlush | None:
     return CtFlush(zone=int(zone), ip_proto=IPPROTO_TCP, reply=(dst, src, dport, sport))
 
 
-def _tcp_addresses(
-    frame: bytes,
-) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...] | None:
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _tcp_addresses(frame: bytes) -> tuple[IPAddress, IPAddress, int, int] | None:
     """(src, dst, src port, dst port) of an Ethernet + IPv4/IPv6 + TCP frame (no VLAN tags,
     no IPv6 extension headers: what the pipeline sees from pods and the gateway)."""
     if len(frame) < 14:
@@ -81,8 +82,8 @@ def _tcp_addresses(
     if ethertype == ETH_IPV4 and len(frame) >= 34 and frame[23] == IPPROTO_TCP:
         ihl = (frame[14] & 0x0F) * 4
         l4 = 14 + ihl
-        src: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(frame[26:30])
-        dst: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.IPv4Address(frame[30:34])
+        src: IPAddress = ipaddress.IPv4Address(frame[26:30])
+        dst: IPAddress = ipaddress.IPv4Address(frame[30:34])
     elif ethertype == ETH_IPV6 and len(frame) >= 54 and frame[20] == IPPROTO_TCP:
         l4 = 54
         src, dst = ipaddress.IPv6Address(frame[22:38]), ipaddress.IPv6Address(frame[38:54])
@@ -91,7 +92,7 @@ def _tcp_addresses(
     if len(frame) < l4 + 4:
         return None
     sport, dport = struct.unpack_from("!HH", frame, l4)
-    return src, dst, sport, dport  # type: ignore[return-value]
+    return src, dst, int(sport), int(dport)
 
 
 class StaleResetFlusher:
