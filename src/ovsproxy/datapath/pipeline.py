@@ -14,10 +14,10 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              re-applies DNAT to established Service connections; a hairpin
                              reply (to the virtual Service IP) is first un-SNATed in zone H, a
                              reply to the host-SNAT address in zone S (HIGH)
-     11    ConntrackState    +inv -> drop, except a TCP RST (INVALID_RST: to the agent, which
-                             flushes its conntrack entry, and on to Forwarding, NATed like its
-                             connection); established/related -> Forwarding (skip Service
-                             selection); new -> SessionAffinity
+     11    ConntrackState    +inv -> drop, except a TCP RST without ACK (INVALID_RST: to the
+                             agent, which flushes its conntrack entry, and on to Forwarding,
+                             NATed like its connection); established/related -> Forwarding
+                             (skip Service selection); new -> SessionAffinity
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
                              it used last (reg3/xxreg3, reg4), idle timeout = the affinity
                              timeout (refreshed by each new connection); miss: "to select"

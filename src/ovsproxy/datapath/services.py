@@ -28,7 +28,7 @@ ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
 IPPROTO_TCP = 6
-TCP_RST = 0x004  # tcp_flags bit
+TCP_RST, TCP_ACK = 0x004, 0x010  # tcp_flags bits
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -165,7 +165,10 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
                 eth_type=eth_type(family),
                 ip_proto=IPPROTO_TCP,
                 ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
-                tcp_flags=(TCP_RST, TCP_RST),
+                # RST without ACK: how a TCP answers a segment no connection of its owns
+                # (RFC 9293 3.10.7.3), the stray ACK here; an abort of a live connection
+                # carries ACK and stays dropped when invalid.
+                tcp_flags=(TCP_RST, TCP_RST | TCP_ACK),
             ),
             _apply(
                 of.MeteredController(

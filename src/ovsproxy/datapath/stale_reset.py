@@ -20,7 +20,8 @@ What happens (found by restarting vswitchd under load; tests/e2e/test_restart_ti
 
 What a proxy does (Linux's conntrack, and so kube-proxy, accepts an RST that answers such an
 ACK; two Linux hosts without conntrack recover the same way): ConntrackState lets an invalid
-RST go on, NATed like its connection by the ct(nat) before (so the endpoint's TIME_WAIT ends),
+RST without ACK (how a TCP answers a segment of no connection of its own) go on, NATed like
+its connection by the ct(nat) before (so the endpoint's TIME_WAIT ends),
 and sends a copy to the agent (metered with the reject meter), which deletes the connection's
 entry with NXT_CT_FLUSH (the zone from the packet-in, the reply tuple from the NATed RST: Open
 vSwitch gives no conntrack tuple for an invalid packet). The client's next SYN retransmission
