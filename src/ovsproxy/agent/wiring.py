@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ovsproxy.agent.ovsdb_link import OVSDBLink
+    from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.model.node import PodPort
     from ovsproxy.ovs.sandbox import Sandbox
     from ovsproxy.proxy.runner import SyncRunner
@@ -59,6 +60,7 @@ class Components:
     source: ManifestSource | KubernetesSource | None = None
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
+    pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
 
 
 # -- the source -------------------------------------------------------------------------------
