@@ -50,6 +50,12 @@ def _options(func: Any) -> Any:
             "--node-name",
             help="this node's name, for traffic policies Local [the host name]",
         ),
+        click.option(
+            "--host-snat-ip",
+            multiple=True,
+            help="standalone: an unused pod-CIDR address per family, resolved to the virtual "
+            "MAC on the gateway; node-originated Service traffic to other nodes is SNATed to it",
+        ),
         click.option("--zone", help="this node's topology zone"),
         click.option(
             "--service-cidr",
