@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "check": "ovsproxy.cli.check_cmd:check",
     "sandbox": "ovsproxy.cli.sandbox_cmd:sandbox",
     "lab": "ovsproxy.cli.lab_cmd:lab",
+    "trace": "ovsproxy.cli.trace_cmd:trace",
 }
 
 
