@@ -66,9 +66,7 @@ def _ip(text: str) -> IPAddress | None:
         return None
 
 
-def resolve_source(
-    text: str, pods: Sequence[PodPort], gateway: str, gateway_mac: str
-) -> Source:
+def resolve_source(text: str, pods: Sequence[PodPort], gateway: str, gateway_mac: str) -> Source:
     """SRC: "node", a pod on this node (name, namespace/name or one of its IPs), or any other
     address (a packet arriving from the gateway: another node's pod, an outside client)."""
     if text == "node":
@@ -131,7 +129,7 @@ def resolve_destination(
         candidates.append(entry)
     if len(candidates) > 1:
         choices = ", ".join(
-            f"{str(e['port'])}/{_service_name(e)[2]} ({e['name']})" for e in candidates
+            f"{e['port']!s}/{_service_name(e)[2]} ({e['name']})" for e in candidates
         )
         raise TraceError(f"DST {text!r} has several ports; add :PORT and/or --proto: {choices}")
     if not candidates:
@@ -189,6 +187,7 @@ def pipeline_of(ovs: Mapping[str, Any]) -> tuple[pl.Tables, pl.Mode]:
 
 
 def report(
+    *,
     source: Source,
     dest: Destination,
     src_ip: IPAddress,
@@ -201,7 +200,8 @@ def report(
     """The JSON result (the text output is rendered from it)."""
     reason = ex.reason
     if ex.verdict == "dropped" and context.get("action") == "drop":
-        reason = f"{context['reason']} (the frontend flow drops it, {reason.rpartition(', in ')[2]})"
+        where = reason.rpartition(", in ")[2]
+        reason = f"{context['reason']} (the frontend flow drops it, {where})"
     elif ex.verdict == "rejected" and context.get("reason"):
         reason = f"{context['reason']}: {reason}"
     endpoint_pod = ""
@@ -331,7 +331,7 @@ def run_trace(appctl_target: str, args: Sequence[str]) -> str:
 @click.option("--address", default="127.0.0.1:10256", show_default=True, help=ADDRESS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="the result as JSON")
 @click.option("--raw", is_flag=True, help="also print OVS's own trace")
-def trace(
+def trace(  # noqa: PLR0917 - click passes the options positionally
     src: str,
     dst: str,
     proto: str | None,
@@ -353,7 +353,9 @@ def trace(
     status = json.loads(_get(address, "/status"))
     ovs = status.get("ovs")
     if not ovs:
-        raise TraceError(f"the agent at {address} does not report its switch (/status has no 'ovs')")
+        raise TraceError(
+            f"the agent at {address} does not report its switch (/status has no 'ovs')"
+        )
     tables, mode = pipeline_of(ovs)
     pods, gw_ofport, gw_mac = _switch_facts(ovs)
     source = resolve_source(src, pods, str(ovs["gateway"]), gw_mac)
@@ -394,12 +396,23 @@ def trace(
         parsed = tr.parse_trace(text)
     except tr.TraceParseError as exc:
         raise TraceError(f"{exc}\n{text}") from exc
-    ports = {p.ofport: tr.Port(p.ofport, p.interface, "pod", f"{p.namespace}/{p.name}") for p in pods}
+    ports = {
+        p.ofport: tr.Port(p.ofport, p.interface, "pod", f"{p.namespace}/{p.name}") for p in pods
+    }
     ports[gw_ofport] = tr.Port(gw_ofport, str(ovs["gateway"]), "gateway")
     ex = tr.explain(parsed, tables, mode, ports)
     names = {ip: f"{p.namespace}/{p.name}" for ip, p in pod_ips.items()}
     node = f"node {status['node_name']}" if status.get("node_name") else "this node"
-    result = report(source, dest, src_ip, source_port, ex, service_context(dest), names, node)
+    result = report(
+        source=source,
+        dest=dest,
+        src_ip=src_ip,
+        src_port=source_port,
+        ex=ex,
+        context=service_context(dest),
+        pods_by_ip=names,
+        node=node,
+    )
     result["command"] = ["ovs-appctl", "-t", target, *args]
     if raw:
         result["ofproto_trace"] = text

@@ -523,8 +523,10 @@ def explain(
                 drop_step = ex
     final = trace.passes[-1].datapath_actions
     if verdict == "rejected":
-        answer = "a TCP RST" if "tcp" in trace.passes[0].flow.split(",")[0] else (
-            "an ICMP port unreachable"
+        answer = (
+            "a TCP RST"
+            if "tcp" in trace.passes[0].flow.split(",")[0]
+            else ("an ICMP port unreachable")
         )
         reason = f"ServiceLB sends the first packet to the agent, which answers with {answer}"
     elif last_exit and final != "drop":
