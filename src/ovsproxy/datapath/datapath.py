@@ -18,13 +18,13 @@ written while Open vSwitch decodes the ones before them, so a full sync costs ab
 max(planning, OVS) instead of their sum. To keep both sides busy, the flows that use no group
 are interleaved with the group messages: a group costs us far more to plan than it costs OVS
 to take in, a flow the other way round (with every flow after the groups, OVS was the
-bottleneck for the flows and idle during the groups: 0.2 s of waiting in a 10,000-Service
-sync).
+bottleneck for the flows and idle during the groups; bench ``full-sync`` reports the tail).
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
-collection of the cyclic collector would traverse them again (60% of a 10,000-Service sync
-with the default thresholds, and ~1 s per full collection afterwards). So:
+collection of the cyclic collector would traverse them again (most of a 10,000-Service sync
+with the default thresholds, and every full collection afterwards; bench ``full-sync`` reports
+the time still spent in the collector). So:
 
 * the collector is paused from a ``stage`` until the event loop next runs (a burst of staging
   is synchronous code: the proxier stages every changed Service, then awaits the commit), and

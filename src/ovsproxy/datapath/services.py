@@ -5,7 +5,8 @@ datapath diffs these against what is installed. Flow values are cached per endpo
 pipeline, so a full resync re-uses the same objects (and their encoded bytes) instead of
 rebuilding 100,000 of them. The shapes built per endpoint and per frontend (EndpointDNAT and
 ServiceLB flows, the endpoint's set_field) come from the codec's templates
-(``openflow.protocol.templates``): the values the generic constructors build, 4-5x cheaper.
+(``openflow.protocol.templates``): the values the generic constructors build, several times
+cheaper (bench ``encode``).
 """
 
 from __future__ import annotations
@@ -379,7 +380,7 @@ _new_tuple = tuple.__new__
 
 
 # Endpoint values are keyed by (address as an int, port, IP version): a tuple of ints hashes
-# in C (an (ipaddress, port) key hashes in Python, 1 us per endpoint). The address and version
+# in C (an (ipaddress, port) key hashes in Python, per endpoint). The address and version
 # are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
 EndpointKey = tuple[int, int, int]
 _IPV4 = ipaddress.IPv4Address

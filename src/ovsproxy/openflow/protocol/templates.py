@@ -4,7 +4,7 @@ A Service proxy builds the same few shapes over and over: per endpoint an Endpoi
 (match on the endpoint's address and port in registers, ``ct(commit, nat(dst=IP:PORT))``), a
 set_field of its address and a bucket; per frontend a ServiceLB flow (match on the address and
 port, ``group:G``). The generic constructors validate, canonicalise and encode every part of
-every value (13 us for one EndpointDNAT flow); here a shape is prepared once and each value
+every value (bench ``encode`` measures both paths); here a shape is prepared once and each value
 is then a few byte joins and ``tuple.__new__`` calls.
 
 How a template is made, so it cannot drift from the codec: it builds a *sample* value with the
