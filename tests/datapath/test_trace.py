@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from ovsproxy.cli.trace_cmd import TraceError, resolve_destination, resolve_source
+from ovsproxy.cli.trace_cmd import (
+    TraceError,
+    frontends_of,
+    resolve_destination,
+    resolve_source,
+    service_context,
+    source_range_block,
+    traced_address,
+)
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import trace as tr
 from ovsproxy.model import IPFamily
@@ -287,3 +295,88 @@ def test_resolve_destination() -> None:
         resolve_destination("lab/nope:80", SERVICES, None, [4])
     with pytest.raises(TraceError, match="give a port number"):
         resolve_destination("10.244.2.10", SERVICES, None, [4])
+
+
+# External, load-balancer and NodePort frontends, in /status's format (``families.*.external``;
+# ``type``, ``node_port``, ``load_balancer_ips``, ``load_balancer_source_ranges`` per port and
+# ``node_ports.node_port_ips`` once the NodePort wiring reports them).
+LB = {
+    "name": "lab/lb:http/TCP",
+    "cluster_ips": ["10.96.0.60"],
+    "port": 80,
+    "node_port": 30080,
+    "external_ips": ["192.0.2.7"],
+    "load_balancer_ips": ["198.51.100.5"],
+    "load_balancer_source_ranges": ["203.0.113.0/24"],
+    "external_traffic_policy": "Local",
+    "families": {
+        "IPv4": {
+            "frontends": ["10.96.0.60"],
+            "endpoints": ["10.244.1.10:8080"],
+            "action": "forward",
+            "reason": "",
+            "external": {
+                "frontends": ["192.0.2.7", "198.51.100.5"],
+                "endpoints": [],
+                "action": "drop",
+                "reason": "externalTrafficPolicy Local: no usable endpoint on this node",
+            },
+        }
+    },
+}
+OUTSIDE = resolve_source("203.0.113.9", [POD], "gw0", "ee:ee")
+STRANGER = resolve_source("192.168.50.100", [POD], "gw0", "ee:ee")
+
+
+def test_external_and_load_balancer_frontends() -> None:
+    assert [(str(a), k) for a, k in frontends_of(LB)] == [
+        ("10.96.0.60", "ClusterIP"),
+        ("192.0.2.7", "external IP"),
+        ("198.51.100.5", "LoadBalancer IP"),
+    ]
+    lb = resolve_destination("198.51.100.5:80", [LB], None, [4])
+    assert (lb.kind, lb.port) == ("LoadBalancer IP", 80)
+    context = service_context(lb)  # the external selection, not the ClusterIPs'
+    assert context["action"] == "drop" and context["reason"].startswith("externalTrafficPolicy")
+    assert service_context(resolve_destination("lab/lb", [LB], None, [4]))["action"] == "forward"
+
+
+def test_load_balancer_source_ranges() -> None:
+    lb = resolve_destination("198.51.100.5:80", [LB], None, [4])
+    assert source_range_block(OUTSIDE.ips[0], lb) == ""
+    blocked = source_range_block(STRANGER.ips[0], lb)
+    assert "192.168.50.100 is in none of 203.0.113.0/24" in blocked
+    # only load-balancer IPs are restricted (kube-proxy's semantics, capture.desired)
+    external = resolve_destination("192.0.2.7:80", [LB], None, [4])
+    assert source_range_block(STRANGER.ips[0], external) == ""
+    # ranges of the other family do not restrict this one
+    v6_only = {**LB, "load_balancer_source_ranges": ["2001:db8::/32"]}
+    assert (
+        source_range_block(
+            STRANGER.ips[0], resolve_destination("198.51.100.5:80", [v6_only], None, [4])
+        )
+        == ""
+    )
+
+
+def test_node_port() -> None:
+    node_ips = ["192.168.50.1"]
+    by_ip = resolve_destination("192.168.50.1:30080", [LB], None, [4], node_ips)
+    assert (by_ip.kind, str(by_ip.ip), by_ip.port, by_ip.service) == (
+        "NodePort",
+        "192.168.50.1",
+        30080,
+        LB,
+    )
+    assert resolve_destination("node:30080", [LB], None, [4], node_ips).ip == by_ip.ip
+    # from outside OVS it arrives DNATed to the virtual NodePort IP; a pod's as sent
+    ip, note = traced_address(by_ip, STRANGER)
+    assert ip == pl.VIRTUAL_NODEPORT_IP[IPFamily.IPv4] and "capture table DNATs" in note
+    assert traced_address(by_ip, resolve_source("client-1", [POD], "gw0", "ee:ee")) == (
+        by_ip.ip,
+        "",
+    )
+    with pytest.raises(TraceError, match="no Service has nodePort 30999"):
+        resolve_destination("node:30999", [LB], None, [4], node_ips)
+    with pytest.raises(TraceError, match="needs a nodePort"):
+        resolve_destination("node", [LB], None, [4], node_ips)

@@ -23,7 +23,7 @@ import click
 from ovsproxy.cli.status_cmd import ADDRESS_HELP, _get
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import trace as tr
-from ovsproxy.model import IPAddress
+from ovsproxy.model import IPAddress, IPFamily
 from ovsproxy.model.node import VIRTUAL_MAC, PodPort
 
 DEFAULT_SOURCE_PORT = 40000
@@ -103,33 +103,52 @@ def _service_name(entry: Mapping[str, Any]) -> tuple[str, str, str]:
     return base, port_name, proto.lower()
 
 
+def frontends_of(entry: Mapping[str, Any]) -> list[tuple[IPAddress, str]]:
+    """(address, kind) of a Service port's address frontends in ServiceLB: its ClusterIPs,
+    then its external and load-balancer IPs (``families.*.external`` of /status)."""
+    lb_ips = {str(_ip(a)) for a in entry.get("load_balancer_ips", ())}
+    out = [(a, "ClusterIP") for c in entry.get("cluster_ips", ()) if (a := _ip(c)) is not None]
+    for sel in (entry.get("families") or {}).values():
+        for text in (sel.get("external") or {}).get("frontends", ()):
+            if (a := _ip(text)) is not None:
+                out.append((a, "LoadBalancer IP" if str(a) in lb_ips else "external IP"))
+    return out
+
+
 def resolve_destination(
     text: str,
     services: Sequence[Mapping[str, Any]],
     protocol: str | None,
     families: Sequence[int],
+    node_ips: Sequence[str] = (),
 ) -> Destination:
-    """DST: a Service (namespace/name), one of its frontends (ClusterIP), or any address, with
-    an optional :PORT (number, or for a Service its port name). ``families`` are the IP
-    versions the source has, in order of preference."""
+    """DST: a Service (namespace/name), one of its frontends (ClusterIP, external or
+    load-balancer IP; a node IP or ``node`` with a nodePort), or any address, with an optional
+    :PORT (number, or for a Service its port name). ``families`` are the IP versions the
+    source has, in order of preference; ``node_ips`` the node's NodePort addresses."""
     host, port_text = _split_port(text)
     ip = _ip(host)
-    candidates: list[Mapping[str, Any]] = []
+    if host == "node" or (ip is not None and str(ip) in node_ips):
+        return _node_port(text, host, ip, port_text, services, protocol, families, node_ips)
+    candidates: list[tuple[Mapping[str, Any], str]] = []
     for entry in services:
         base, port_name, proto = _service_name(entry)
+        kind = "ClusterIP"
         if ip is not None:
-            if str(ip) not in {str(_ip(c)) for c in entry.get("cluster_ips", ())}:
+            kinds = {str(a): k for a, k in frontends_of(entry)}
+            if str(ip) not in kinds:
                 continue
+            kind = kinds[str(ip)]
         elif base != host:
             continue
         if protocol and proto != protocol:
             continue
         if port_text and port_text not in (str(entry.get("port")), port_name):
             continue
-        candidates.append(entry)
+        candidates.append((entry, kind))
     if len(candidates) > 1:
         choices = ", ".join(
-            f"{e['port']!s}/{_service_name(e)[2]} ({e['name']})" for e in candidates
+            f"{e['port']!s}/{_service_name(e)[2]} ({e['name']})" for e, _ in candidates
         )
         raise TraceError(f"DST {text!r} has several ports; add :PORT and/or --proto: {choices}")
     if not candidates:
@@ -146,33 +165,103 @@ def resolve_destination(
         if not port_text.isdigit():
             raise TraceError(f"DST {text!r}: not a Service frontend; give a port number")
         return Destination(ip, int(port_text), protocol or "tcp", None, "address")
-    entry = candidates[0]
+    entry, kind = candidates[0]
     proto = _service_name(entry)[2]
     if ip is None:
-        ips = [a for c in entry.get("cluster_ips", ()) if (a := _ip(c)) is not None]
+        ips = [a for a, k in frontends_of(entry) if k == "ClusterIP"]
         ip = next((a for f in families for a in ips if a.version == f), None)
         if ip is None:
             have = ", ".join(str(a) for a in ips) or "none"
             raise TraceError(
                 f"DST {text!r}: no ClusterIP of a family the source has (ClusterIPs: {have})"
             )
-    return Destination(ip, int(entry["port"]), proto, entry, "ClusterIP")
+    return Destination(ip, int(entry["port"]), proto, entry, kind)
+
+
+def _node_port(  # noqa: PLR0917 - resolve_destination's own values, passed on
+    text: str,
+    host: str,
+    ip: IPAddress | None,
+    port_text: str,
+    services: Sequence[Mapping[str, Any]],
+    protocol: str | None,
+    families: Sequence[int],
+    node_ips: Sequence[str],
+) -> Destination:
+    """DST ``node:NODEPORT`` or ``NODE_IP:NODEPORT``."""
+    if not port_text.isdigit():
+        raise TraceError(f"DST {text!r}: a node address needs a nodePort")
+    found = [
+        e
+        for e in services
+        if e.get("node_port") == int(port_text)
+        and (not protocol or _service_name(e)[2] == protocol)
+    ]
+    if not found:
+        raise TraceError(f"DST {text!r}: no Service has nodePort {port_text}")
+    if len(found) > 1:
+        names = ", ".join(str(e["name"]) for e in found)
+        raise TraceError(f"DST {text!r}: nodePort {port_text} of several ports; --proto: {names}")
+    if ip is None:
+        own = [a for n in node_ips if (a := _ip(n)) is not None]
+        ip = next((a for f in families for a in own if a.version == f), None)
+        if ip is None:
+            raise TraceError(f"DST {text!r}: the agent reports no NodePort address of the family")
+    return Destination(ip, int(port_text), _service_name(found[0])[2], found[0], "NodePort")
+
+
+def source_range_block(source_ip: IPAddress, dest: Destination) -> str:
+    """Why the node's capture table drops a connection from ``source_ip`` to a load-balancer
+    IP before OVS sees it ("" when it does not): ``loadBalancerSourceRanges`` of the LB IP's
+    family, when the Service lists any (kube-proxy's nftables semantics, ``capture.desired``;
+    the node-primary-IP exception is not modelled here)."""
+    if dest.kind != "LoadBalancer IP" or dest.service is None:
+        return ""
+    ranges = []
+    for text in dest.service.get("load_balancer_source_ranges", ()):
+        try:
+            ranges.append(ipaddress.ip_network(text, strict=False))
+        except ValueError:
+            continue
+    ranges = [r for r in ranges if r.version == dest.ip.version]
+    if not ranges or any(source_ip in r for r in ranges):
+        return ""
+    listed = ", ".join(str(r) for r in ranges)
+    return (
+        f"loadBalancerSourceRanges: {source_ip} is in none of {listed}; the node's capture "
+        "table drops it before it reaches Open vSwitch"
+    )
+
+
+def traced_address(dest: Destination, source: Source) -> tuple[IPAddress, str]:
+    """The destination address OVS sees, and what happened before OVS ("" when nothing): a
+    NodePort from outside OVS (the node, another host) reaches it DNATed by the node's
+    capture table to the virtual NodePort IP, its port kept; a pod's reaches OVS as sent."""
+    if dest.kind != "NodePort" or source.kind == "pod":
+        return dest.ip, ""
+    virtual = pl.VIRTUAL_NODEPORT_IP[IPFamily.of(dest.ip)]
+    return virtual, f"the node's capture table DNATs {dest.text} to {virtual} (not traced)"
 
 
 def service_context(dest: Destination) -> dict[str, Any]:
     """What the agent says about the destination's family: its action, reason and the
-    endpoints it leaves out (and why)."""
+    endpoints it leaves out (and why) — the external selection for external, load-balancer
+    and NodePort frontends."""
     if dest.service is None:
         return {}
     family = f"IPv{dest.ip.version}"
     sel = (dest.service.get("families") or {}).get(family) or {}
+    if dest.kind != "ClusterIP" and sel.get("external"):
+        sel = {**sel, **sel["external"]}
     return {
         "name": dest.service["name"],
+        "frontend_kind": dest.kind,
         "action": sel.get("action"),
         "reason": sel.get("reason", ""),
         "endpoints": sel.get("endpoints", []),
         "excluded": sel.get("excluded", {}),
         "internal_traffic_policy": dest.service.get("internal_traffic_policy"),
+        "external_traffic_policy": dest.service.get("external_traffic_policy"),
     }
 
 
@@ -237,12 +326,14 @@ def render_text(result: Mapping[str, Any]) -> list[str]:
     src, dst = result["source"], result["destination"]
     sip = f"[{src['ip']}]" if ":" in src["ip"] else src["ip"]
     dip = f"[{dst['ip']}]" if ":" in dst["ip"] else dst["ip"]
-    svc = f" (Service {dst['service']})" if dst.get("service") else ""
+    svc = f" ({dst['kind']} of {dst['service']})" if dst.get("service") else ""
     lines = [
         f"trace {dst['protocol'].upper()} {sip}:{src['port']} -> {dip}:{dst['port']}{svc}",
         f"  from {src['label']}, in on {src['interface']}, on {result['node']}",
-        "",
     ]
+    if result.get("before_ovs"):
+        lines.append(f"  first     {result['before_ovs']}")
+    lines.append("")
     for step in result["steps"]:
         prio = "miss" if step["priority"] is None else f"prio {step['priority']}"
         match = step["match"] or "*"
@@ -360,7 +451,8 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     pods, gw_ofport, gw_mac = _switch_facts(ovs)
     source = resolve_source(src, pods, str(ovs["gateway"]), gw_mac)
     families = [ip.version for ip in source.ips] or [4, 6]
-    dest = resolve_destination(dst, status.get("services", []), proto, families)
+    node_ips = (status.get("node_ports") or {}).get("node_port_ips") or ()
+    dest = resolve_destination(dst, status.get("services", []), proto, families, node_ips)
     src_ip = source.ip_for(dest.ip.version)
     if source.kind == "node":
         src_ip = _node_source_ip(status.get("node_namespace"), dest.ip)
@@ -374,16 +466,34 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     else:
         local = pod_ips.get(str(dest.ip))
         dst_mac = local.mac if local else gw_mac
+    traced_ip, before_ovs = traced_address(dest, source)
     flow = tr.trace_flow(
         in_port=source.interface,
         protocol=dest.protocol,
         src_mac=source.mac,
         dst_mac=dst_mac,
         src_ip=str(src_ip),
-        dst_ip=str(dest.ip),
+        dst_ip=str(traced_ip),
         src_port=source_port,
         dst_port=dest.port,
     )
+    names = {ip: f"{p.namespace}/{p.name}" for ip, p in pod_ips.items()}
+    node = f"node {status['node_name']}" if status.get("node_name") else "this node"
+    blocked = source_range_block(src_ip, dest) if source.kind != "pod" else ""
+    if blocked:  # never reaches the switch: nothing to trace
+        ex = tr.Explanation(verdict="dropped", reason=blocked, steps=())
+        result = report(
+            source=source,
+            dest=dest,
+            src_ip=src_ip,
+            src_port=source_port,
+            ex=ex,
+            context=service_context(dest),
+            pods_by_ip=names,
+            node=node,
+        )
+        _print(result, as_json)
+        return
     target = vswitchd_control_socket(str(ovs.get("openflow") or ""))
     if target is None:
         raise TraceError(
@@ -401,8 +511,6 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     }
     ports[gw_ofport] = tr.Port(gw_ofport, str(ovs["gateway"]), "gateway")
     ex = tr.explain(parsed, tables, mode, ports)
-    names = {ip: f"{p.namespace}/{p.name}" for ip, p in pod_ips.items()}
-    node = f"node {status['node_name']}" if status.get("node_name") else "this node"
     result = report(
         source=source,
         dest=dest,
@@ -414,11 +522,16 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
         node=node,
     )
     result["command"] = ["ovs-appctl", "-t", target, *args]
+    result["before_ovs"] = before_ovs or None
     if raw:
         result["ofproto_trace"] = text
+        if not as_json:
+            click.echo(text)
+    _print(result, as_json)
+
+
+def _print(result: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    if raw:
-        click.echo(text)
-    click.echo("\n".join(render_text(result)))
+    else:
+        click.echo("\n".join(render_text(result)))

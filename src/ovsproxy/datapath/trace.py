@@ -398,6 +398,18 @@ def _nat_changes(p: Pass, zones: Mapping[int, str]) -> list[Nat]:
     return out
 
 
+_REG0_SET = re.compile(rf"^set_field:(0x[0-9a-f]+)(?:/0x[0-9a-f]+)?->{pl.FROM_POD_REG}$")
+
+
+def _reg0_marks(actions: Sequence[str]) -> int:
+    """The bits a flow sets in the register of the FROM_POD (and FROM_NODE) marks."""
+    bits = 0
+    for text in actions:
+        if m := _REG0_SET.match(text):
+            bits |= int(m.group(1), 16)
+    return bits
+
+
 def _step_note(
     step: Step, name: str, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int, str]
 ) -> str:
@@ -407,8 +419,13 @@ def _step_note(
     if prio is None:
         return "no flow matched: dropped"
     if t == tables.classifier:
-        if cat == pl.Category.FORWARDING and prio == pl.PRIORITY_LOW:
+        marks = _reg0_marks(texts)
+        if marks & pl.FROM_POD:
             return "from a local pod's port (FROM_POD)"
+        # FROM_NODE comes with the NodePort wiring (pipeline.FROM_NODE)
+        from_node = getattr(pl, "FROM_NODE", 0)
+        if from_node and marks & from_node:
+            return "from one of the node's own addresses (FROM_NODE)"
         if prio == pl.PRIORITY_SPOOFED:
             return "a local pod's address from another port: dropped (spoofed)"
         if prio == pl.PRIORITY_NORMAL:
