@@ -289,8 +289,7 @@ def report(
     """The JSON result (the text output is rendered from it)."""
     reason = ex.reason
     if ex.verdict == "dropped" and context.get("action") == "drop":
-        where = reason.rpartition(", in ")[2]
-        reason = f"{context['reason']} (the frontend flow drops it, {where})"
+        reason = f"{context['reason']}: its frontend flow drops it, in {ex.drop_at}"
     elif ex.verdict == "rejected" and context.get("reason"):
         reason = f"{context['reason']}: {reason}"
     endpoint_pod = ""
@@ -350,7 +349,8 @@ def render_text(result: Mapping[str, Any]) -> list[str]:
         of_n = f" of {result['buckets']}" if result["buckets"] else ""
         lines.append(f"  group      {result['group_id']}, bucket {result['bucket']}{of_n}")
     if result["endpoint"]:
-        pod = f" (pod {result['endpoint_pod']})" if result["endpoint_pod"] else " (not a pod here)"
+        pod = f"pod {result['endpoint_pod']}" if result["endpoint_pod"] else "not a pod of this node"
+        pod = f" ({pod})"
         lines.append(f"  endpoint   {result['endpoint']}{pod}")
     for n in result["nat"]:
         lines.append(f"  {n['kind']:<10} {n['from']} -> {n['to']} (zone {n['zone_name']})")

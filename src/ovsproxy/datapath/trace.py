@@ -300,6 +300,7 @@ class Explanation:
     endpoint: str = ""  # address:port the connection is DNATed to
     nat: tuple[Nat, ...] = ()
     leaves: Mapping[str, Any] = field(default_factory=dict)
+    drop_at: str = ""  # the table (and priority) of the flow that dropped it
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -313,6 +314,7 @@ class Explanation:
             "endpoint": self.endpoint or None,
             "nat": [n.as_dict() for n in self.nat],
             "leaves": dict(self.leaves),
+            "drop_at": self.drop_at or None,
             "steps": [s.as_dict() for s in self.steps],
         }
 
@@ -499,7 +501,7 @@ def explain(
     frontend, frontend_priority = "", None
     group_id = bucket = buckets = None
     endpoint = ""
-    verdict, reason = "", ""
+    verdict, reason, drop_at = "", "", ""
     last_exit: dict[str, Any] = {}
     drop_step: ExplainedStep | None = None
     for index, p in enumerate(trace.passes):
@@ -553,7 +555,7 @@ def explain(
         if drop_step is not None:
             where = f"{drop_step.table_name} (table {drop_step.table}"
             where += f", priority {drop_step.priority})" if drop_step.priority is not None else ")"
-            reason = f"{drop_step.note or 'dropped'}, in {where}"
+            reason, drop_at = f"{drop_step.note or 'dropped'}, in {where}", where
         else:
             reason = f"dropped (datapath actions: {final or 'none'})"
     return Explanation(
@@ -568,6 +570,7 @@ def explain(
         endpoint=endpoint,
         nat=tuple(nat),
         leaves=last_exit if verdict == "forwarded" else {},
+        drop_at=drop_at,
     )
 
 
