@@ -349,8 +349,8 @@ def render_text(result: Mapping[str, Any]) -> list[str]:
         of_n = f" of {result['buckets']}" if result["buckets"] else ""
         lines.append(f"  group      {result['group_id']}, bucket {result['bucket']}{of_n}")
     if result["endpoint"]:
-        pod = f"pod {result['endpoint_pod']}" if result["endpoint_pod"] else "not a pod of this node"
-        pod = f" ({pod})"
+        owner = result["endpoint_pod"]
+        pod = f" (pod {owner})" if owner else " (not a pod of this node)"
         lines.append(f"  endpoint   {result['endpoint']}{pod}")
     for n in result["nat"]:
         lines.append(f"  {n['kind']:<10} {n['from']} -> {n['to']} (zone {n['zone_name']})")
