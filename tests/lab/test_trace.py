@@ -146,3 +146,46 @@ def test_local_policy_from_the_wrong_node_says_dropped_and_why(lab: Lab) -> None
     assert result["endpoint_pod"] == "lab/web-3"
     answer = request(client_pod(lab.nodes["node-3"]), "10.96.2.30", 80, 42102, "tcp")
     assert answer["counts"] == {"web-3": 1}, answer
+
+
+def test_nodeport_from_outside_and_from_a_pod(lab: Lab) -> None:
+    """A NodePort traced from the external client (through the node's capture table, then
+    OVS) and from a pod (matched in OVS at once), each against a real request. Runs once the
+    agent reports NodePorts in /status (the NodePort wiring)."""
+    if "node_ports" not in lab.agent_status("node-1"):
+        pytest.skip("this agent does not wire NodePorts yet")
+    node_port = 30180
+    svc = LabService(
+        "tr-np",
+        addresses("10.96.2.40"),
+        (LabPort("http", 80, HTTP_PORT),),
+        lab.endpoints(),
+        extra_spec={
+            "type": "NodePort",
+            "ports": [{"name": "http", "port": 80, "targetPort": HTTP_PORT, "nodePort": node_port}],
+        },
+    )
+    install(lab, svc)
+    node_ip = str(lab.nodes["node-1"].node_ips[0])
+    sources = [
+        ("192.168.50.100", lab.external_netns),
+        ("client-1", client_pod(lab.nodes["node-1"])),
+    ]
+    for src, netns in sources:
+        seen = set()
+        for sport in SOURCE_PORTS:
+            result = trace_json(
+                lab, "node-1", src, f"{node_ip}:{node_port}", "--source-port", str(sport)
+            )
+            assert result["verdict"] == "forwarded", result
+            assert result["destination"]["kind"] == "NodePort"
+            if src == "client-1":
+                assert result["before_ovs"] is None
+                assert result["frontend"] == f"tcp,nw_dst={node_ip},tp_dst={node_port}"
+            else:
+                assert "capture table DNATs" in result["before_ovs"]
+            traced = pod_of(lab, result["endpoint"])
+            answer = request(netns, node_ip, node_port, sport, "tcp")
+            assert answer["counts"] == {traced: 1}, (src, sport, result["endpoint"], answer)
+            seen.add(traced)
+        assert len(seen) > 1, seen
