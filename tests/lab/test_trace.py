@@ -157,7 +157,7 @@ def test_nodeport_from_outside_and_from_a_pod(lab: Lab) -> None:
     node_port = 30180
     svc = LabService(
         "tr-np",
-        addresses("10.96.2.40"),
+        addresses("10.96.2.40", "fd00:10:96::2:40"),
         (LabPort("http", 80, HTTP_PORT),),
         lab.endpoints(),
         extra_spec={
