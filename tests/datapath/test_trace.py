@@ -5,7 +5,8 @@ The inputs in data/ofproto_trace/ are real traces recorded on node-1 of a 3-node
 (ofport 3, 10.244.1.11), gw0 ofport 1; the Service lab/web (10.96.0.10, fd00:10:96::10; TCP 80
 -> 8080, UDP 53 -> 5353) with one endpoint on each node, lab/empty (10.96.1.20, no endpoints)
 and lab/local (10.96.1.30, internalTrafficPolicy Local, its endpoint on node-3). File names
-say the source, the destination and the client port.
+say the source, the destination and the client port. The two affinity-*.txt files come from
+the single-node sandbox (see their tests).
 """
 
 from __future__ import annotations
@@ -380,3 +381,27 @@ def test_node_port() -> None:
         resolve_destination("node:30999", [LB], None, [4], node_ips)
     with pytest.raises(TraceError, match="needs a nodePort"):
         resolve_destination("node", [LB], None, [4], node_ips)
+
+
+def test_session_affinity_first_connection_learns() -> None:
+    """Recorded on the single-node sandbox (demo/sticky, 10.96.0.60, ClientIP 60 s; pods
+    web-1 10.244.0.11 and web-2 10.244.0.12), from api-1 before it had used the Service."""
+    trace = tr.parse_trace((DATA / "affinity-new.txt").read_text())
+    learn = next(
+        a for p in trace.passes for s in p.steps for a in s.actions if a.text.startswith("learn(")
+    )
+    assert learn.notes == ("suppressing side effects, so learn action ignored",)
+    ex = tr.explain(trace, TABLES)
+    assert ex.frontend == "tcp,nw_dst=10.96.0.60,tp_dst=80"  # the frontend, not the learn flow
+    assert ex.group_id is not None
+    assert (ex.bucket, ex.endpoint) == (1, "10.244.0.12:8080")
+    assert any(s.note.startswith("ClientIP affinity: this choice is learned") for s in ex.steps)
+
+
+def test_session_affinity_learned_choice() -> None:
+    """The client had reached web-2 (10.244.0.12): its learned flow decides, not the group."""
+    ex = explained("affinity-learned")
+    assert ex.endpoint == "10.244.0.12:8080" and ex.group_id is None
+    notes = [s.note for s in ex.steps]
+    assert "learned affinity: the endpoint this client used last" in notes
+    assert "ClientIP affinity: the learned endpoint is still valid, EndpointDNAT" in notes

@@ -220,9 +220,9 @@ def parse_trace(text: str) -> OFTrace:
         if not current.steps:
             continue
         actions = current.steps[-1][5]
-        if stripped.startswith("->"):
+        if stripped.startswith(("->", ">>")):  # notes ">>": e.g. learn ignored in a trace
             if actions:
-                actions[-1][1].append(stripped.removeprefix("->").strip())
+                actions[-1][1].append(stripped[2:].strip())
             continue
         actions.append([stripped, []])
     if current is not None:
@@ -450,6 +450,10 @@ def _step_note(
         return "no learned affinity: endpoint to select"
     if t == tables.service_lb:
         if cat == pl.Category.SERVICE:
+            if any(x.startswith("learn(") for x in texts):
+                return "ClientIP affinity: this choice is learned (not by a trace), EndpointDNAT"
+            if prio == pl.PRIORITY_NORMAL and f"{pl.SELECTION_REG}=" in step.match:
+                return "ClientIP affinity: the learned endpoint is still valid, EndpointDNAT"
             if any(x.startswith("group:") for x in texts):
                 return "Service frontend -> select group"
             if any(x.startswith("controller(") for x in texts):
@@ -517,7 +521,7 @@ def explain(
             )
             steps.append(ex)
             cat = _cookie_category(step.cookie)
-            if step.table == tables.service_lb and cat == pl.Category.SERVICE:
+            if step.table == tables.service_lb and cat == pl.Category.SERVICE and not frontend:
                 frontend, frontend_priority = step.match, step.priority
             for action in step.actions:
                 if m := _GROUP.match(action.text):
