@@ -52,6 +52,32 @@ endpoints:
   - addresses: [10.244.0.12]
     conditions: {ready: true, serving: true, terminating: false}
     nodeName: node-2
+---
+apiVersion: v1
+kind: Service
+metadata: {name: sticky, namespace: demo}
+spec:
+  clusterIP: 10.96.0.60
+  clusterIPs: [10.96.0.60]
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: sticky-1
+  namespace: demo
+  labels: {kubernetes.io/service-name: sticky}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+  - addresses: [10.244.0.11]
+    conditions: {ready: true, serving: true, terminating: false}
+    nodeName: node-1
+  - addresses: [10.244.0.12]
+    conditions: {ready: true, serving: true, terminating: false}
+    nodeName: node-1
 """
 SOURCE_PORTS = range(41000, 41008)
 
@@ -169,3 +195,26 @@ def test_bad_arguments_are_named(world: World) -> None:
     assert "SRC 'nobody'" in done.stderr and "demo/client" in done.stderr
     done = world.trace("client", "demo/shop")
     assert done.returncode != 0 and "several ports" in done.stderr
+
+
+def test_trace_follows_learned_session_affinity(world: World) -> None:
+    """The trace reads the switch's state: once a real connection has taught the switch the
+    client's endpoint (ClientIP affinity), a 5-tuple the group would send elsewhere is
+    traced, and goes, to the learned endpoint."""
+    before = {
+        port: world.pod_of(
+            world.trace_json("client", "demo/sticky", "--source-port", str(port))["endpoint"]
+        )
+        for port in SOURCE_PORTS
+    }
+    first = SOURCE_PORTS[0]
+    chosen = before[first]
+    other = next(port for port, pod in before.items() if pod != chosen)
+    answer = world.request("client", "http://10.96.0.60/", first)
+    assert answer["counts"] == {chosen: 1}, answer
+    after = world.trace_json("client", "demo/sticky", "--source-port", str(other))
+    assert world.pod_of(after["endpoint"]) == chosen, after
+    notes = [step["note"] for step in after["steps"]]
+    assert "learned affinity: the endpoint this client used last" in notes, notes
+    answer = world.request("client", "http://10.96.0.60/", other)
+    assert answer["counts"] == {chosen: 1}, answer
