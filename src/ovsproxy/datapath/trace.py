@@ -1,13 +1,13 @@
 """Reading Open vSwitch's own packet trace through our pipeline (sans-I/O).
 
 ``ovs-appctl ofproto/trace BRIDGE FLOW --ct-next FLAGS ...`` translates one packet as the
-switch would, and (Open vSwitch 2.10 and later) follows every ``ct(..., table=T)``
-recirculation in the same run, taking the conntrack state of each resumed pass from the next
-``--ct-next`` (default ``trk|new``) and simulating NAT ("Replacing src/dst IP/ports to
-simulate NAT"). It does not execute the packet: no conntrack entry, learned flow or counter
-changes. A select group with the "hash" method (ours, see ``services.GROUP_SELECTION_METHOD``)
-picks its bucket from the packet's 5-tuple, so the bucket the trace names is the one a real
-packet with the same 5-tuple gets.
+switch would, and (Open vSwitch 3.1, what this is tested with) follows every
+``ct(..., table=T)`` recirculation in the same run, taking the conntrack state of each
+resumed pass from the next ``--ct-next`` (default ``trk|new``) and simulating NAT
+("Replacing src/dst IP/ports to simulate NAT"). It does not execute the packet: no
+conntrack entry, learned flow or counter changes. A select group with the "hash" method
+(ours, see ``services.GROUP_SELECTION_METHOD``) picks its bucket from the packet's 5-tuple,
+so the bucket the trace names is the one a real packet with the same 5-tuple gets.
 
 Two pure steps:
 
@@ -412,9 +412,7 @@ def _reg0_marks(actions: Sequence[str]) -> int:
     return bits
 
 
-def _step_note(
-    step: Step, name: str, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int, str]
-) -> str:
+def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int, str]) -> str:
     """What a matched flow means here, from its table, priority and cookie category."""
     t, prio, cat = step.table, step.priority, _cookie_category(step.cookie)
     texts = [a.text for a in step.actions]
@@ -514,7 +512,7 @@ def explain(
             in_port = int(p.fields["in_port"])
         for step in p.steps:
             name = names.get(step.table, f"table {step.table}")
-            note = _step_note(step, name, tables, mode, zones)
+            note = _step_note(step, tables, mode, zones)
             texts = tuple(a.text for a in step.actions)
             ex = ExplainedStep(
                 index, step.table, name, step.match, step.priority, texts, note, step.depth
@@ -663,19 +661,3 @@ def trace_args(bridge: str, flow: str, passes: int = CT_PASSES) -> list[str]:
     for _ in range(passes):
         args += ["--ct-next", CT_NEXT_NEW]
     return args
-
-
-def summary_lines(explanation: Explanation) -> Sequence[str]:
-    """The outcome in a few lines (the command line prints these after the steps)."""
-    ex = explanation
-    lines = []
-    if ex.frontend:
-        lines.append(f"frontend   {ex.frontend} (ServiceLB, priority {ex.frontend_priority})")
-    if ex.group_id is not None:
-        of_n = f" of {ex.buckets}" if ex.buckets else ""
-        lines.append(f"group      {ex.group_id}, bucket {ex.bucket}{of_n}")
-    if ex.endpoint:
-        lines.append(f"endpoint   {ex.endpoint}")
-    for n in ex.nat:
-        lines.append(f"{n.kind:<10} {n.before} -> {n.after} (zone {n.zone_name or n.zone})")
-    return lines
