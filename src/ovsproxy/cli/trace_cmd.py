@@ -434,8 +434,8 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     """Trace a new connection from SRC to DST[:PORT] through the switch (OVS ofproto/trace).
 
     SRC: a pod on this node (name, namespace/name or IP), `node`, or any address (arriving
-    from the gateway). DST: a Service (namespace/name) or one of its ClusterIPs, or any
-    address with a port. Nothing is sent: the trace says which flow, group bucket and
+    from the gateway). DST: a Service (namespace/name[:port]), one of its ClusterIPs,
+    external or load-balancer IPs, node:NODEPORT or NODE_IP:NODEPORT, or any address:port. Nothing is sent: the trace says which flow, group bucket and
     endpoint a packet with this 5-tuple gets, the NAT, and where it leaves, or why it is
     dropped or rejected.
     """
@@ -459,13 +459,15 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     if src_ip is None:
         raise TraceError(f"{source.label} has no IPv{dest.ip.version} address for {dest.text}")
     pod_ips = {str(ip): pod for pod in pods for ip in pod.ips}
-    if source.kind == "pod":
+    local = pod_ips.get(str(dest.ip)) if dest.service is None else None
+    if local is not None:
+        dst_mac = local.mac  # a pod of this node: on the same subnet, by its own MAC
+    elif source.kind == "pod":
         dst_mac = gw_mac  # a pod addresses everything off its subnet to its gateway
     elif dest.service is not None:
-        dst_mac = VIRTUAL_MAC  # the node's Service routes' next hop
+        dst_mac = VIRTUAL_MAC  # the node's Service (and capture) routes' next hop
     else:
-        local = pod_ips.get(str(dest.ip))
-        dst_mac = local.mac if local else gw_mac
+        dst_mac = gw_mac
     traced_ip, before_ovs = traced_address(dest, source)
     flow = tr.trace_flow(
         in_port=source.interface,
