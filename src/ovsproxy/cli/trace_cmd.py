@@ -436,8 +436,8 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     SRC: a pod on this node (name, namespace/name or IP), `node`, or any address (arriving
     from the gateway). DST: a Service (namespace/name[:port]), one of its ClusterIPs,
     external or load-balancer IPs, node:NODEPORT or NODE_IP:NODEPORT, or any address:port.
-    Nothing is sent: the trace says which flow, group bucket and endpoint a packet with this 5-tuple gets, the NAT, and where it leaves, or why it is
-    dropped or rejected.
+    Nothing is sent: the trace says which flow, group bucket and endpoint a packet with this
+    5-tuple gets, the NAT, and where it leaves, or why it is dropped or rejected.
     """
     from ovsproxy.datapath.conntrack import vswitchd_control_socket
 
