@@ -28,6 +28,7 @@ from ovsproxy.servicecidr.feed import ClusterIPFeed
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.model.node import PodPort
     from ovsproxy.ovs.sandbox import Sandbox
     from ovsproxy.proxy.runner import SyncRunner
@@ -57,6 +58,7 @@ class Components:
     source: ManifestSource | KubernetesSource | None = None
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
+    pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
 
 
 # -- the source -------------------------------------------------------------------------------
