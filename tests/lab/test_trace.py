@@ -96,7 +96,9 @@ def test_trace_names_the_endpoint_a_real_request_reaches(
     port = 80 if proto == "tcp" else 53
     dst = f"[{ip}]:{port}" if family == 6 else f"{ip}:{port}"
     seen = set()
-    for sport in SOURCE_PORTS:
+    # Own ports per family: an IPv6 client binds [::]:PORT, which a TIME_WAIT of the IPv4
+    # test's connection from PORT would refuse (EADDRINUSE).
+    for sport in (p + (200 if family == 6 else 0) for p in SOURCE_PORTS):
         result = trace_json(lab, "node-1", src, dst, "--source-port", str(sport))
         assert result["verdict"] == "forwarded", result
         assert (
