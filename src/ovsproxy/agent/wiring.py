@@ -28,6 +28,7 @@ from ovsproxy.servicecidr.feed import ClusterIPFeed
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.model.node import PodPort
     from ovsproxy.ovs.sandbox import Sandbox
@@ -50,6 +51,7 @@ class Components:
     sandbox: Sandbox | None = None
     netns: str | None = None  # the node's network namespace for routes
     ovsdb: OVSDB | None = None
+    ovsdb_link: OVSDBLink | None = None  # the start-up connection's state
     channel: Channel | None = None
     datapath: Datapath | None = None
     semantics: ServiceSemantics | None = None
