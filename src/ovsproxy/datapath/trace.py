@@ -437,7 +437,9 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             zname = zones.get(int(zone.group(1)), "") if zone else ""
             return f"conntrack lookup in the {zname} zone (un-NATs replies)".replace("  ", " ")
     if t == tables.conntrack_state:
-        if "drop" in texts:
+        if prio == pl.PRIORITY_INVALID_RST:
+            return "an invalid TCP RST: to the agent (flushes the stale entry), then forwarded"
+        if "drop" in texts or not texts:
             return "conntrack-invalid: dropped"
         if prio == pl.PRIORITY_NORMAL:
             return "established or reply: skips Service selection"
