@@ -182,9 +182,22 @@ class StatusPages:
             routes = sorted(str(r) for r in parts.routes.installed())
         dp, channel, sandbox = parts.datapath, parts.channel, parts.sandbox
         healthy, last_sync = self.health.check()
+        config = parts.config
         return {
+            # Where the switch is and how our tables are numbered (`ovsproxy trace` reads it).
+            "ovs": {
+                "bridge": config.bridge,
+                "gateway": config.gateway,
+                "ovsdb": parts.ovsdb.endpoint if parts.ovsdb else config.ovsdb,
+                "openflow": str(channel.endpoint) if channel else config.openflow,
+                "mode": str(config.mode),
+                "first_table": config.first_table,
+                "next_table": config.next_table,
+                "host_snat_ips": list(config.host_snat_ip),
+            },
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 1),
+            "node_name": config.node_name,
             "sandbox": sandbox.name if sandbox else None,
             "node_namespace": sandbox.netns if sandbox else parts.config.netns,
             "openflow": {

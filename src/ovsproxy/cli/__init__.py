@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "sandbox": "ovsproxy.cli.sandbox_cmd:sandbox",
     "verify": "ovsproxy.cli.verify_cmd:verify",
     "lab": "ovsproxy.cli.lab_cmd:lab",
+    "trace": "ovsproxy.cli.trace_cmd:trace",
 }
 
 
