@@ -200,6 +200,20 @@ async def test_delete_service_keeps_shared_endpoint_flows(rig: Rig) -> None:
     assert len([f for f in flows if "nat(dst=" in f]) == 3  # still used by b
 
 
+async def test_drift_check_sees_flows_deleted_behind_our_back(rig: Rig) -> None:
+    """The periodic full sync's check: the switch holds fewer flows of our generation than the
+    cache says -> drifted; a resync puts them back."""
+    rig.stage_service("web", "10.96.0.10", eps(2), gid=1)
+    await rig.datapath.commit()
+    assert not await rig.datapath.drifted()
+    rig.sandbox.ofctl("del-flows", "ip,nw_dst=10.96.0.10")  # someone else's hand
+    assert not any("10.96.0.10" in f for f in rig.flows())
+    assert await rig.datapath.drifted()
+    await rig.datapath.resync_switch()
+    assert any("10.96.0.10" in f for f in rig.flows())
+    assert not await rig.datapath.drifted()
+
+
 async def test_vswitchd_restart_replays_everything_without_an_event(rig: Rig) -> None:
     rig.stage_service("web", "10.96.0.10", eps(3), gid=1)
     rig.stage_service("v6", "fd00:10:96::12", eps(2, base="fd00:10:244::"), gid=2)
