@@ -56,6 +56,9 @@ min-sync-interval: 2
         ({"first_table": 10, "next_table": 12}, "next_table 12 must be a table outside"),
         ({"manifests": ["a.yaml"], "kubeconfig": "k"}, "choose one source"),
         ({"cleanup": "yes"}, "cleanup: expected true or false"),
+        ({"route_backend": "bsd"}, "route_backend: 'bsd' is not one of auto, linux, windows"),
+        ({"route_backend": "windows", "netns": "node"}, "network namespaces are Linux only"),
+        ({"route_sync_interval": -1}, "route_sync_interval must be >= 0"),
     ],
 )
 def test_bad_values_name_the_key(values: dict[str, object], message: str) -> None:
@@ -91,3 +94,62 @@ def test_run_refuses_a_bad_config_with_one_line(tmp_path: Path) -> None:
 def test_agent_config_is_frozen() -> None:
     with pytest.raises(AttributeError):
         AgentConfig().bridge = "x"  # type: ignore[misc]
+
+
+def _readme_keys() -> dict[str, tuple[str, str]]:
+    """``{key: (flag cell, default cell)}`` from the README's configuration table."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[1].startswith("`--"):
+            rows[cells[0].strip("`")] = (cells[1], cells[2])
+    return rows
+
+
+def _readme_default(name: str, value: object) -> str:
+    if name == "node_name":
+        return "the host name"
+    if name == "group_id_max":
+        return f"0x{value:X}"
+    if value is None or value == ():
+        return "—"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def test_every_key_is_a_flag_and_in_the_readme_with_its_default() -> None:
+    import dataclasses
+
+    from ovsproxy.cli.run_cmd import run
+
+    flags = {p.name: p for p in run.params}
+    readme = _readme_keys()
+    defaults = AgentConfig()
+    for f in dataclasses.fields(AgentConfig):
+        assert f.name in flags, f"configuration key {f.name} has no flag"
+        flag = flags[f.name].opts[0]  # type: ignore[attr-defined]
+        assert f.name in readme, f"configuration key {f.name} is not in the README"
+        flag_cell, default_cell = readme[f.name]
+        assert f"`{flag}`" in flag_cell, (f.name, flag_cell)
+        assert default_cell == _readme_default(f.name, getattr(defaults, f.name)), f.name
+    assert set(readme) == {f.name for f in dataclasses.fields(AgentConfig)}
+
+
+def test_route_backend_follows_the_platform_unless_forced() -> None:
+    from ovsproxy.agent.wiring import build_route_backend, route_backend_name
+
+    assert route_backend_name("auto", "linux") == "linux"
+    assert route_backend_name("auto", "win32") == "windows"
+    assert route_backend_name("linux", "win32") == "linux"
+    assert route_backend_name("windows", "linux") == "windows"
+    backend = build_route_backend(load(route_backend="windows"), None)
+    assert backend.name == "windows"
+    assert build_route_backend(load(), "node").name == (
+        "windows" if sys.platform == "win32" else "linux"
+    )
+    with pytest.raises(ConfigError, match="Linux only"):
+        build_route_backend(load(route_backend="windows"), "node")

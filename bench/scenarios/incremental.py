@@ -38,11 +38,11 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.groups import MAX_BUNDLED_MESSAGE, GroupSpec, plan_group
 from ovsproxy.model import Endpoint, EndpointSlice, IPFamily, Service, SlicePort
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 
 NAME = "incremental"
 DESCRIPTION = "One endpoint change in a 10,000-Service cluster vs a full MODIFY and the N+1 bug"

@@ -47,6 +47,7 @@ class AgentConfig:
     service_cidr: tuple[str, ...] = ()
     manage_routes: bool = True
     route_sync_interval: float = 60.0
+    route_backend: str = "auto"  # auto (by platform), linux or windows
     # runner
     min_sync_interval: float = 1.0
     full_resync_interval: float = 3600.0
@@ -82,6 +83,8 @@ class AgentConfig:
 
 
 _TUPLE_FIELDS = {"manifests", "service_cidr"}
+# The route backends ``route_backend`` may name; ``auto`` picks by platform (agent.wiring).
+ROUTE_BACKENDS = ("auto", "linux", "windows")
 
 
 def _coerce(name: str, value: Any, default: Any) -> Any:
@@ -131,6 +134,14 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError(f"log_format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
+    if config.route_backend not in ROUTE_BACKENDS:
+        raise ConfigError(
+            f"route_backend: {config.route_backend!r} is not one of {', '.join(ROUTE_BACKENDS)}"
+        )
+    if config.route_backend == "windows" and config.netns is not None:
+        raise ConfigError("route_backend windows and netns: network namespaces are Linux only")
+    if config.route_sync_interval < 0:
+        raise ConfigError("route_sync_interval must be >= 0 (0: no periodic route sync)")
     if config.min_sync_interval < 0 or config.full_resync_interval <= 0:
         raise ConfigError("min_sync_interval must be >= 0 and full_resync_interval > 0")
     if (config.ovsdb is None) != (config.openflow is None):

@@ -55,7 +55,7 @@ class World:
         self.sandbox, self.pods, self.api, self.agent = sandbox, pods, api, agent
 
     def services(self) -> dict[str, dict[str, Any]]:
-        return {s["name"]: s for s in self.agent.status_json()["services"]}
+        return {s["name"]: s for s in self.agent.pages.status_json()["services"]}
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ async def world(sandbox: Sandbox, tmp_path: Path) -> AsyncIterator[World]:
 async def test_services_from_the_api_are_balanced_and_routed_by_the_servicecidr(
     world: World,
 ) -> None:
-    status = world.agent.status_json()
+    status = world.agent.pages.status_json()
     # The ServiceCIDR API names the real ranges: they win over aggregation (10.96.0.0/27).
     assert sorted(status["routes"]) == ["10.96.0.0/16", "fd00:10:96::/112"]
     for netns in (world.pods["client"].netns, world.sandbox.netns):
@@ -125,4 +125,4 @@ async def test_watch_events_and_a_410_relist_reach_the_datapath(world: World) ->
     await wait_for(lambda: "demo/shop:http/TCP" not in world.services(), what="shop to go")
     flows = world.sandbox.ofctl("dump-flows")
     assert "10.96.0.30" not in flows and "10.96.0.10" in flows
-    assert world.agent.tracker.stats.events["Service/delete"] >= 1
+    assert world.agent.parts.tracker.stats.events["Service/delete"] >= 1

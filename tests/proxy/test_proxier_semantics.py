@@ -24,10 +24,10 @@ from ovsproxy.model import (
     SlicePort,
     TrafficPolicy,
 )
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.proxier import DROP, FORWARD, REJECT, Proxier, select_endpoints
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 
 NODE = "node-a"
 REJECT_MARK = (of.Controller(128, userdata=b"reject!!"),)
@@ -373,7 +373,7 @@ async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
 
 
 async def test_pod_forwarding_is_staged_only_for_pods_that_changed() -> None:
-    from ovsproxy.ovs.ovsdb import PodPort
+    from ovsproxy.model.node import PodPort
 
     recorder = Recorder()
     tracker = ChangeTracker()

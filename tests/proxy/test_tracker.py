@@ -16,8 +16,8 @@ from ovsproxy.model import (
     ServicePortName,
     SlicePort,
 )
+from ovsproxy.model.problems import InvalidObject, SourceError, ValidationError
 from ovsproxy.proxy.tracker import ChangeTracker, ServiceChange, service_states
-from ovsproxy.sources.problems import InvalidObject, SourceError, ValidationError
 
 
 def svc(name: str, *ports: tuple[str, int], cluster_ip: str = "", ns: str = "ns") -> Service:

@@ -17,6 +17,8 @@ from ovsproxy.servicecidr import (
     covers,
     service_cidr_for,
 )
+from ovsproxy.sources.servicecidrs import ServiceCIDREvents
+from ovsproxy.sources.servicecidrs import convert_service_cidr as sc
 
 net = ipaddress.ip_network
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
@@ -127,17 +129,19 @@ def test_service_cidr_api_takes_over_from_aggregation_and_waits_for_its_sync() -
     d.add_cluster_ips(["10.96.0.1", "10.96.0.10", "fd00:10:96::a"])
     assert d.cluster_ips_synced() == []  # waits for the ServiceCIDR informer too
     d.upsert_service_cidr(
-        {
-            "metadata": {"name": "kubernetes"},
-            "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112"]},
-        }
+        sc(
+            {
+                "metadata": {"name": "kubernetes"},
+                "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112"]},
+            }
+        )
     )
     changes = d.service_cidrs_synced()
     assert news(changes) == [(V4, ("10.96.0.0/16",)), (V6, ("fd00:10:96::/112",))]
     assert {c.source for c in changes} == {CIDRSource.API}
     # a second ServiceCIDR adds a range (several per family)
     changes = d.upsert_service_cidr(
-        {"metadata": {"name": "extra"}, "spec": {"cidrs": ["10.200.0.0/16"]}}
+        sc({"metadata": {"name": "extra"}, "spec": {"cidrs": ["10.200.0.0/16"]}})
     )
     assert news(changes) == [(V4, ("10.96.0.0/16", "10.200.0.0/16"))]
     # and its deletion withdraws it, since no known ClusterIP is in it
@@ -148,13 +152,15 @@ def test_service_cidr_api_takes_over_from_aggregation_and_waits_for_its_sync() -
 
 def test_api_range_arriving_late_absorbs_the_spill_over() -> None:
     d = ServiceCIDRDiscoverer(use_api=True)
-    d.upsert_service_cidr({"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}})
+    d.upsert_service_cidr(
+        sc({"metadata": {"name": "kubernetes"}, "spec": {"cidrs": ["10.96.0.0/16"]}})
+    )
     d.service_cidrs_synced()
     d.cluster_ips_synced()
     # a Service from a new ServiceCIDR whose object we have not seen yet
     assert news(d.add_cluster_ip("10.200.0.5")) == [(V4, ("10.96.0.0/16", "10.200.0.5/32"))]
     changes = d.upsert_service_cidr(
-        {"metadata": {"name": "new"}, "spec": {"cidrs": ["10.200.0.0/24"]}}
+        sc({"metadata": {"name": "new"}, "spec": {"cidrs": ["10.200.0.0/24"]}})
     )
     assert news(changes) == [(V4, ("10.96.0.0/16", "10.200.0.0/24"))]
     assert changes[0].grows  # the /32 is covered by the /24: nothing withdrawn
@@ -162,12 +168,12 @@ def test_api_range_arriving_late_absorbs_the_spill_over() -> None:
 
 def test_deleting_a_service_cidr_keeps_known_ips_routed() -> None:
     d = ServiceCIDRDiscoverer(use_api=True)
-    d.upsert_service_cidr({"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/16"]}})
-    d.upsert_service_cidr({"metadata": {"name": "b"}, "spec": {"cidrs": ["10.200.0.0/16"]}})
+    d.upsert_service_cidr(sc({"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/16"]}}))
+    d.upsert_service_cidr(sc({"metadata": {"name": "b"}, "spec": {"cidrs": ["10.200.0.0/16"]}}))
     d.add_cluster_ips(["10.96.0.1", "10.200.0.7"])
     d.service_cidrs_synced()
     d.cluster_ips_synced()
-    changes = d.delete_service_cidr({"metadata": {"name": "b"}})
+    changes = d.delete_service_cidr("b")
     assert news(changes) == [(V4, ("10.96.0.0/16", "10.200.0.7/32"))]
 
 
@@ -183,7 +189,7 @@ def test_api_unavailable_falls_back_to_aggregation() -> None:
 def test_configured_beats_api() -> None:
     d = ServiceCIDRDiscoverer(["10.96.0.0/12"], use_api=True)
     d.upsert_service_cidr(
-        {"metadata": {"name": "k"}, "spec": {"cidrs": ["10.96.0.0/16", "fd00::/112"]}}
+        sc({"metadata": {"name": "k"}, "spec": {"cidrs": ["10.96.0.0/16", "fd00::/112"]}})
     )
     d.service_cidrs_synced()
     changes = d.cluster_ips_synced()
@@ -194,15 +200,17 @@ def test_configured_beats_api() -> None:
 
 def test_relist_replaces_all_objects() -> None:
     d = ServiceCIDRDiscoverer(use_api=True)
-    d.upsert_service_cidr({"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/16"]}})
+    d.upsert_service_cidr(sc({"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/16"]}}))
     d.service_cidrs_synced()
     d.cluster_ips_synced()
     changes = d.replace_service_cidrs(
-        [{"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/15"]}}]
+        map(sc, [{"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/15"]}}])
     )
     assert news(changes) == [(V4, ("10.96.0.0/15",))]
     assert (
-        d.replace_service_cidrs([{"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/15"]}}])
+        d.replace_service_cidrs(
+            map(sc, [{"metadata": {"name": "a"}, "spec": {"cidrs": ["10.96.0.0/15"]}}])
+        )
         == []
     )
 
@@ -240,7 +248,7 @@ def test_every_known_cluster_ip_is_always_covered(sequence: list) -> None:
             else:
                 cidr = ipaddress.IPv4Network((bases[name], length), strict=False)
                 changes = d.upsert_service_cidr(
-                    {"metadata": {"name": name}, "spec": {"cidrs": [str(cidr)]}}
+                    sc({"metadata": {"name": name}, "spec": {"cidrs": [str(cidr)]}})
                 )
         elif step[1] == "ips":
             changes = d.cluster_ips_synced()
@@ -288,12 +296,13 @@ def test_concurrent_threads_end_with_the_full_list_result() -> None:
 
 
 def test_informer_handler_falls_back_then_hands_over_to_the_api() -> None:
-    from ovsproxy.servicecidr import ServiceCIDRInformerHandler
+    from ovsproxy.servicecidr import ServiceCIDRHandler
 
     d = ServiceCIDRDiscoverer(use_api=True)
     seen: list[CIDRChange] = []
     d.subscribe(seen.append)
-    handler = ServiceCIDRInformerHandler(d)
+    # raw informer objects, converted by the source, into the discoverer's handler
+    handler = ServiceCIDREvents(ServiceCIDRHandler(d))
     d.add_cluster_ips(["10.96.0.1", "10.96.0.2"])
     d.cluster_ips_synced()
     assert seen == []  # waiting for the ServiceCIDR informer

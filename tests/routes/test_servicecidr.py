@@ -12,11 +12,9 @@ from hypothesis import strategies as st
 from ovsproxy.model import IPFamily
 from ovsproxy.servicecidr import (
     CIDRSource,
-    cluster_ips_of_service,
     common_prefix,
     covers,
     grow,
-    networks_from_service_cidr,
     parse_cluster_ip,
     parse_configured_cidrs,
     reduce_networks,
@@ -24,6 +22,7 @@ from ovsproxy.servicecidr import (
     service_cidr_for,
     to_network,
 )
+from ovsproxy.sources.servicecidrs import convert_service_cidr
 
 net = ipaddress.ip_network
 addr = ipaddress.ip_address
@@ -218,8 +217,10 @@ def test_networks_from_service_cidr_object() -> None:
         "spec": {"cidrs": ["10.96.0.0/28", "2001:db8::/64", "not-a-cidr", "10.96.0.0/28"]},
         "status": {"conditions": [{"type": "Ready", "status": "True"}]},
     }
-    assert networks_from_service_cidr(obj) == (net("10.96.0.0/28"), net("2001:db8::/64"))
-    assert networks_from_service_cidr({"metadata": {"name": "empty"}}) == ()
+    cidr = convert_service_cidr(obj)
+    assert cidr.name == "kubernetes"
+    assert cidr.cidrs == (net("10.96.0.0/28"), net("2001:db8::/64"))
+    assert convert_service_cidr({"metadata": {"name": "empty"}}).cidrs == ()
 
 
 def test_service_cidr_being_deleted_still_counts() -> None:
@@ -228,7 +229,7 @@ def test_service_cidr_being_deleted_still_counts() -> None:
         "spec": {"cidrs": ["10.100.0.0/16"]},
         "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Terminating"}]},
     }
-    assert networks_from_service_cidr(obj) == (net("10.100.0.0/16"),)
+    assert convert_service_cidr(obj).cidrs == (net("10.100.0.0/16"),)
 
 
 def test_parse_configured_cidrs() -> None:
@@ -256,6 +257,18 @@ def test_precedence_configured_then_api_then_aggregation() -> None:
     assert select_source(IPFamily.IPv6, configured, api) == (CIDRSource.API, api[IPFamily.IPv6])
     assert select_source(v4, {}, None) == (CIDRSource.AGGREGATED, ())  # API not synced
     assert select_source(v4, {}, {}) == (CIDRSource.AGGREGATED, ())  # API names nothing
+
+
+def cluster_ips_of_service(obj: dict) -> tuple:
+    """A Service object's ClusterIPs as parse_cluster_ip reads each spelling (test helper: the
+    sources convert Services themselves)."""
+    spec = obj.get("spec") or {}
+    ips: list = []
+    for value in spec.get("clusterIPs") or [spec.get("clusterIP")]:
+        ip = parse_cluster_ip(value)
+        if ip is not None and ip not in ips:
+            ips.append(ip)
+    return tuple(ips)
 
 
 def test_cluster_ips_of_service() -> None:

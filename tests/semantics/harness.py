@@ -23,13 +23,13 @@ from ovsproxy.model import (
     SlicePort,
     TrafficPolicy,
 )
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
+from ovsproxy.model.node import PodPort
 from ovsproxy.openflow.connection import Channel
-from ovsproxy.ovs.ovsdb import PodPort
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 
 NODE = "node-a"
 NS = "default"

@@ -160,8 +160,8 @@ async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
     assert flusher.stats.mode == "openflow" and flusher.stats.failures == 1
 
 
-async def test_agent_wiring_installs_the_meter_before_the_replay_and_gives_proxier_hooks() -> None:
-    from ovsproxy.datapath.reject import agent_wiring
+async def test_wired_semantics_install_the_meter_before_the_replay_and_give_proxier_hooks() -> None:
+    from ovsproxy.datapath.semantics import ServiceSemantics
 
     order: list[str] = []
 
@@ -180,7 +180,8 @@ async def test_agent_wiring_installs_the_meter_before_the_replay_and_gives_proxi
         tables = TABLES
 
     channel = Channel()
-    semantics, kwargs = agent_wiring(channel, Datapath())
+    semantics = ServiceSemantics.wired(channel, Datapath())
+    kwargs = semantics.proxier_kwargs()
     assert set(kwargs) == {"reject_action", "conntrack", "send"}
     await channel.on_connected()
     assert order == ["MeterMod", "replay"]

@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ovsproxy.model import Protocol, ServiceType, TrafficPolicy
+from ovsproxy.model.problems import InvalidObjectError, render_path
 from ovsproxy.sources.convert import (
     convert_endpoint_slice,
     convert_service,
     parse_ip,
     service_ignored_reason,
 )
-from ovsproxy.sources.problems import InvalidObjectError, render_path
 
 
 def service(**spec: Any) -> dict[str, Any]:

@@ -21,9 +21,9 @@ from ovsproxy.model import (
     TrafficDistribution,
     TrafficPolicy,
 )
+from ovsproxy.model.problems import SourceError, ValidationError
 from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.sources.manifests import ManifestSource, parse_manifest
-from ovsproxy.sources.problems import SourceError, ValidationError
 
 MANIFESTS = Path(__file__).parent / "manifests"
 

@@ -11,6 +11,7 @@ from collections import Counter
 import click
 
 from ovsproxy.gcpause import gc_paused
+from ovsproxy.model.problems import Problem
 from ovsproxy.sources.manifests import (
     ManifestObject,
     ObjectKey,
@@ -19,7 +20,6 @@ from ovsproxy.sources.manifests import (
     duplicate_problem,
     parse_manifest,
 )
-from ovsproxy.sources.problems import Problem
 
 
 def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:

@@ -162,7 +162,7 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
             agent_task.result()  # raises the start-up error
         if ready not in done:
             raise RuntimeError("the agent did not finish its first sync within 60 s")
-        status = agent.status_json()
+        status = agent.pages.status_json()
         report["installed"] = {
             "groups": status["groups"],
             "flows": status["flows"],
@@ -181,14 +181,14 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
         say("[bold]4.[/] endpoint change in web.yaml: web-2 leaves, api-2 joins")
         web = manifests / "web.yaml"
         web.write_text(web.read_text().replace(OLD_WEB_2, NEW_API_2))
-        sent_before = agent.channel.counters.total("sent") if agent.channel else (0, 0)
+        sent_before = agent.parts.channel.counters.total("sent") if agent.parts.channel else (0, 0)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            eps = {s["name"]: s["endpoints"] for s in agent.status_json()["services"]}
+            eps = {s["name"]: s["endpoints"] for s in agent.pages.status_json()["services"]}
             if eps.get("demo/web:http/TCP") == ["10.244.0.11:8080", "10.244.0.14:8080"]:
                 break
             await asyncio.sleep(0.1)
-        sent_after = agent.channel.counters.total("sent") if agent.channel else (0, 0)
+        sent_after = agent.parts.channel.counters.total("sent") if agent.parts.channel else (0, 0)
         change = {
             "openflow_messages": sent_after[0] - sent_before[0],
             "openflow_bytes": sent_after[1] - sent_before[1],

@@ -44,16 +44,33 @@ def _options(func: Any) -> Any:
         ),
         click.option("--first-table", type=int, help="first of our 5 tables [10]"),
         click.option("--next-table", type=int, help="table that takes forwarded packets [20]"),
-        click.option("--group-id-min", type=int),
-        click.option("--group-id-max", type=int),
-        click.option("--node-name", help="this node's name (internalTrafficPolicy: Local)"),
+        click.option("--group-id-min", type=int, help="lowest group id we use [1]"),
+        click.option("--group-id-max", type=int, help="highest group id we use [0xFFFFFEFF]"),
+        click.option(
+            "--node-name",
+            help="this node's name, for traffic policies Local [the host name]",
+        ),
         click.option("--zone", help="this node's topology zone"),
         click.option(
             "--service-cidr",
             multiple=True,
             help="Service range(s) to route; else ServiceCIDR API, else aggregation",
         ),
-        click.option("--manage-routes/--no-routes", default=None),
+        click.option(
+            "--manage-routes/--no-routes",
+            default=None,
+            help="route the Service CIDRs via the gateway [manage]",
+        ),
+        click.option(
+            "--route-sync-interval",
+            type=float,
+            help="seconds between route repairs; 0: never [60]",
+        ),
+        click.option(
+            "--route-backend",
+            type=click.Choice(["auto", "linux", "windows"]),
+            help="routing table to program; auto: by platform [auto]",
+        ),
         click.option(
             "--metrics-address", help="HOST:PORT for /healthz and /metrics [127.0.0.1:10256]"
         ),
@@ -65,7 +82,7 @@ def _options(func: Any) -> Any:
             "--cleanup",
             is_flag=True,
             default=None,
-            help="on exit, remove our flows, groups and routes",
+            help="on exit, remove our flows, groups and Service routes",
         ),
     ]
     for option in reversed(options):

@@ -33,6 +33,40 @@ def _affinity(service: dict[str, Any]) -> str:
     return f"ClientIP {seconds}s" if seconds else "-"
 
 
+_STYLE = {"forward": "green", "reject": "yellow", "drop": "red"}
+
+
+def _describe(action: str, endpoints: int, reason: str) -> str:
+    if action == "forward":
+        return f"[green]forwarding to {endpoints} endpoint{'' if endpoints == 1 else 's'}[/]"
+    verb = {"reject": "rejecting", "drop": "dropping"}.get(action, action)
+    why = f" ({escape(reason)})" if reason else ""
+    return f"[{_STYLE.get(action, 'red')}]{verb}{why}[/]"
+
+
+def switch_action(service: dict[str, Any]) -> str:
+    """What the switch does with this Service port's traffic: forwarding to N endpoints,
+    rejecting or dropping (and why), per family and for external frontends when they differ.
+
+    Read from each family's selection (``families`` in /status); an agent without it is
+    described by its ``rejecting`` flag and endpoint count."""
+    families: dict[str, Any] = service.get("families") or {}
+    if not families:
+        if service.get("rejecting"):
+            return _describe("reject", 0, "")
+        return _describe("forward", len(service.get("endpoints", ())), "")
+    parts: list[tuple[str, str]] = []
+    for family, sel in sorted(families.items()):
+        parts.append((family, _describe(sel["action"], len(sel["endpoints"]), sel["reason"])))
+        external = sel.get("external")
+        if external:
+            what = _describe(external["action"], len(external["endpoints"]), external["reason"])
+            parts.append((f"{family} external", what))
+    if len({what for _, what in parts}) == 1:
+        return parts[0][1]
+    return "; ".join(f"{where}: {what}" for where, what in parts)
+
+
 def render_status(info: dict[str, Any], console: Console) -> None:
     head = Table(show_header=False, title="ovsproxy agent")
     head.add_row("version", str(info["version"]))
@@ -62,7 +96,7 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         frontends = ", ".join(
             f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in svc["cluster_ips"]
         )
-        state = "[yellow]rejecting[/]" if svc["rejecting"] else "[green]forwarding[/]"
+        state = switch_action(svc)
         used = ", ".join(svc["endpoints"]) or "-"
         console.print(f"  [bold]{escape(svc['name'])}[/]  {state}  group {groups}")
         console.print(f"    frontends  {escape(frontends)}")

@@ -673,6 +673,16 @@ class Datapath:
         async with self._lock:
             return await self._resync_locked()
 
+    async def drifted(self) -> bool:
+        """Cheap drift check for the periodic full resync: does the switch still hold as many
+        flows of this generation as the cache says? (Groups are not listed: OpenFlow cannot
+        describe large ones; a lost group also loses the flows that use it.)"""
+        cookie = (pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (
+            self.generation << pl.COOKIE_GENERATION_SHIFT
+        )
+        cookies = await self.switch.flow_cookies(cookie, pl.COOKIE_APP_GENERATION_MASK)
+        return len(cookies) != len(self.installed_flows)
+
     async def _group_ids_in_switch(self) -> set[int]:
         """Group ids the switch may hold that are ours (a superset is fine: deleting a missing
         group is harmless, and every group we want is written with ADD_OR_MOD)."""

@@ -55,10 +55,9 @@ learned flows, which must survive an agent restart (session affinity state).
 from __future__ import annotations
 
 import enum
-import ipaddress
 from dataclasses import dataclass
 
-from ovsproxy.model import IPAddress, IPFamily
+from ovsproxy.model import IPAddress, IPFamily, node
 
 # -- conntrack ----------------------------------------------------------------------------
 CT_ZONE_V4 = 0xFFF0  # Antrea's SNAT-free Service zones; distinct per family
@@ -81,12 +80,10 @@ REJECT_USERDATA = b"ovsp-rej"  # marks our reject packet-ins (8 bytes: no paddin
 HAIRPIN_CT_ZONE_V4 = 0xFFF1
 HAIRPIN_CT_ZONE_V6 = 0xFFE7
 # The node's virtual Service IP (Antrea's): next hop of the Service routes and hairpin SNAT
-# source. Nobody owns it; a permanent neighbour entry resolves it to VIRTUAL_MAC.
-VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = {
-    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.253"),
-    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eeff"),
-}
-VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
+# source. Nobody owns it; a permanent neighbour entry resolves it to VIRTUAL_MAC. Defined in
+# ovsproxy.model.node, below both of its users (this pipeline and the route backends).
+VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_SERVICE_IP
+VIRTUAL_MAC: str = node.VIRTUAL_MAC
 
 # -- node-side capture (NodePort, external IPs, LB IPs; ovsproxy.capture) -------------------
 # Constants only so far: the ServiceLB flows that match them come with the NodePort wiring.

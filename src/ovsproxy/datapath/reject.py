@@ -377,18 +377,3 @@ def _kind(frame: bytes) -> str:
     return {IPPROTO_TCP: "tcp-rst", IPPROTO_ICMP: "icmp", IPPROTO_ICMPV6: "icmpv6"}.get(
         p.proto, str(p.proto)
     )
-
-
-def agent_wiring(channel: Any, datapath: Any) -> tuple[Any, dict[str, Any]]:
-    """What the agent needs for Service semantics: (an object with ``handle(packet_in)``
-    for the channel's packet-ins, keyword arguments for ``Proxier``).
-
-    Installs the reject meter before the datapath's replay by wrapping the channel's
-    ``on_connected`` hook, and starts the affinity sweeper (timeouts above 65,535 s).
-    """
-    from ovsproxy.datapath.semantics import ServiceSemantics
-
-    semantics = ServiceSemantics(channel, datapath)
-    semantics.wrap_on_connected()
-    semantics.start()
-    return semantics, semantics.proxier_kwargs()

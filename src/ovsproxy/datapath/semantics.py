@@ -8,8 +8,10 @@
 * ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
   runs it as a task; ``close`` stops it).
 
-The agent registers ``semantics.handle`` as the channel's packet-in callback (or calls it from
-its own) and passes ``semantics.proxier_kwargs()`` to ``Proxier``; ``status()`` is plain data.
+The agent builds it with ``ServiceSemantics.wired(channel, datapath)`` (meter hook installed,
+sweeper started), registers ``semantics.handle`` as the channel's packet-in callback (or calls
+it from its own) and passes ``semantics.proxier_kwargs()`` to ``Proxier``; ``status()`` is
+plain data.
 """
 
 from __future__ import annotations
@@ -43,6 +45,15 @@ class ServiceSemantics:
         self.conntrack = ConntrackFlusher(channel, appctl=appctl)
         self.sweeper = AffinitySweeper(channel, datapath.tables, interval=sweep_interval)
         self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def wired(cls, channel: Any, datapath: Any) -> ServiceSemantics:
+        """What the agent runs: the reject meter installed before the datapath's replay on
+        every (re)connection (``wrap_on_connected``), the affinity sweeper started."""
+        semantics = cls(channel, datapath)
+        semantics.wrap_on_connected()
+        semantics.start()
+        return semantics
 
     def handle(self, packet_in: of.PacketIn) -> None:
         self.rejector.handle(packet_in)

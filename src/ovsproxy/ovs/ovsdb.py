@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from ovsproxy.model import IPAddress
+from ovsproxy.model.node import PodPort
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ EXT_POD_NAME = "pod-name"
 EXT_POD_NAMESPACE = "pod-namespace"
 EXT_POD_IPS = "ip"  # comma-separated
 EXT_POD_MAC = "attached-mac"
+# Bridge external_ids key holding the last agent run's cookie generation.
+GENERATION_KEY = "ovsproxy-generation"
 
 
 class OVSDBError(RuntimeError):
@@ -50,18 +52,6 @@ def _import_ovsdbapp() -> tuple[Any, Any]:
         if hidden:
             del sys.modules["eventlet"]
     return connection, impl_idl
-
-
-@dataclass(frozen=True, slots=True)
-class PodPort:
-    """A pod attached to the bridge, as the CNI recorded it in the Interface's external_ids."""
-
-    interface: str
-    ofport: int
-    name: str
-    namespace: str
-    ips: tuple[IPAddress, ...]
-    mac: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +168,22 @@ class OVSDB:
                 )
             )
         return sorted(pods, key=lambda p: p.ofport)
+
+    def next_generation(self, bridge: str) -> int:
+        """A new cookie generation for this agent run, recorded on the bridge (1..65535).
+
+        Each run's flows carry their generation in the cookie, so the next run can tell an
+        older agent's flows from its own and delete them after adopting the switch."""
+        ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
+        try:
+            previous = int(ext.get(GENERATION_KEY, "0"))
+        except ValueError:
+            previous = 0
+        generation = previous % 0xFFFF + 1
+        self.api.db_set(
+            "Bridge", bridge, ("external_ids", {GENERATION_KEY: str(generation)})
+        ).execute(check_error=True)
+        return generation
 
 
 # -- the group-id registry ------------------------------------------------------------------

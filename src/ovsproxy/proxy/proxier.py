@@ -45,8 +45,8 @@ from ovsproxy.model import (
     ServicePortName,
     ServiceState,
 )
+from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
-from ovsproxy.ovs.ovsdb import PodPort
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
 from ovsproxy.proxy.tracker import ChangeTracker
 

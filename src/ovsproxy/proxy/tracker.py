@@ -30,8 +30,8 @@ from ovsproxy.model import (
     ServicePortName,
     ServiceState,
 )
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
-from ovsproxy.sources.problems import InvalidObject, SourceProblem
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
+from ovsproxy.model.problems import InvalidObject, SourceProblem
 
 log = logging.getLogger(__name__)
 

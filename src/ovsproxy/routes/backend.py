@@ -11,16 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ovsproxy.datapath.pipeline import VIRTUAL_MAC as PIPELINE_VIRTUAL_MAC
-from ovsproxy.datapath.pipeline import VIRTUAL_SERVICE_IP
-from ovsproxy.model import IPAddress, IPFamily, IPNetwork
+from ovsproxy.model import IPAddress, IPFamily, IPNetwork, node
 
-# The virtual next hop (Antrea's choice, kept so the pipeline and host look familiar): an
-# address nobody owns, resolved by a permanent neighbour entry to a MAC nobody owns, reachable
-# through a host route on the gateway. OVS matches the MAC to take the packet in.
-# (Defined once in the pipeline module: the datapath SNATs hairpin traffic to the same address.)
-VIRTUAL_NEXT_HOP: dict[IPFamily, IPAddress] = VIRTUAL_SERVICE_IP
-VIRTUAL_MAC = PIPELINE_VIRTUAL_MAC
+# The virtual next hop every Service route uses: the node's virtual Service IP (see
+# ovsproxy.model.node; the datapath SNATs hairpin traffic to the same address).
+VIRTUAL_NEXT_HOP: dict[IPFamily, IPAddress] = node.VIRTUAL_SERVICE_IP
+VIRTUAL_MAC: str = node.VIRTUAL_MAC
 
 
 class RouteBackendError(Exception):

@@ -252,19 +252,17 @@ class RouteManager:
 
     async def uninstall(self) -> RouteChanges:
         """Remove every Service route of ours (`ovsproxy run --cleanup`): the desired set is
-        emptied and each family is converged with deletes. The virtual next hop's neighbour
-        entry and link route stay (harmless, and shared with a later agent)."""
+        emptied and each family is converged with deletes.
+
+        The virtual next hop's host route and permanent neighbour entry stay, on purpose: they
+        carry no Service traffic once no route points at them; the neighbour entry has no
+        ownership mark and a host route found in place is adopted whoever made it, so we cannot
+        tell ours from a CNI's on the same gateway (the address and MAC are Antrea's too); and a
+        later agent reuses them as they are."""
 
         async def job() -> RouteChanges:
             self._desired = frozenset()
-            changes = RouteChanges()
-            for family in self.families:
-                try:
-                    await self._list(family)
-                except Exception as exc:
-                    changes += RouteChanges(errors=(f"list {family.name}: {exc}",))
-                    continue
-                changes += await self._converge(family, deletes=True)
+            changes, _ = await self._list_and_converge(deletes=True, job="uninstall", level=None)
             return changes
 
         return await self._submit("uninstall", job)
@@ -366,17 +364,9 @@ class RouteManager:
 
     async def _reconcile(self, nets: frozenset[IPNetwork]) -> RouteChanges:
         self._set_desired(self._desired | nets)
-        changes = RouteChanges()
-        listed_all = True
-        for family in self.families:
-            try:
-                await self._list(family)
-            except Exception as exc:
-                listed_all = False
-                changes += RouteChanges(errors=(f"list {family.name}: {exc}",))
-                log.error("routes: reconcile cannot list %s routes: %s", family.name, exc)
-                continue
-            changes += await self._converge(family, deletes=True)
+        changes, listed_all = await self._list_and_converge(
+            deletes=True, job="reconcile", level=logging.ERROR
+        )
         # Only a reconcile that saw the whole table may license later deletes; otherwise the
         # periodic sync retries it.
         self._reconciled = self._reconciled or listed_all
@@ -387,18 +377,30 @@ class RouteManager:
     async def _sync(self) -> RouteChanges:
         if self._reconcile_pending:
             return await self._reconcile(frozenset())
+        changes, _ = await self._list_and_converge(deletes=False, job="sync")
+        return changes
+
+    # -- building blocks ---------------------------------------------------------------------
+
+    async def _list_and_converge(
+        self, *, deletes: bool, job: str, level: int | None = logging.WARNING
+    ) -> tuple[RouteChanges, bool]:
+        """List each family's routes and converge it (a family that cannot be listed is
+        skipped, its error recorded and logged at ``level``; ``None``: not logged). Returns the
+        changes and whether every family was listed."""
         changes = RouteChanges()
+        listed_all = True
         for family in self.families:
             try:
                 await self._list(family)
             except Exception as exc:
+                listed_all = False
                 changes += RouteChanges(errors=(f"list {family.name}: {exc}",))
-                log.warning("routes: sync cannot list %s routes: %s", family.name, exc)
+                if level is not None:
+                    log.log(level, "routes: %s cannot list %s routes: %s", job, family.name, exc)
                 continue
-            changes += await self._converge(family, deletes=False)
-        return changes
-
-    # -- building blocks ---------------------------------------------------------------------
+            changes += await self._converge(family, deletes=deletes)
+        return changes, listed_all
 
     async def _list(self, family: IPFamily) -> None:
         routes = await self._op("list", family, "", self.backend.list_routes(self.gateway, family))

@@ -16,14 +16,9 @@ from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 NetworkLike = str | IPAddress | IPNetwork | ipaddress.IPv4Interface | ipaddress.IPv6Interface
 AddressLike = str | IPAddress | IPNetwork | ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
-_MAX_PREFIX = {IPFamily.IPv4: 32, IPFamily.IPv6: 128}
 
 # Spellings Kubernetes uses for "no ClusterIP" (headless Services) and an empty field.
 _NO_IP = frozenset({"", "none"})
-
-
-def max_prefix(family: IPFamily) -> int:
-    return _MAX_PREFIX[family]
 
 
 def parse_cluster_ip(value: AddressLike | None) -> IPAddress | None:

@@ -1,9 +1,9 @@
 """The Service CIDR discoverer: ClusterIP and ServiceCIDR events in, per-family CIDR changes out.
 
-The discoverer is the one place that decides which prefixes the node routes to Services. It is
-fed by the proxier (ClusterIPs, as ``ipaddress`` objects or any string spelling) and optionally
-by the ServiceCIDR informer (API objects as dicts), and it emits ``CIDRChange`` events that the
-route manager applies (``RouteManager.apply``).
+The discoverer is the one place that decides which prefixes the node routes to Services. It is fed
+by the proxier (ClusterIPs, as ``ipaddress`` objects or any string spelling) and optionally by the
+ServiceCIDR source (``model.ServiceCIDR`` values, converted by ``ovsproxy.sources``), and it emits
+``CIDRChange`` events that the route manager applies (``RouteManager.apply``).
 
 Rules (seed 000, and Antrea's ``pkg/agent/servicecidr``):
 
@@ -26,11 +26,10 @@ import enum
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from ovsproxy.model import IPAddress, IPFamily, IPNetwork
+from ovsproxy.model import IPAddress, IPFamily, IPNetwork, ServiceCIDR
 from ovsproxy.servicecidr.aggregate import (
     AddressLike,
     covers,
@@ -43,8 +42,6 @@ from ovsproxy.servicecidr.aggregate import (
 from ovsproxy.servicecidr.sources import (
     CIDRSource,
     networks_by_family,
-    networks_from_service_cidr,
-    object_name,
     parse_configured_cidrs,
     select_source,
 )
@@ -201,28 +198,26 @@ class ServiceCIDRDiscoverer:
 
     # -- ServiceCIDR events (from the informer) ----------------------------------------------
 
-    def upsert_service_cidr(self, obj: Mapping[str, Any]) -> list[CIDRChange]:
-        """A ServiceCIDR object was added or updated (the whole object, as a dict)."""
-        name = object_name(obj)
-        nets = networks_from_service_cidr(obj)
+    def upsert_service_cidr(self, cidr: ServiceCIDR) -> list[CIDRChange]:
+        """A ServiceCIDR object was added or updated (its whole new value)."""
         with self._lock:
-            if self._api_objects.get(name) == nets:
+            if self._api_objects.get(cidr.name) == cidr.cidrs:
                 return []
-            self._api_objects[name] = nets
+            self._api_objects[cidr.name] = cidr.cidrs
             changes = self._api_changed()
         return self._emit(changes)
 
-    def delete_service_cidr(self, obj: Mapping[str, Any] | str) -> list[CIDRChange]:
-        """A ServiceCIDR object is gone (the object or its name)."""
+    def delete_service_cidr(self, name: str) -> list[CIDRChange]:
+        """The ServiceCIDR object called ``name`` is gone."""
         with self._lock:
-            if self._api_objects.pop(object_name(obj), None) is None:
+            if self._api_objects.pop(name, None) is None:
                 return []
             changes = self._api_changed()
         return self._emit(changes)
 
-    def replace_service_cidrs(self, objs: Iterable[Mapping[str, Any]]) -> list[CIDRChange]:
+    def replace_service_cidrs(self, cidrs: Iterable[ServiceCIDR]) -> list[CIDRChange]:
         """The complete current list (a re-list after a 410): replaces every object at once."""
-        listed = {object_name(obj): networks_from_service_cidr(obj) for obj in objs}
+        listed = {cidr.name: cidr.cidrs for cidr in cidrs}
         with self._lock:
             if listed == self._api_objects:
                 return []

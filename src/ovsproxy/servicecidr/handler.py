@@ -1,11 +1,10 @@
-"""Adapter from the generic informer (``ovsproxy.sources.kubernetes``) to the discoverer.
+"""ServiceCIDR events (``model.ServiceCIDR`` values from the source) into the discoverer.
 
-Usage, with the source's extra-informer hook::
+Usage, with the Kubernetes source::
 
-    source.informer(SERVICE_CIDRS, ServiceCIDRInformerHandler(discoverer))
+    source.service_cidrs(ServiceCIDRHandler(discoverer))
 
-It has the informer's handler shape (``on_add``, ``on_update``, ``on_delete``, ``on_synced``,
-``on_error``) without importing the sources package. An error before the first successful list
+It implements ``model.handler.ServiceCIDRHandler``. An error before the first successful list
 (the cluster does not serve networking.k8s.io/v1 ServiceCIDR, or RBAC forbids it, or the API
 server is unreachable) switches the discoverer to aggregation, so routes are never held back
 waiting for this informer; a later successful list hands the ranges back to the API.
@@ -14,34 +13,34 @@ waiting for this informer; a later successful list hands the ranges back to the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
+from ovsproxy.model import ServiceCIDR
+from ovsproxy.model.problems import SourceError
 from ovsproxy.servicecidr.discoverer import ServiceCIDRDiscoverer
 
 log = logging.getLogger(__name__)
 
 
-class ServiceCIDRInformerHandler:
+class ServiceCIDRHandler:
     def __init__(self, discoverer: ServiceCIDRDiscoverer) -> None:
         self.discoverer = discoverer
         self.synced = False
         self.fell_back = False
 
-    def on_add(self, obj: Mapping[str, Any]) -> None:
-        self.discoverer.upsert_service_cidr(obj)
+    def on_add(self, cidr: ServiceCIDR) -> None:
+        self.discoverer.upsert_service_cidr(cidr)
 
-    def on_update(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
-        self.discoverer.upsert_service_cidr(new)
+    def on_update(self, cidr: ServiceCIDR) -> None:
+        self.discoverer.upsert_service_cidr(cidr)
 
-    def on_delete(self, obj: Mapping[str, Any]) -> None:
-        self.discoverer.delete_service_cidr(obj)
+    def on_delete(self, name: str) -> None:
+        self.discoverer.delete_service_cidr(name)
 
     def on_synced(self) -> None:
         self.synced = True
         self.discoverer.service_cidrs_synced()
 
-    def on_error(self, problem: object) -> None:
+    def on_error(self, problem: SourceError) -> None:
         if self.synced or self.fell_back:
             return  # the informer retries by itself; the last known ranges stay in force
         self.fell_back = True

@@ -14,6 +14,9 @@ Whatever the source, every ClusterIP the proxy knows stays routed: an address ou
 chosen ranges (a misconfiguration, or a ServiceCIDR object that arrives after the Service using
 it) is covered by an aggregated "spill-over" prefix of the uncovered addresses. See
 ``ServiceCIDRDiscoverer``.
+
+ServiceCIDR objects reach this package as ``model.ServiceCIDR`` values: ``ovsproxy.sources``
+converts them.
 """
 
 from __future__ import annotations
@@ -22,15 +25,11 @@ import enum
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
 
-from ovsproxy.model import IPAddress, IPFamily, IPNetwork
-from ovsproxy.servicecidr.aggregate import parse_cluster_ip, sort_networks
+from ovsproxy.model import IPFamily, IPNetwork
+from ovsproxy.servicecidr.aggregate import sort_networks
 
 log = logging.getLogger(__name__)
-
-SERVICE_CIDR_API_VERSION = "networking.k8s.io/v1"
-SERVICE_CIDR_KIND = "ServiceCIDR"
 
 
 class CIDRSource(enum.StrEnum):
@@ -69,35 +68,6 @@ def parse_configured_cidrs(values: Iterable[str]) -> dict[IPFamily, tuple[IPNetw
     return {family: tuple(sort_networks(nets)) for family, nets in found.items()}
 
 
-def networks_from_service_cidr(obj: Mapping[str, Any]) -> tuple[IPNetwork, ...]:
-    """The prefixes one ServiceCIDR object names (``spec.cidrs``), in a stable order.
-
-    Accepts the object as the API returns it (a dict). Invalid entries are logged and skipped;
-    the apiserver validates them, so that only happens with a broken or foreign object. The
-    object's Ready condition is deliberately ignored: a ServiceCIDR being created or deleted
-    may still have ClusterIPs allocated from it (deletion waits on a finalizer until none is
-    left), so its range must stay routed for as long as the object exists.
-    """
-    spec = obj.get("spec") or {}
-    nets: list[IPNetwork] = []
-    for text in spec.get("cidrs") or ():
-        try:
-            net = ipaddress.ip_network(str(text).strip(), strict=False)
-        except ValueError:
-            log.warning("ServiceCIDR %s: skipping invalid cidr %r", object_name(obj), text)
-            continue
-        if net not in nets:
-            nets.append(net)
-    return tuple(sort_networks(nets))
-
-
-def object_name(obj: Mapping[str, Any] | str) -> str:
-    """``metadata.name`` of an API object (ServiceCIDR is cluster-scoped), or the name itself."""
-    if isinstance(obj, str):
-        return obj
-    return str((obj.get("metadata") or {}).get("name", ""))
-
-
 def networks_by_family(
     networks: Iterable[IPNetwork],
 ) -> dict[IPFamily, tuple[IPNetwork, ...]]:
@@ -121,18 +91,3 @@ def select_source(
     if api is not None and api.get(family):
         return CIDRSource.API, api[family]
     return CIDRSource.AGGREGATED, ()
-
-
-def cluster_ips_of_service(obj: Mapping[str, Any]) -> tuple[IPAddress, ...]:
-    """The ClusterIPs of a Service object (``spec.clusterIPs``, else ``spec.clusterIP``).
-
-    Headless (``None``), empty and invalid values are skipped.
-    """
-    spec = obj.get("spec") or {}
-    values = spec.get("clusterIPs") or [spec.get("clusterIP")]
-    ips: list[IPAddress] = []
-    for value in values:
-        ip = parse_cluster_ip(value)
-        if ip is not None and ip not in ips:
-            ips.append(ip)
-    return tuple(ips)

@@ -34,7 +34,7 @@ from ovsproxy.model import (
     TrafficDistribution,
     TrafficPolicy,
 )
-from ovsproxy.sources.problems import (
+from ovsproxy.model.problems import (
     FieldPath,
     InvalidObjectError,
     SourceLocation,

@@ -32,14 +32,20 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ovsproxy.model import EndpointSlice, Service
+from ovsproxy.model.handler import (
+    SYNC_ENDPOINT_SLICES,
+    SYNC_SERVICES,
+    ServiceCIDRHandler,
+    SourceHandler,
+)
+from ovsproxy.model.problems import InvalidObject, InvalidObjectError, SourceError
 from ovsproxy.sources.convert import (
     PROXY_LABEL_SELECTOR,
     convert_endpoint_slice,
     convert_service,
     object_key,
 )
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
-from ovsproxy.sources.problems import InvalidObject, InvalidObjectError, SourceError
+from ovsproxy.sources.servicecidrs import ServiceCIDREvents
 
 try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
     import httpx2 as httpx
@@ -165,6 +171,10 @@ class Informer:
         self._failures = 0  # consecutive, for the backoff
         self._synced_event = asyncio.Event()
         self._name = f"kubernetes/{resource.plural}"
+
+    def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer:
+        """Run a ServiceCIDR informer; its objects reach ``handler`` as model values."""
+        return self.informer(SERVICE_CIDRS, ServiceCIDREvents(handler))
 
     async def wait_synced(self) -> None:
         await self._synced_event.wait()
@@ -398,8 +408,8 @@ class KubernetesSource:
     ``await start()`` creates the client and the two informers (running as tasks; each
     reports its kind synced after its first list); ``await wait_synced()`` waits for both;
     ``await stop()`` cancels them and closes the client. Also an async context manager.
-    ``informer(resource, handler)`` runs another informer on the same client (for
-    ServiceCIDRs, say), stopped with the rest.
+    ``informer(resource, handler)`` runs another informer on the same client, stopped with the
+    rest; ``service_cidrs(handler)`` runs the ServiceCIDR one, converting its objects.
     """
 
     services: Informer  # set by start()
@@ -479,6 +489,10 @@ class KubernetesSource:
         self.informers.append(informer)
         self._tasks.append(asyncio.create_task(informer.run(), name=f"informer-{resource.plural}"))
         return informer
+
+    def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer:
+        """Run a ServiceCIDR informer; its objects reach ``handler`` as model values."""
+        return self.informer(SERVICE_CIDRS, ServiceCIDREvents(handler))
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(informer.wait_synced() for informer in self.informers))

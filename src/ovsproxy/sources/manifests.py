@@ -33,14 +33,8 @@ import yaml
 
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import EndpointSlice, Service
-from ovsproxy.sources.convert import (
-    convert_endpoint_slice,
-    convert_service,
-    object_key,
-    service_ignored_reason,
-)
-from ovsproxy.sources.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
-from ovsproxy.sources.problems import (
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES, SourceHandler
+from ovsproxy.model.problems import (
     FieldPath,
     InvalidObject,
     InvalidObjectError,
@@ -48,6 +42,12 @@ from ovsproxy.sources.problems import (
     SourceError,
     SourceLocation,
     ValidationError,
+)
+from ovsproxy.sources.convert import (
+    convert_endpoint_slice,
+    convert_service,
+    object_key,
+    service_ignored_reason,
 )
 
 log = logging.getLogger(__name__)

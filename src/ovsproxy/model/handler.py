@@ -1,4 +1,6 @@
-"""The one interface every source delivers to (the change tracker implements it).
+"""The interfaces sources deliver to: ``SourceHandler`` (Services and EndpointSlices; the change
+tracker implements it) and ``ServiceCIDRHandler`` (ServiceCIDRs; ``ovsproxy.servicecidr``
+implements it).
 
 Sources convert and validate before calling it, so a handler only ever sees model values:
 no Kubernetes object crosses this line. Add and update carry the whole new value; delete
@@ -13,8 +15,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ovsproxy.model import EndpointSlice, Service
-from ovsproxy.sources.problems import SourceProblem
+from ovsproxy.model import EndpointSlice, Service, ServiceCIDR
+from ovsproxy.model.problems import SourceError, SourceProblem
 
 # The names sources pass to ``on_synced``: one per kind of object they have fully listed.
 SYNC_SERVICES = "Service"
@@ -40,3 +42,19 @@ class SourceHandler(Protocol):
     def on_error(self, problem: SourceProblem) -> None:
         """A rejected object (``InvalidObject``, all its bad fields), an unparsable file, a
         lost connection (``SourceError``): to count. The source has logged it already."""
+
+
+class ServiceCIDRHandler(Protocol):
+    """ServiceCIDR objects as model values. Delete carries the name only (cluster-scoped)."""
+
+    def on_add(self, cidr: ServiceCIDR) -> None: ...
+
+    def on_update(self, cidr: ServiceCIDR) -> None: ...
+
+    def on_delete(self, name: str) -> None: ...
+
+    def on_synced(self) -> None:
+        """The source has delivered its complete initial list of ServiceCIDRs."""
+
+    def on_error(self, problem: SourceError) -> None:
+        """The list or watch failed (the API may not serve ServiceCIDRs at all)."""

@@ -5,6 +5,11 @@ manifests or the API) into these; every other package works on these types alone
 
 IP addresses are ``ipaddress`` objects, never strings: ``10.96.0.1`` and ``10.96.0.1/32`` can
 not be confused once parsed (seed 000).
+
+The bottom layer: it imports nothing else of ovsproxy. Beside the Service values here,
+``model.node`` holds the node's own values (pod ports, the virtual Service address),
+``model.problems`` what can go wrong in a source, and ``model.handler`` the interfaces sources
+deliver to (the change tracker, the ServiceCIDR handler).
 """
 
 from __future__ import annotations
@@ -221,3 +226,12 @@ class EndpointSlice:
     name: str
     service: str
     ports: tuple[SlicePort, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCIDR:
+    """A networking.k8s.io/v1 ServiceCIDR: the ranges the API server allocates ClusterIPs
+    from (cluster-scoped, so a name and no namespace). ``cidrs`` is canonical and sorted."""
+
+    name: str
+    cidrs: tuple[IPNetwork, ...] = ()

@@ -1,0 +1,176 @@
+"""The agent's life: start-up order and run (``Agent``), then shutdown and ``--cleanup``.
+
+sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. That loop
+owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
+``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
+adopts them hitlessly) unless ``cleanup`` is set; even then the virtual next hop's host route
+and permanent neighbour entry stay (see ``RouteManager.uninstall``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from ovsproxy import __version__
+from ovsproxy.agent import embedded
+from ovsproxy.agent.observability import StatusPages, register_metrics
+from ovsproxy.agent.pods import PodWatcher
+from ovsproxy.agent.sync import Syncer
+from ovsproxy.agent.wiring import (
+    Components,
+    build_openflow,
+    build_proxier,
+    build_routes,
+    build_source,
+    manifest_paths,
+)
+from ovsproxy.config import AgentConfig
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.metrics import HealthState, Metrics
+from ovsproxy.openflow import protocol as of
+from ovsproxy.ovs.ovsdb import OVSDB
+from ovsproxy.proxy.runner import SyncRunner
+
+log = logging.getLogger("ovsproxy.agent")
+
+
+class Agent:
+    """``await Agent(config).run(stop)``: starts everything in order, runs until ``stop`` is
+    set, then shuts down (``shutdown``).
+
+    ``parts`` holds the components, ``ready`` is set after the first complete sync, and
+    ``pages.status_json()`` is what /status serves."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.parts = Components(config)
+        self.health = HealthState()
+        self.metrics = Metrics()
+        self.pods = PodWatcher(config.bridge)
+        self.pages = StatusPages(self.parts, self.metrics, self.health)
+        self.syncer = Syncer(self.parts, self.metrics, self.health, self._first_sync)
+        self.ready = self.syncer.ready
+        self.tasks: list[asyncio.Task[Any]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        cfg, parts = self.config, self.parts
+        log.info("ovsproxy %s starting (mode %s)", __version__, cfg.mode)
+        try:
+            ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
+            parts.ovsdb = await asyncio.to_thread(OVSDB, ovsdb_endpoint)
+            generation = await asyncio.to_thread(parts.ovsdb.next_generation, cfg.bridge)
+            log.info("cookie generation %d", generation)
+            parts.channel, parts.datapath = build_openflow(
+                cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
+            )
+            register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
+            await self.pages.start_http()
+            if cfg.manage_routes:
+                parts.routes, parts.discoverer = build_routes(cfg, parts.netns)
+                await parts.routes.start()
+                parts.discoverer.subscribe(parts.routes.apply_soon)
+            parts.proxier, parts.semantics = build_proxier(parts, self.pods.current)
+            parts.runner = SyncRunner(
+                self.syncer,
+                min_interval=cfg.min_sync_interval,
+                full_resync_interval=cfg.full_resync_interval,
+            )
+            parts.tracker.set_notify(parts.runner.request)
+            await parts.channel.start(wait=False)
+            await parts.channel.wait_ready(timeout=30)
+            if cfg.mode == pl.Mode.STANDALONE:
+                await self.pods.read(parts.ovsdb)
+                poll = self.pods.poll(parts.ovsdb, parts.runner.request)
+                self.tasks.append(asyncio.create_task(poll, name="pods"))
+            await self._start_source()
+            parts.runner.request(full=True)
+            self.tasks.append(asyncio.create_task(parts.runner.run(), name="sync runner"))
+            await stop.wait()
+        finally:
+            await shutdown(parts, self.tasks, self.pages)
+
+    async def _start_ovs(self) -> tuple[str, str]:
+        """The OVSDB and OpenFlow endpoints: the configured OVS, or the embedded sandbox."""
+        cfg, parts = self.config, self.parts
+        if not cfg.embedded:
+            assert cfg.ovsdb is not None and cfg.openflow is not None
+            parts.netns = cfg.netns
+            return cfg.ovsdb, cfg.openflow
+        parts.sandbox = await embedded.start_sandbox(cfg)
+        parts.netns = parts.sandbox.netns
+        return parts.sandbox.ovsdb, parts.sandbox.openflow
+
+    async def _start_source(self) -> None:
+        parts = self.parts
+        source = parts.source = build_source(self.config, parts.tracker)
+        await source.start()
+        if parts.discoverer is not None and not manifest_paths(self.config):
+            from ovsproxy.servicecidr import ServiceCIDRHandler
+            from ovsproxy.sources.kubernetes import KubernetesSource
+
+            assert isinstance(source, KubernetesSource)
+            source.service_cidrs(ServiceCIDRHandler(parts.discoverer))
+
+    def _on_packet_in(self, packet_in: of.PacketIn) -> None:
+        if self.parts.semantics is not None:
+            self.parts.semantics.handle(packet_in)
+
+    def _first_sync(self) -> None:
+        if self.parts.sandbox is not None and self.pages.http is not None:
+            embedded.log_banner(self.parts, self.pages.http.port)
+
+
+async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: StatusPages) -> None:
+    """Stop in the reverse order of start-up; with ``cleanup``, remove our state first."""
+    if parts.runner is not None:
+        parts.runner.stop()
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    tasks.clear()
+    if parts.semantics is not None:
+        with contextlib.suppress(Exception):
+            await parts.semantics.close()
+    if parts.source is not None:
+        with contextlib.suppress(Exception):
+            await parts.source.stop()
+    if parts.config.cleanup:
+        await cleanup(parts)
+    if parts.routes is not None:
+        with contextlib.suppress(Exception):
+            await parts.routes.stop()
+    await pages.stop_http()
+    if parts.channel is not None:
+        await parts.channel.close()
+    if parts.ovsdb is not None:
+        await asyncio.to_thread(parts.ovsdb.close)
+    if parts.sandbox is not None:
+        await asyncio.to_thread(parts.sandbox.down)
+    log.info(
+        "stopped%s",
+        " (flows, groups and Service routes removed; the virtual next hop's host route "
+        "and neighbour entry stay)"
+        if parts.config.cleanup
+        else " (flows, groups and routes left in place for a hitless restart)",
+    )
+
+
+async def cleanup(parts: Components) -> None:
+    """--cleanup: remove every flow and group we own, and our Service routes."""
+    if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
+        for owner in parts.datapath.owners():
+            parts.datapath.unstage(owner)
+        try:
+            await parts.datapath.commit()
+        except Exception as exc:
+            log.error("cleanup of flows and groups failed: %s", exc)
+    if parts.routes is not None:
+        try:
+            await parts.routes.uninstall()
+        except Exception as exc:
+            log.error("cleanup of routes failed: %s", exc)

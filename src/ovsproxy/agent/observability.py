@@ -1,0 +1,179 @@
+"""What the agent shows about itself: the metrics it registers, /status and /dump.
+
+``register_metrics`` adds the counters read from the run's components; ``StatusPages`` serves
+/status and /dump next to /healthz and /metrics on one HTTP endpoint (``--metrics-address``).
+Both only read the ``Components``, never change them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ovsproxy import __version__
+from ovsproxy.agent.wiring import Components
+from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics
+
+log = logging.getLogger("ovsproxy.agent")
+
+Samples = dict[tuple[str, ...], float]
+
+
+def register_metrics(
+    metrics: Metrics,
+    health: HealthState,
+    parts: Components,
+    openflow_errors: Mapping[str, int],
+) -> None:
+    """The counters read at scrape time from the channel, the route manager, the tracker and
+    the sync wrapper's error count; /healthz's view of the OpenFlow connection."""
+    m = metrics
+
+    def wire(direction: str, column: int) -> Callable[[], Samples]:
+        """Read one column (0 messages, 1 bytes) of the channel's counters by type."""
+
+        def read() -> Samples:
+            if parts.channel is None:
+                return {}
+            table = getattr(parts.channel.counters, direction)
+            return {(k,): float(v[column]) for k, v in table.items()}
+
+        return read
+
+    for direction in ("sent", "received", "bundled"):
+        for column, unit in enumerate(("messages", "bytes")):
+            m.add_counter(
+                f"ovsproxy_openflow_{direction}_{unit}",
+                f"OpenFlow {unit} {direction} by message type.",
+                ("type",),
+                wire(direction, column),
+            )
+    m.add_counter(
+        "ovsproxy_openflow_errors",
+        "OpenFlow errors from the switch by name.",
+        ("error",),
+        lambda: {(k,): float(v) for k, v in openflow_errors.items()},
+    )
+    m.add_counter(
+        "ovsproxy_openflow_connections",
+        "Successful OpenFlow handshakes.",
+        (),
+        lambda: {(): float(parts.channel.connections if parts.channel else 0)},
+    )
+
+    def routes() -> Samples:
+        if parts.routes is None:
+            return {}
+        return {(k.op, k.result, str(k.family)): float(v) for k, v in parts.routes.counters.items()}
+
+    m.add_counter(
+        "ovsproxy_route_operations",
+        "Service route operations.",
+        ("op", "result", "family"),
+        routes,
+    )
+    stats = parts.tracker.stats
+    m.add_counter(
+        "ovsproxy_source_events",
+        "Source events by object kind and event.",
+        ("event",),
+        lambda: {(k,): float(v) for k, v in stats.events.items()},
+    )
+    m.add_counter(
+        "ovsproxy_source_invalid_objects",
+        "Objects rejected by validation.",
+        ("kind",),
+        lambda: {(k,): float(v) for k, v in stats.invalid.items()},
+    )
+    m.add_counter(
+        "ovsproxy_source_errors",
+        "Source errors (parse, API) by source.",
+        ("source",),
+        lambda: {(k,): float(v) for k, v in stats.errors.items()},
+    )
+    health.connected = lambda: parts.channel is not None and parts.channel.connected
+
+
+class StatusPages:
+    """/status (JSON, what ``ovsproxy status`` renders) and /dump, served with /healthz and
+    /metrics."""
+
+    def __init__(self, parts: Components, metrics: Metrics, health: HealthState) -> None:
+        self.parts = parts
+        self.metrics = metrics
+        self.health = health
+        self.started = time.time()
+        self.http: HTTPEndpoint | None = None
+
+    # -- HTTP -----------------------------------------------------------------------------------
+    async def start_http(self) -> HTTPEndpoint:
+        host, port = self.parts.config.metrics_host_port
+        self.http = HTTPEndpoint(self.metrics, self.health, host, port)
+        self.http.extra_routes = {"/status": self.status_json, "/dump": self.dump_text}
+        await self.http.start()
+        log.info(
+            "health and metrics on http://%s:%d/healthz /metrics /status /dump",
+            host,
+            self.http.port,
+        )
+        return self.http
+
+    async def stop_http(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
+
+    # -- /status and /dump ----------------------------------------------------------------------
+    def status_json(self) -> dict[str, Any]:
+        parts = self.parts
+        services = []
+        if parts.proxier is not None:
+            for name, inst in sorted(parts.proxier.services.items(), key=lambda kv: str(kv[0])):
+                port = inst.state.port
+                entry = {
+                    "name": str(name),
+                    "cluster_ips": [str(ip) for ip in port.cluster_ips],
+                    "port": port.port,
+                    "protocol": str(port.protocol),
+                    "group_ids": {str(int(f)): g for f, g in inst.group_ids.items()},
+                    "endpoints": [str(ep) for ep in inst.endpoints],
+                    "all_endpoints": len(inst.state.endpoints),
+                    "rejecting": inst.rejecting,
+                    "session_affinity_s": port.affinity_timeout,
+                    "internal_traffic_policy": str(port.internal_traffic_policy),
+                }
+                entry.update(inst.status())
+                services.append(entry)
+        routes = []
+        if parts.routes is not None:
+            routes = sorted(str(r) for r in parts.routes.installed())
+        dp, channel, sandbox = parts.datapath, parts.channel, parts.sandbox
+        healthy, last_sync = self.health.check()
+        return {
+            "version": __version__,
+            "uptime_s": round(time.time() - self.started, 1),
+            "sandbox": sandbox.name if sandbox else None,
+            "node_namespace": sandbox.netns if sandbox else parts.config.netns,
+            "openflow": {
+                "connected": bool(channel and channel.connected),
+                "connections": channel.connections if channel else 0,
+            },
+            "generation": dp.generation if dp else None,
+            "groups": len(dp.installed_groups) if dp else 0,
+            "flows": len(dp.installed_flows) if dp else 0,
+            "healthy": healthy,
+            "last_sync": last_sync,
+            "routes": routes,
+            "services": services,
+            "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            # Service ports the switch refused: they keep their last good state
+            "refused": {
+                str(name): reason
+                for name, reason in (parts.proxier.refused.items() if parts.proxier else ())
+            },
+        }
+
+    def dump_text(self) -> str:
+        dp = self.parts.datapath
+        return "\n".join(dp.dump()) + "\n" if dp else ""

@@ -1,0 +1,87 @@
+"""The sync wrapper the runner calls: drift repair, the proxier's sync, and what follows it.
+
+Around ``Proxier.sync``: on a periodic full sync, a switch that lost flows behind our back is
+rewritten first (``Datapath.drifted``); a failure counts the OVS error by name and marks the
+agent unhealthy; once the sources have synced, the node's routes are converged once from the
+complete ClusterIP list before the agent calls itself healthy and ready, and the gauges are set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from ovsproxy.agent.wiring import Components
+from ovsproxy.metrics import HealthState, Metrics
+from ovsproxy.openflow.connection import OpenFlowError
+
+log = logging.getLogger("ovsproxy.agent")
+
+
+class Syncer:
+    """``SyncRunner(Syncer(...))``: one call per sync. ``ready`` is set after the first
+    complete one; ``on_first_sync`` runs then (the embedded default's banner)."""
+
+    def __init__(
+        self,
+        parts: Components,
+        metrics: Metrics,
+        health: HealthState,
+        on_first_sync: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.parts = parts
+        self.metrics = metrics
+        self.health = health
+        self.on_first_sync = on_first_sync
+        self.openflow_errors: Counter[str] = Counter()  # OVS errors of failed syncs, by name
+        self.ready = asyncio.Event()
+        self._routes_reconciled = False
+
+    async def __call__(self, full: bool) -> None:
+        parts = self.parts
+        assert parts.proxier is not None and parts.datapath is not None
+        proxier, datapath = parts.proxier, parts.datapath
+        started = time.perf_counter()
+        try:
+            if full and datapath.commits and await datapath.drifted():
+                log.warning("switch lost flows or groups behind our back: rewriting all")
+                await datapath.resync_switch()
+            await proxier.sync(full)
+        except Exception as exc:
+            # An OVS error, raised as is or as the cause of a datapath error: count its name.
+            error = exc if isinstance(exc, OpenFlowError) else exc.__cause__
+            if isinstance(error, OpenFlowError):
+                self.openflow_errors[error.name] += 1
+            self.metrics.syncs.labels("error").inc()
+            self.health.sync_result(False, str(exc))
+            raise
+        if not parts.tracker.synced:
+            return
+        if parts.routes is not None and not self._routes_reconciled:
+            # Start-up: converge the node's routes once, from the complete ClusterIP list,
+            # before we call ourselves healthy.
+            assert parts.discoverer is not None
+            await parts.routes.reconcile(parts.discoverer.desired)
+            self._routes_reconciled = True
+        m = self.metrics
+        m.sync_duration.labels("full" if full else "partial").observe(time.perf_counter() - started)
+        m.syncs.labels("ok").inc()
+        m.last_sync_success.set(time.time())
+        self.health.sync_result(True)
+        m.services.set(len(proxier.services))
+        m.refused.set(len(proxier.refused))
+        m.endpoints.set(proxier.endpoint_count())
+        m.groups.set(len(datapath.installed_groups))
+        m.flows.set(len(datapath.installed_flows))
+        if not self.ready.is_set():
+            self.ready.set()
+            log.info(
+                "first sync done: %d Service ports, %d groups, %d flows",
+                len(proxier.services),
+                len(datapath.installed_groups),
+                len(datapath.installed_flows),
+            )
+            self.on_first_sync()

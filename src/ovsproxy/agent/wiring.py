@@ -1,0 +1,174 @@
+"""Building the agent's components from its configuration; nothing here starts anything.
+
+Which source (manifests or the Kubernetes API), which route backend (by platform, or forced
+with ``route_backend``), the OpenFlow channel and the datapath over it, the Service semantics
+and the proxier. ``Components`` holds what one run has built so far: the other agent modules
+(sync, observability, lifecycle) read it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ovsproxy.config import ROUTE_BACKENDS, AgentConfig, ConfigError
+from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.semantics import ServiceSemantics
+from ovsproxy.lab import EXAMPLES
+from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.connection import Channel
+from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
+from ovsproxy.proxy.proxier import Proxier
+from ovsproxy.proxy.tracker import ChangeTracker
+from ovsproxy.servicecidr.feed import ClusterIPFeed
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from ovsproxy.model.node import PodPort
+    from ovsproxy.ovs.sandbox import Sandbox
+    from ovsproxy.proxy.runner import SyncRunner
+    from ovsproxy.routes import RouteBackend, RouteManager
+    from ovsproxy.servicecidr import ServiceCIDRDiscoverer
+    from ovsproxy.sources.kubernetes import KubernetesSource
+    from ovsproxy.sources.manifests import ManifestSource
+
+log = logging.getLogger("ovsproxy.agent")
+
+
+@dataclass
+class Components:
+    """Everything one agent run owns, filled in as start-up proceeds (None: not there, yet or
+    at all: no sandbox on a real OVS, no routes with ``--no-routes``)."""
+
+    config: AgentConfig
+    tracker: ChangeTracker = field(default_factory=ChangeTracker)
+    sandbox: Sandbox | None = None
+    netns: str | None = None  # the node's network namespace for routes
+    ovsdb: OVSDB | None = None
+    channel: Channel | None = None
+    datapath: Datapath | None = None
+    semantics: ServiceSemantics | None = None
+    proxier: Proxier | None = None
+    runner: SyncRunner | None = None
+    source: ManifestSource | KubernetesSource | None = None
+    routes: RouteManager | None = None
+    discoverer: ServiceCIDRDiscoverer | None = None
+
+
+# -- the source -------------------------------------------------------------------------------
+
+
+def manifest_paths(config: AgentConfig) -> list[str]:
+    """The manifests to read: those given, or the bundled examples for the embedded default
+    (no OVS and no Kubernetes API given); empty means the Kubernetes API."""
+    if config.manifests:
+        return list(config.manifests)
+    if config.embedded and not (config.kubeconfig or config.in_cluster):
+        return [str(EXAMPLES)]
+    return []
+
+
+def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource | KubernetesSource:
+    # Imported when chosen: the other source's libraries are not loaded.
+    paths = manifest_paths(config)
+    if paths:
+        from ovsproxy.sources.manifests import ManifestSource
+
+        log.info("source: manifests %s (watched for changes)", ", ".join(paths))
+        return ManifestSource([Path(p) for p in paths], tracker)
+    from ovsproxy.sources.kubernetes import KubernetesSource
+
+    log.info("source: Kubernetes API (%s)", config.kubeconfig or "in-cluster / default kubeconfig")
+    return KubernetesSource(tracker, kubeconfig=config.kubeconfig)
+
+
+# -- routes -----------------------------------------------------------------------------------
+
+
+def route_backend_name(choice: str, platform: str = sys.platform) -> str:
+    """``auto`` picks by platform: Windows' NetTCPIP cmdlets on win32, netlink elsewhere."""
+    if choice not in ROUTE_BACKENDS:
+        raise ConfigError(f"route_backend: {choice!r} is not one of {', '.join(ROUTE_BACKENDS)}")
+    if choice != "auto":
+        return choice
+    return "windows" if platform == "win32" else "linux"
+
+
+def build_route_backend(config: AgentConfig, netns: str | None) -> RouteBackend:
+    name = route_backend_name(config.route_backend)
+    if name == "windows":
+        if netns is not None:
+            raise ConfigError("route_backend windows and netns: network namespaces are Linux only")
+        from ovsproxy.routes.windows import WindowsRouteBackend
+
+        return WindowsRouteBackend()
+    from ovsproxy.routes.linux import LinuxRouteBackend
+
+    return LinuxRouteBackend(netns=netns)
+
+
+def build_routes(
+    config: AgentConfig, netns: str | None
+) -> tuple[RouteManager, ServiceCIDRDiscoverer]:
+    """The route manager and the discoverer deciding its prefixes (the ServiceCIDR API is
+    asked only when the Services come from the API too)."""
+    from ovsproxy.routes import RouteManager
+    from ovsproxy.servicecidr import ServiceCIDRDiscoverer
+
+    discoverer = ServiceCIDRDiscoverer(
+        configured=config.service_cidr, use_api=not manifest_paths(config)
+    )
+    backend = build_route_backend(config, netns)
+    log.info("routes: %s backend on %s", backend.name, config.gateway)
+    routes = RouteManager(backend, config.gateway, sync_interval=config.route_sync_interval)
+    return routes, discoverer
+
+
+# -- OpenFlow, datapath, proxier --------------------------------------------------------------
+
+
+def build_openflow(
+    config: AgentConfig,
+    endpoint: str,
+    ovsdb: OVSDB,
+    generation: int,
+    on_packet_in: Callable[[of.PacketIn], None],
+) -> tuple[Channel, Datapath]:
+    """The channel (not started) and the datapath over it; every (re)connection replays the
+    datapath (``Datapath.on_connected``). Group ids are recorded in OVSDB for the next run."""
+    holder: list[Datapath] = []
+
+    async def on_connected() -> None:
+        await holder[0].on_connected()
+
+    channel = Channel(endpoint, on_connected=on_connected, on_packet_in=on_packet_in)
+    datapath = Datapath(
+        channel, config.pipeline, generation, registry=OVSDBGroupRegistry(ovsdb, config.bridge)
+    )
+    holder.append(datapath)
+    return channel, datapath
+
+
+def build_proxier(
+    parts: Components, pods: Callable[[], Awaitable[list[PodPort]]]
+) -> tuple[Proxier, ServiceSemantics]:
+    """The proxier over the datapath, with the Service semantics (reject, conntrack flush,
+    affinity sweep) wired to the channel and the ClusterIPs fed to the route discoverer."""
+    assert parts.channel is not None and parts.datapath is not None
+    config = parts.config
+    semantics = ServiceSemantics.wired(parts.channel, parts.datapath)
+    feed = ClusterIPFeed(parts.discoverer) if parts.discoverer is not None else None
+    proxier = Proxier(
+        parts.tracker,
+        parts.datapath,
+        node_name=config.node_name,
+        zone=config.zone,
+        pods=pods,
+        on_cluster_ips=feed,
+        **semantics.proxier_kwargs(),
+    )
+    return proxier, semantics

@@ -1,0 +1,36 @@
+"""What the proxy knows about its own node: the pods on the bridge and the virtual Service address.
+
+Values shared by the layers that read them (``ovs.ovsdb`` reads pod ports, ``proxy`` programs
+them) and by the two users of the virtual Service address (the pipeline's hairpin SNAT and the
+route backends' next hop), so neither has to import the other.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from ovsproxy.model import IPAddress, IPFamily
+
+
+@dataclass(frozen=True, slots=True)
+class PodPort:
+    """A pod attached to the bridge, as the CNI recorded it in the Interface's external_ids."""
+
+    interface: str
+    ofport: int
+    name: str
+    namespace: str
+    ips: tuple[IPAddress, ...]
+    mac: str
+
+
+# The node's virtual Service IP (Antrea's choice, kept so the pipeline and host look familiar):
+# an address nobody owns, resolved by a permanent neighbour entry to a MAC nobody owns, reached
+# through a host route on the gateway. It is the next hop of the Service routes (OVS matches the
+# MAC to take the packet in) and the source hairpin traffic is SNATed to.
+VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = {
+    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.253"),
+    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eeff"),
+}
+VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"

@@ -1,0 +1,67 @@
+"""`ovsproxy status` text says what the switch does with each Service port, from the same
+/status data the JSON shows: the proxier's real selection, through the agent's status."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from ovsproxy.agent.observability import StatusPages
+from ovsproxy.agent.wiring import Components
+from ovsproxy.cli.status_cmd import render_status
+from ovsproxy.config import AgentConfig
+from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.metrics import HealthState, Metrics
+from ovsproxy.model import TrafficPolicy
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
+from ovsproxy.proxy.proxier import Proxier
+from tests.proxy.test_proxier_semantics import NODE, REJECT_MARK, Recorder, apply, ep, port
+
+
+async def _status() -> tuple[dict, str]:
+    parts = Components(AgentConfig(node_name=NODE))
+    parts.tracker.on_synced(SYNC_SERVICES)
+    parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    recorder = Recorder()
+    parts.datapath = Datapath(recorder, pl.PipelineConfig(), 1)
+    parts.proxier = Proxier(
+        parts.tracker, parts.datapath, node_name=NODE, reject_action=REJECT_MARK
+    )
+    tracker = parts.tracker
+    # iTP Local, its only endpoint on another node: the switch drops
+    apply(
+        tracker,
+        port("10.96.0.2", name="local", internal_traffic_policy=TrafficPolicy.LOCAL),
+        [ep("10.0.0.1")],
+    )
+    apply(tracker, port("10.96.0.1", name="empty"), [])  # no endpoint: rejects
+    apply(tracker, port("10.96.0.3", name="ok"), [ep("10.0.0.1"), ep("10.0.0.2")])
+    # dual-stack, IPv6 without endpoints: forwards IPv4, rejects IPv6
+    apply(tracker, port("10.96.0.4", "fd00::4", name="dual"), [ep("10.0.0.3")])
+    await parts.proxier.sync()
+    info = StatusPages(parts, Metrics(), HealthState()).status_json()
+    out = io.StringIO()
+    render_status(info, Console(file=out, width=200, color_system=None))
+    return info, out.getvalue()
+
+
+def _line(text: str, name: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(f"ns/{name}:"))
+
+
+async def test_status_text_says_dropping_rejecting_or_forwarding_to_n_endpoints() -> None:
+    info, text = await _status()
+    by_name = {s["name"]: s for s in info["services"]}
+    local = by_name["ns/local:p/TCP"]
+    assert local["dropping"] and not local["rejecting"]  # the JSON's view
+    assert "dropping (internalTrafficPolicy Local: no usable endpoint on this node)" in _line(
+        text, "local"
+    )
+    assert "forwarding" not in _line(text, "local")
+    assert "rejecting (no usable endpoints)" in _line(text, "empty")
+    assert "forwarding to 2 endpoints" in _line(text, "ok")
+    dual = _line(text, "dual")
+    assert "IPv4: forwarding to 1 endpoint;" in dual
+    assert "IPv6: rejecting (no usable endpoints)" in dual
