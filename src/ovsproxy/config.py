@@ -40,6 +40,8 @@ class AgentConfig:
     next_table: int = 20
     group_id_min: int = 1
     group_id_max: int = 0xFFFFFEFF
+    # standalone: SNAT source of node-originated Service traffic to endpoints on other nodes
+    host_snat_ip: tuple[str, ...] = ()
     # node
     node_name: str = field(default_factory=socket.gethostname)
     zone: str | None = None
@@ -71,6 +73,7 @@ class AgentConfig:
             next_table=self.next_table,
             group_id_min=self.group_id_min,
             group_id_max=self.group_id_max,
+            host_snat_ips=tuple(ipaddress.ip_address(ip) for ip in self.host_snat_ip),
         )
 
     @property
@@ -82,7 +85,7 @@ class AgentConfig:
         return [ipaddress.ip_network(c, strict=False) for c in self.service_cidr]
 
 
-_TUPLE_FIELDS = {"manifests", "service_cidr"}
+_TUPLE_FIELDS = {"manifests", "service_cidr", "host_snat_ip"}
 # The route backends ``route_backend`` may name; ``auto`` picks by platform (agent.wiring).
 ROUTE_BACKENDS = ("auto", "linux", "windows")
 
@@ -122,6 +125,11 @@ def validate(config: AgentConfig) -> AgentConfig:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             raise ConfigError(f"service_cidr: {cidr!r} is not an IP network") from None
+    for ip in config.host_snat_ip:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(f"host_snat_ip: {ip!r} is not an IP address") from None
     try:
         config.pipeline  # noqa: B018 - validates tables and group range
     except ValueError as exc:

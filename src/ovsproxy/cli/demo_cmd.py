@@ -4,6 +4,11 @@ Builds the example lab in a private sandbox, runs the agent on the bundled examp
 sends HTTP requests to every ClusterIP from a pod and from the node (through the Service
 route), shows which endpoint answered how often, then changes the endpoints and shows the
 traffic follow. Everything is removed at the end.
+
+``--nodes N`` runs the tour on the multi-node lab instead (``ovsproxy.lab.cluster``): N nodes,
+each with its own OVS and agent process, the Service ``lab/web`` with an endpoint on every node,
+and HTTP from a pod and from the node namespace of every node, IPv4 and IPv6, so every node's
+traffic reaches every endpoint (local ones directly, remote ones over the underlay).
 """
 
 from __future__ import annotations
@@ -218,17 +223,82 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
     return report
 
 
+def _run_cluster_demo(nodes: int, requests: int, as_json: bool, console: Console) -> dict[str, Any]:
+    from ovsproxy.lab.cluster import Lab
+    from ovsproxy.lab.manifests import endpoint_texts, write_service
+
+    say = (lambda *a, **k: None) if as_json else console.print
+    report: dict[str, Any] = {"nodes": nodes, "phases": [], "ok": False}
+    say(
+        f"[bold]1.[/] {nodes} nodes, each a network namespace with its own Open vSwitch and "
+        "agent, on one underlay; a web pod and a client pod on every node"
+    )
+    with Lab(nodes) as lab:
+        report["lab_up_s"] = round(lab.started_in or 0.0, 3)
+        say(f"   up in {report['lab_up_s']} s")
+        service = lab.web_service()
+        write_service(lab.manifests, service)
+        lab.wait_endpoints("lab/web:http/TCP", endpoint_texts(service.endpoints, 8080))
+        expected = sorted(ep.pod for ep in service.endpoints)
+        say(
+            "[bold]2.[/] Service lab/web (10.96.0.10, fd00:10:96::10) with endpoints "
+            f"{', '.join(expected)}; every agent programmed it"
+        )
+        say(f"[bold]3.[/] {requests} HTTP requests from a pod and from the node, on every node")
+        results = []
+        with Progress(console=console, transient=True, disable=as_json) as progress:
+            task = progress.add_task("requests", total=nodes * 4 * requests)
+            for node in lab.nodes.values():
+                client = next(p for p in node.pods.values() if not p.http_ports)
+                for url in ("http://10.96.0.10/", "http://[fd00:10:96::10]/"):
+                    for who, netns in (
+                        (f"pod {client.name}", client.netns),
+                        ("node namespace", node.netns),
+                    ):
+                        out = run_in_netns(
+                            netns, "http", url, "--count", str(requests), "--timeout", "2"
+                        )
+                        results.append(
+                            {
+                                "service": f"lab/web ({node.name})",
+                                "url": url,
+                                "node": node.name,
+                                "client": f"{node.name} {who}",
+                                "counts": dict(sorted(out["counts"].items())),
+                                "failed": out["failed"],
+                                "failures": out["failures"],
+                                "expected": expected,
+                                "ok": out["failed"] == 0 and sorted(out["counts"]) == expected,
+                            }
+                        )
+                        progress.advance(task, requests)
+        report["phases"].append({"phase": "every node to every endpoint", "results": results})
+        say(_table("Which endpoint answered (local and on other nodes)", results))
+        report["ok"] = all(r["ok"] for r in results)
+    say("[bold]4.[/] cleaned up: agents stopped, nodes, pods, underlay and namespaces removed")
+    return report
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="print the results as one JSON object")
 @click.option("--requests", default=60, show_default=True, help="requests per ClusterIP and client")
-def demo(as_json: bool, requests: int) -> None:
+@click.option(
+    "--nodes",
+    type=click.IntRange(1, 50),
+    default=None,
+    help="run on the multi-node lab with this many nodes (each its own OVS and agent)",
+)
+def demo(as_json: bool, requests: int, nodes: int | None) -> None:
     """Show ClusterIPs load-balanced by OVS with real traffic (needs root)."""
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     console = Console(stderr=as_json)
     try:
-        report = asyncio.run(_run_demo(requests, as_json, console))
+        if nodes is not None:
+            report = _run_cluster_demo(nodes, requests, as_json, console)
+        else:
+            report = asyncio.run(_run_demo(requests, as_json, console))
     except Exception as exc:
         if as_json:
             click.echo(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"}))

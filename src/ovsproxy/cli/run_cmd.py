@@ -47,6 +47,12 @@ def _options(func: Any) -> Any:
         click.option("--group-id-min", type=int, help="lowest group id we use [1]"),
         click.option("--group-id-max", type=int, help="highest group id we use [0xFFFFFEFF]"),
         click.option(
+            "--host-snat-ip",
+            multiple=True,
+            help="standalone: an unused pod-CIDR address per family, resolved to the virtual "
+            "MAC on the gateway; node-originated Service traffic to other nodes is SNATed to it",
+        ),
+        click.option(
             "--node-name",
             help="this node's name, for traffic policies Local [the host name]",
         ),

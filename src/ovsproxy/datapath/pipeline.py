@@ -102,6 +102,18 @@ NODE_CAPTURE_MARK = 0x0200_0000
 NODE_CAPTURE_ROUTE_TABLE = 155  # the rule's routing table: default via VIRTUAL_SERVICE_IP, gw0
 
 
+# Host SNAT (standalone): a connection the node itself sent to a Service and that was DNATed to
+# an endpoint on another node is SNATed to the node's host-SNAT address (``--host-snat-ip``, one
+# per family: an address of the node's pod CIDR that no pod uses, which the node's gateway
+# resolves to VIRTUAL_MAC), so the endpoint's reply is routed back to this node and into OVS.
+HOST_SNAT_CT_ZONE_V4 = 0xFFF2
+HOST_SNAT_CT_ZONE_V6 = 0xFFE8
+
+
+def host_snat_ct_zone(family: IPFamily) -> int:
+    return HOST_SNAT_CT_ZONE_V4 if family == IPFamily.IPv4 else HOST_SNAT_CT_ZONE_V6
+
+
 def hairpin_ct_zone(family: IPFamily) -> int:
     return HAIRPIN_CT_ZONE_V4 if family == IPFamily.IPv4 else HAIRPIN_CT_ZONE_V6
 
@@ -141,7 +153,11 @@ PRIORITY_HAIRPIN_SNAT = 220
 PRIORITY_HIGH = 210
 PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200
+PRIORITY_HOST_SNAT_OUT = 197
+PRIORITY_TO_NODE = 195
 PRIORITY_LOW = 190
+PRIORITY_HOST_SNAT = PRIORITY_LOW
+PRIORITY_COMMIT = 1
 PRIORITY_MISS = 0
 
 # -- cookies ------------------------------------------------------------------------------
@@ -220,8 +236,13 @@ class PipelineConfig:
     next_table: int = 20
     group_id_min: int = 1
     group_id_max: int = 0xFFFFFF00 - 1  # OFPG_MAX
+    # Standalone: the host-SNAT address per family (at most one each; see HOST_SNAT_CT_ZONE_V4)
+    host_snat_ips: tuple[IPAddress, ...] = ()
 
     def __post_init__(self) -> None:
+        families = [IPFamily.of(ip) for ip in self.host_snat_ips]
+        if len(set(families)) != len(families):
+            raise ValueError("host_snat_ip: at most one address per IP family")
         if not 0 <= self.first_table <= 254 - 4:
             raise ValueError(f"first_table {self.first_table}: needs 5 tables below 255")
         own = range(self.first_table, self.first_table + 5)

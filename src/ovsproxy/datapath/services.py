@@ -57,6 +57,11 @@ class Context:
     # Affinity timeouts above this are expired by the agent's sweeper, not by OVS (tests lower
     # it to exercise the sweep with short timeouts).
     max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT
+    # Standalone: the node's host-SNAT address per family (see pipeline.py), if configured.
+    host_snat: tuple[IPAddress, ...] = ()
+
+    def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
+        return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)
 
     def cookie(self, category: pl.Category) -> int:
         return pl.cookie(self.generation, category)
@@ -106,6 +111,18 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             )
         add(t.classifier, pl.PRIORITY_MISS, of.Match(), _goto(t.conntrack_zone))
     for family in IPFamily:
+        snat_ip = ctx.host_snat_ip(family) if ctx.standalone else None
+        if snat_ip is not None:
+            # A reply to a node-originated Service connection SNATed to the host-SNAT address:
+            # undo that SNAT first (its destination is the node again), then the Service zone.
+            add(
+                t.conntrack_zone,
+                pl.PRIORITY_HIGH,
+                of.Match(**{"eth_type": eth_type(family), _dst_field(family): snat_ip}),
+                _apply(
+                    of.CT(zone=pl.host_snat_ct_zone(family), table=t.conntrack_zone, nat=of.NAT())
+                ),
+            )
         if ctx.standalone:
             # A hairpin reply (to the virtual Service IP): undo its SNAT first, then it meets
             # the Service zone like any reply.
@@ -163,10 +180,98 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
     )
     # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
     # in ServiceLB (see service_objects): a stale choice falls through to the group.
+    if ctx.standalone:
+        # A new connection that is not to a Service (pod to pod, node to pod, and the far end
+        # of a Service connection DNATed on another node) is committed too: its replies are
+        # then established, not invalid (a SYN-ACK conntrack never saw the SYN of is +inv).
+        for family in IPFamily:
+            add(
+                t.service_lb,
+                pl.PRIORITY_COMMIT,
+                of.Match(eth_type=eth_type(family)),
+                _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
+            )
     add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
+        flows.extend(_to_node_flows(ctx, ck))
         add(t.forwarding, pl.PRIORITY_MISS, of.Match(), _apply(of.Output(of.OFPP_NORMAL)))
+    return flows
+
+
+# Back out of the port it came in on (the gateway), addressed to the sender: the node kernel
+# sent it to the virtual MAC, so its own MAC is the packet's source.
+_BOUNCE_TO_SENDER = (
+    of.CopyField("eth_src", "eth_dst"),
+    of.SetField("eth_src", pl.VIRTUAL_MAC),
+    of.Output(of.OFPP_IN_PORT),
+)
+
+
+def _to_node_flows(ctx: Context, ck: int) -> list[of.FlowMod]:
+    """L3Forwarding for Service traffic the node itself sent (to the virtual MAC: the next hop
+    of its Service routes and the host-SNAT address's neighbour) that is not for a local pod.
+
+    * its request, DNATed to an endpoint on another node: SNATed to the host-SNAT address
+      (other nodes route that address back to this node, and this node's kernel to the
+      gateway, so the reply re-enters OVS to be un-NATed), then back out the gateway to the
+      node's routing table;
+    * the reply to that (or any Service connection's reply addressed to the node): back out
+      the gateway, to the node's own MAC.
+    """
+    t = ctx.tables
+    flows = []
+    for family in IPFamily:
+        et = eth_type(family)
+        service = (pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_TO_NODE,
+                match=of.Match(
+                    eth_type=et,
+                    eth_dst=pl.VIRTUAL_MAC,
+                    ct_state=(of.CT_TRK | of.CT_RPL, of.CT_TRK | of.CT_RPL),
+                    ct_mark=service,
+                ),
+                instructions=_apply(*_BOUNCE_TO_SENDER),
+                cookie=ck,
+            )
+        )
+        snat_ip = ctx.host_snat_ip(family)
+        if snat_ip is None:
+            continue
+        src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_HOST_SNAT_OUT,
+                match=of.Match(**{"eth_type": et, "eth_dst": pl.VIRTUAL_MAC, src: snat_ip}),
+                instructions=_apply(*_BOUNCE_TO_SENDER),
+                cookie=ck,
+            )
+        )
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_HOST_SNAT,
+                match=of.Match(
+                    eth_type=et,
+                    eth_dst=pl.VIRTUAL_MAC,
+                    ct_state=(of.CT_TRK, of.CT_TRK | of.CT_RPL),
+                    ct_mark=service,
+                ),
+                instructions=_apply(
+                    of.CT(
+                        commit=True,
+                        zone=pl.host_snat_ct_zone(family),
+                        table=t.forwarding,
+                        nat=of.NAT(src=True, ip_min=snat_ip),
+                    )
+                ),
+                cookie=ck,
+            )
+        )
     return flows
 
 

@@ -639,7 +639,16 @@ class Sandbox:
             cmd += ["--udp", str(port)]
         ready = self.rundir / f"pod-{pod.name}.ready"
         cmd += ["--ready-file", str(ready)]
-        pod.server = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True)
+        # Its output goes to a file: an inherited stdout would keep a caller's pipe open for
+        # as long as a persistent sandbox lives (`ovsproxy lab up --json | ...` would hang).
+        with open(self.rundir / f"pod-{pod.name}.out", "ab") as out:
+            pod.server = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         assert self.record is not None
         self.record.pids[f"pod-{pod.name}"] = pod.server.pid
         self.record.save()

@@ -332,6 +332,7 @@ class Proxier:
             generation=datapath.generation,
             standalone=config.mode == pl.Mode.STANDALONE,
             max_ovs_timeout=max_ovs_timeout,
+            host_snat=config.host_snat_ips,
         )
         self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
         self.services: dict[ServicePortName, InstalledService] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 
-EXAMPLES = Path(__file__).parent / "examples"
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,131 @@
+"""`ovsproxy lab up | status | down`: a cluster of N nodes on this machine, each with its own
+OVS and agent, pods on every node and the Service ``lab/web`` across all of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ovsproxy.lab.cluster import Lab, LabError, lab_down, lab_status, list_lab_records
+from ovsproxy.lab.manifests import write_service
+from ovsproxy.ovs.sandbox import SandboxError
+
+DEFAULT_NAME = "lab"
+
+
+def _print_status(info: dict[str, Any]) -> None:
+    console = Console()
+    head = Table(title=f"ovsproxy lab {info['name']}", show_header=False)
+    head.add_row("manifests", info["manifests"])
+    head.add_row(
+        "underlay", f"{info['underlay']['netns']} ({', '.join(info['underlay']['networks'])})"
+    )
+    ext = info["external_client"]
+    head.add_row("external client", f"{ext['netns']} ({', '.join(ext['ips'])})")
+    if info.get("started_in_s") is not None:
+        head.add_row("started in", f"{info['started_in_s']} s")
+    console.print(head)
+    nodes = Table(title="nodes")
+    for column in ("node", "zone", "namespace", "node IPs", "pod CIDRs", "agent"):
+        nodes.add_column(column)
+    pods = Table(title="pods")
+    for column in ("pod", "node", "IPs", "namespace", "serves"):
+        pods.add_column(column)
+    for node in info["nodes"]:
+        agent = node["agent"]
+        state = agent.get("metrics") or "-"
+        if agent.get("running") is False:
+            state += " [red](not running)[/]"
+        nodes.add_row(
+            node["name"],
+            node["zone"],
+            node["netns"],
+            "\n".join(node["node_ips"]),
+            "\n".join(node["pod_cidrs"]),
+            state,
+        )
+        for pod in node["pods"]:
+            serves = pod["serves"]
+            pods.add_row(
+                pod["name"],
+                node["name"],
+                "\n".join(pod["ips"]),
+                pod["netns"],
+                " ".join(
+                    [f"http:{p}" for p in serves["http"]] + [f"udp:{p}" for p in serves["udp"]]
+                )
+                or "-",
+            )
+    console.print(nodes)
+    console.print(pods)
+
+
+@click.group()
+def lab() -> None:
+    """A multi-node cluster on this machine (nodes, underlay, pods, one agent per node)."""
+
+
+@lab.command()
+@click.option("--nodes", default=3, show_default=True, help="number of nodes")
+@click.option("--zones", default=1, show_default=True, help="zones (assigned round-robin)")
+@click.option("--name", default=DEFAULT_NAME, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+def up(nodes: int, zones: int, name: str, as_json: bool) -> None:
+    """Start a lab that stays up until `ovsproxy lab down`."""
+    try:
+        cluster = Lab(nodes, zones=zones, name=name, persistent=True).up()
+        service = cluster.web_service()
+        write_service(cluster.manifests, service)
+        status = cluster.status()
+    except (LabError, SandboxError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(status, indent=2))
+        return
+    _print_status(status)
+    node = status["nodes"][0]
+    client = next((p for p in node["pods"] if not p["serves"]["http"]), node["pods"][0])
+    click.echo(
+        f"\nService lab/web: 10.96.0.10 / fd00:10:96::10 (HTTP 80, UDP 53) on every node's "
+        f"web pod. Try:\n  ip netns exec {client['netns']} curl -s http://10.96.0.10/\n"
+        f"  ip netns exec {node['netns']} curl -s http://[fd00:10:96::10]/\n"
+        f"  ovsproxy status --address {node['agent']['metrics'].removeprefix('http://')}\n"
+        f"Edit or add manifests in {status['manifests']}; `ovsproxy lab down` removes it all."
+    )
+
+
+@lab.command()
+@click.option("--name", default=DEFAULT_NAME, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
+def status(name: str, as_json: bool) -> None:
+    """Nodes, pods, addresses, namespaces and agent endpoints of a running lab."""
+    try:
+        info = lab_status(name)
+    except LabError as exc:
+        if as_json:
+            click.echo(json.dumps({"name": name, "running": False, "error": str(exc)}))
+            sys.exit(1)
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+    else:
+        _print_status(info)
+
+
+@lab.command()
+@click.option("--name", default=None, help="the lab to remove [every lab]")
+def down(name: str | None) -> None:
+    """Stop the agents and remove nodes, pods, namespaces and files of a lab."""
+    try:
+        removed = lab_down(name)
+    except LabError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"removed {', '.join(removed)}" if removed else "no lab was up")
+
+
+__all__ = ["lab", "list_lab_records"]
