@@ -130,6 +130,10 @@ ENDPOINT_PORT_MASK = 0x0000FFFF
 SELECTION_REG = "reg4"
 SELECTION_SHIFT = 16
 SELECTION_MASK = 0x7 << SELECTION_SHIFT
+# Standalone: set by the Classifier on packets from a local pod's port (the rest came from the
+# gateway or the bridge's own port).
+FROM_POD_REG = "reg0"
+FROM_POD = 0x1
 
 
 class Selection(enum.IntEnum):
@@ -156,6 +160,7 @@ PRIORITY_NORMAL = 200
 PRIORITY_HOST_SNAT_OUT = 197
 PRIORITY_TO_NODE = 195
 PRIORITY_LOW = 190
+PRIORITY_SPOOFED = 185
 PRIORITY_HOST_SNAT = PRIORITY_LOW
 PRIORITY_COMMIT = 1
 PRIORITY_MISS = 0

@@ -181,20 +181,35 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
     # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
     # in ServiceLB (see service_objects): a stale choice falls through to the group.
     if ctx.standalone:
-        # A new connection that is not to a Service (pod to pod, node to pod, and the far end
-        # of a Service connection DNATed on another node) is committed too: its replies are
-        # then established, not invalid (a SYN-ACK conntrack never saw the SYN of is +inv).
+        # A new connection that is not to a Service and crosses the gateway is committed: its
+        # replies are then established, not invalid (a SYN-ACK conntrack never saw the SYN of
+        # is +inv). Here those that came in from the gateway (from other nodes, the far end of
+        # a Service connection DNATed there, or the node itself); L3Forwarding commits those of
+        # local pods leaving through it. Pod-to-pod on this bridge is not committed: such an
+        # entry would share its reply with a DNATed connection of the same 5-tuple after NAT.
         for family in IPFamily:
             add(
                 t.service_lb,
                 pl.PRIORITY_COMMIT,
-                of.Match(eth_type=eth_type(family)),
+                of.Match(eth_type=eth_type(family), **{pl.FROM_POD_REG: (0, pl.FROM_POD)}),
                 _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
             )
     add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
         flows.extend(_to_node_flows(ctx, ck))
+        for family in IPFamily:
+            add(
+                t.forwarding,
+                pl.PRIORITY_COMMIT,
+                of.Match(
+                    eth_type=eth_type(family),
+                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
+                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
+                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
+                ),
+                _apply(of.CT(commit=True, zone=pl.ct_zone(family)), of.Output(of.OFPP_NORMAL)),
+            )
         add(t.forwarding, pl.PRIORITY_MISS, of.Match(), _apply(of.Output(of.OFPP_NORMAL)))
     return flows
 
@@ -288,10 +303,36 @@ def pod_forwarding_flows(
     ck = ctx.cookie(pl.Category.FORWARDING)
     t = ctx.tables
     flows = []
+    if t.classifier is not None:
+        flows.append(
+            of.FlowMod(
+                table_id=t.classifier,
+                priority=pl.PRIORITY_LOW,
+                match=of.Match(in_port=ofport),
+                instructions=(
+                    of.ApplyActions((of.SetField(pl.FROM_POD_REG, pl.FROM_POD, pl.FROM_POD),)),
+                    of.GotoTable(t.conntrack_zone),
+                ),
+                cookie=ck,
+            )
+        )
     for ip in ips:
         family = IPFamily.of(ip)
         src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
         to_pod = {"eth_type": eth_type(family), _dst_field(family): ip}
+        if t.classifier is not None:
+            # The pod's address arriving from anywhere but its port (the gateway: a node
+            # kernel routing one of our packets back in) is dropped: its conntrack entry would
+            # take the reply of the pod's real connection.
+            flows.append(
+                of.FlowMod(
+                    table_id=t.classifier,
+                    priority=pl.PRIORITY_SPOOFED,
+                    match=of.Match(eth_type=eth_type(family), **{src: ip}),
+                    instructions=(),
+                    cookie=ck,
+                )
+            )
         flows.append(
             of.FlowMod(
                 table_id=t.forwarding,
