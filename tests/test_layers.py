@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent",),  # one run of the agent: wiring, sync, pods, observability, lifecycle
     ("config",),  # the agent's validated settings (they name pipeline values: mode, tables)
     ("proxy", "routes"),
-    ("datapath", "sources", "servicecidr", "ovs", "lab"),
+    ("datapath", "sources", "servicecidr", "ovs", "lab", "capture", "healthcheck"),
     ("openflow",),
     # the bottom: shared values, and leaf helpers that import nothing of ovsproxy
     # ("" is the package itself: ovsproxy.__version__)

@@ -86,20 +86,14 @@ VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_SERVICE_IP
 VIRTUAL_MAC: str = node.VIRTUAL_MAC
 
 # -- node-side capture (NodePort, external IPs, LB IPs; ovsproxy.capture) -------------------
-# Constants only so far: the ServiceLB flows that match them come with the NodePort wiring.
-# The node's nftables table DNATs NodePort traffic (dst = an allowed node IP:nodePort) to this
-# virtual address, keeping the port; OVS then matches (this address, protocol, nodePort).
-# Antrea's VirtualNodePortDNATIP values.
-VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = {
-    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.252"),
-    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eefe"),
-}
-# Packet mark bit the table ORs into every captured packet (NodePort, external IP, LB IP) so
-# that one policy rule (``ip rule fwmark MARK/MARK lookup NODE_CAPTURE_ROUTE_TABLE``) routes
-# all of them to gw0; other bits of the mark are left alone. Clear of kube-proxy's 0x4000
-# and 0x8000 and of Antrea's host marks.
-NODE_CAPTURE_MARK = 0x0200_0000
-NODE_CAPTURE_ROUTE_TABLE = 155  # the rule's routing table: default via VIRTUAL_SERVICE_IP, gw0
+# The node's nftables table DNATs NodePort traffic (dst = an allowed node IP:nodePort) to the
+# virtual NodePort address, keeping the port; OVS then matches (that address, protocol,
+# nodePort) in ServiceLB. The mark and route table are the policy routing that takes every
+# captured packet to gw0 (routes layer). Defined in ovsproxy.model.node, below their three
+# users (this pipeline, the capture table, the route backends).
+VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_NODEPORT_IP
+NODE_CAPTURE_MARK: int = node.NODE_CAPTURE_MARK
+NODE_CAPTURE_ROUTE_TABLE: int = node.NODE_CAPTURE_ROUTE_TABLE
 
 
 # Host SNAT (standalone): a connection the node itself sent to a Service and that was DNATed to
