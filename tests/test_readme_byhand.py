@@ -168,7 +168,7 @@ def test_the_marked_blocks_are_the_readme_sections_commands() -> None:
 
 def test_the_contract_states_the_agents_own_intervals() -> None:
     """The README's numbers are the code's constants, not typed-in guesses."""
-    from ovsproxy import agent
+    from ovsproxy.agent import pods as agent
     from ovsproxy.config import AgentConfig
     from ovsproxy.metrics import HealthState
 

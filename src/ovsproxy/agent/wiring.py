@@ -79,11 +79,15 @@ def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource 
         from ovsproxy.sources.manifests import ManifestSource
 
         log.info("source: manifests %s (watched for changes)", ", ".join(paths))
-        return ManifestSource([Path(p) for p in paths], tracker)
+        return ManifestSource(
+            [Path(p) for p in paths], tracker, service_proxy_name=config.service_proxy_name
+        )
     from ovsproxy.sources.kubernetes import KubernetesSource
 
     log.info("source: Kubernetes API (%s)", config.kubeconfig or "in-cluster / default kubeconfig")
-    return KubernetesSource(tracker, kubeconfig=config.kubeconfig)
+    return KubernetesSource(
+        tracker, kubeconfig=config.kubeconfig, service_proxy_name=config.service_proxy_name
+    )
 
 
 # -- routes -----------------------------------------------------------------------------------
