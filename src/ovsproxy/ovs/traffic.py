@@ -4,7 +4,8 @@
 (so every request is a new conntrack entry and a new select-group choice) and prints one JSON
 object: counts per answering pod, failures by kind, and latencies. ``--duration`` sends
 continuously instead (for restart tests). ``udp HOST PORT`` does the same with datagrams, on one
-socket (one conntrack entry) unless ``--new-socket``.
+socket (one conntrack entry) unless ``--new-socket``; ``--source-port`` binds it to a fixed port,
+so that successive runs are one flow to conntrack (as ``nc -u -p PORT``).
 
 From Python, :func:`run_in_netns` runs it in a namespace and returns the parsed result.
 """
@@ -99,6 +100,7 @@ def udp_load(
     timeout: float = 1.0,
     new_socket: bool = False,
     interval: float = 0.0,
+    source_port: int = 0,
 ) -> dict[str, Any]:
     counts: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
@@ -111,6 +113,9 @@ def udp_load(
                 sock.close()
             sock = socket.socket(family, socket.SOCK_DGRAM)
             sock.settimeout(timeout)
+            if source_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", source_port))
             sock.connect((host, port))
         try:
             sock.send(b"ping")
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     udp_p.add_argument("--timeout", type=float, default=1.0)
     udp_p.add_argument("--new-socket", action="store_true")
     udp_p.add_argument("--interval", type=float, default=0.0)
+    udp_p.add_argument("--source-port", type=int, default=0)
     args = parser.parse_args(argv)
     if args.mode == "http":
         if not args.count and not args.duration:
@@ -179,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             new_socket=args.new_socket,
             interval=args.interval,
+            source_port=args.source_port,
         )
     print(json.dumps(result))
     return 0
