@@ -320,13 +320,17 @@ def test_should_be_rejected_when_no_endpoints_exist(
 
 
 def _terminating_service(
-    lab: Lab, cp: ControlPlane, family: IPFamily, name: str, **spec: object
+    lab: Lab, cp: ControlPlane, family: IPFamily, name: str, local: bool = False, **spec: object
 ) -> str:
     """Upstream's set-up: one webserver pod on node0 (node-1), then deleted with a long grace
-    period: its endpoint is terminating but still serving (the pod answers while it drains)."""
+    period: its endpoint is terminating but still serving (the pod answers while it drains).
+    ``local``: only node-1's agent uses it (a traffic policy Local)."""
     web = pod(lab, "web-1")
     cp.create_service(name, family, [HTTP], pods=[web], **spec)
-    wait_programmed(lab, port_name(name, "http"), endpoints_of([web], family, HTTP_PORT))
+    ready = endpoints_of([web], family, HTTP_PORT)
+    wait_programmed(
+        lab, port_name(name, "http"), lambda node: ready if node == "node-1" or not local else set()
+    )
     cp.terminate_pod(name, "web-1", drains=True)
     return cp.cluster_ip(name)
 
@@ -366,7 +370,7 @@ def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_
     Beyond upstream: node-1's agent programs the terminating endpoint and the others none
     (/status); node-2 and node-3 both fail, their node namespaces too."""
     ip = _terminating_service(
-        lab, cp, family, "svc-proxy-terminating", internalTrafficPolicy="Local"
+        lab, cp, family, "svc-proxy-terminating", local=True, internalTrafficPolicy="Local"
     )
     web = pod(lab, "web-1")
     local = endpoints_of([web], family, HTTP_PORT)
