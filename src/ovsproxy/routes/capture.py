@@ -95,7 +95,7 @@ class CaptureRoutes:
             if not await self._rule_present(family):
                 await self._call("rule", "add", **self._rule(family))
                 changes.append(
-                    f"rule fwmark {self.mark:#x}/{self.mark:#x} lookup {self.table} ({family})"
+                    f"rule fwmark {self.mark:#x}/{self.mark:#x} lookup {self.table} (IPv{family})"
                 )
             routes = await self._routes(family)
             if not any(
@@ -121,7 +121,7 @@ class CaptureRoutes:
         for family in IPFamily:
             while await self._rule_present(family):
                 await self._call("rule", "del", **self._rule(family))
-                changes.append(f"rule fwmark lookup {self.table} removed ({family})")
+                changes.append(f"rule fwmark lookup {self.table} removed (IPv{family})")
             for msg in await self._routes(family):
                 dst_len = msg["dst_len"]
                 dst = msg.get("dst") or _DEFAULT[family].split("/")[0]
@@ -141,9 +141,9 @@ class CaptureRoutes:
         out = []
         for family in IPFamily:
             if await self._rule_present(family):
-                out.append(f"{family}: fwmark {self.mark:#x}/{self.mark:#x} lookup {self.table}")
+                out.append(f"IPv{family}: fwmark {self.mark:#x}/{self.mark:#x} lookup {self.table}")
             for msg in await self._routes(family):
-                out.append(f"{family}: table {self.table} default via {msg.get('gateway')}")
+                out.append(f"IPv{family}: table {self.table} default via {msg.get('gateway')}")
         return out
 
     async def node_addresses(self) -> list[IPAddress]:
