@@ -63,6 +63,23 @@ def _options(func: Any) -> Any:
         ),
         click.option("--zone", help="this node's topology zone"),
         click.option(
+            "--node-ip",
+            multiple=True,
+            help="this node's IP (repeat; primary of each family first); default: the global "
+            "addresses of the node namespace's devices other than the gateway",
+        ),
+        click.option(
+            "--node-port-addresses",
+            multiple=True,
+            help="node IPs that accept NodePorts: CIDRs (repeat) or 'primary' [all node IPs]",
+        ),
+        click.option(
+            "--node-ports/--no-node-ports",
+            default=None,
+            help="standalone: capture NodePort, external IP and LB IP traffic into OVS "
+            "(nftables table, policy routes, health-check servers) [capture]",
+        ),
+        click.option(
             "--service-cidr",
             multiple=True,
             help="Service range(s) to route; else ServiceCIDR API, else aggregation",
@@ -93,7 +110,8 @@ def _options(func: Any) -> Any:
             "--cleanup",
             is_flag=True,
             default=None,
-            help="on exit, remove our flows, groups and Service routes",
+            help="on exit, remove our flows, groups, Service routes, capture table and its "
+            "policy routes",
         ),
     ]
     for option in reversed(options):

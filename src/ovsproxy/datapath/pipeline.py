@@ -5,8 +5,9 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
 
     table  name              what it does
     -----  ----------------  ----------------------------------------------------------------
-      0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL; everything else ->
-                             ConntrackZone
+      0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL; a local pod's port
+                             -> reg0 "from a pod"; a source that is one of the node's IPs ->
+                             reg0 "from the node"; everything -> ConntrackZone
      10    ConntrackZone     IP: ct(zone=Z, nat, table=ConntrackState) — un-NATs replies and
                              re-applies DNAT to established Service connections; a hairpin
                              reply (to the virtual Service IP) is first un-SNATed in zone H
@@ -15,9 +16,13 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
                              it used last (reg3/xxreg3, reg4), idle timeout = the affinity
                              timeout (refreshed by each new connection); miss: "to select"
-     13    ServiceLB         per frontend (ClusterIP/external IP, protocol, port), priority
+     13    ServiceLB         per frontend (ClusterIP/external IP/LB IP, protocol, port; a
+                             NodePort is the virtual NodePort IP, protocol, nodePort), priority
                              LOW: -> group:G, or with no usable endpoint the reject action
-                             (metered controller) / drop; with affinity, NORMAL: "selected,
+                             (metered controller) / drop; externalTrafficPolicy Local, priority
+                             SHORT_CIRCUIT: an external frontend's in-cluster clients (reg0:
+                             from a pod or from the node) -> the cluster endpoints' group;
+                             with affinity, NORMAL: "selected,
                              learn it" -> learn + EndpointDNAT, and one flow per endpoint
                              accepting a learned choice that is still valid -> EndpointDNAT
                              (a stale one falls to LOW: the group picks and learns anew)
@@ -29,8 +34,12 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              the port it came in on; other -> NORMAL
 
 Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT, H = 0xfff1 / 0xffe7 for hairpin
-SNAT. The virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC aa:bb:cc:dd:ee:ff) is
-the next hop of the node's Service routes and the hairpin SNAT source.
+SNAT, S = 0xfff2 / 0xffe8 for host SNAT (connections that came in from the gateway -- from the
+node itself, or from outside through the node's capture table -- DNATed to another node). The
+virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC aa:bb:cc:dd:ee:ff) is the next hop
+of the node's Service routes and of the capture's policy route, and the hairpin SNAT source.
+NodePort traffic arrives DNATed by the node to the virtual NodePort IP 169.254.0.252 /
+fc01::aabb:ccdd:eefe, its port kept.
 
 Integrated mode — another controller (a CNI) manages the bridge: ovsproxy owns only the five
 tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends packets there
@@ -40,6 +49,8 @@ only groups in ``[group_id_min, group_id_max]`` are ours.
 
 Registers (Antrea's layout)::
 
+    reg0[0]       from a local pod's port (standalone)
+    reg0[1]       from the node: source is one of the node's IPs (standalone)
     reg3          endpoint IPv4 address
     xxreg3        endpoint IPv6 address (= reg12..reg15)
     reg4[0..15]   endpoint port
@@ -128,6 +139,12 @@ SELECTION_MASK = 0x7 << SELECTION_SHIFT
 # gateway or the bridge's own port).
 FROM_POD_REG = "reg0"
 FROM_POD = 0x1
+# Standalone: set by the Classifier on packets whose source is one of the node's IPs (the node
+# itself, through the gateway). With FROM_POD it makes a client "in-cluster": such clients of
+# an external frontend with externalTrafficPolicy Local are short-circuited to the cluster
+# endpoints (kube-proxy's), not held to this node's.
+FROM_NODE_REG = FROM_POD_REG
+FROM_NODE = 0x2
 
 
 class Selection(enum.IntEnum):
@@ -153,6 +170,7 @@ PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200
 PRIORITY_HOST_SNAT_OUT = 197
 PRIORITY_TO_NODE = 195
+PRIORITY_SHORT_CIRCUIT = 192  # ServiceLB: in-cluster clients of eTP Local external frontends
 PRIORITY_LOW = 190
 PRIORITY_SPOOFED = 185
 PRIORITY_HOST_SNAT = PRIORITY_LOW
@@ -237,6 +255,8 @@ class PipelineConfig:
     group_id_max: int = 0xFFFFFF00 - 1  # OFPG_MAX
     # Standalone: the host-SNAT address per family (at most one each; see HOST_SNAT_CT_ZONE_V4)
     host_snat_ips: tuple[IPAddress, ...] = ()
+    # Standalone: the node's own IPs (the Classifier marks their packets "from the node")
+    node_ips: tuple[IPAddress, ...] = ()
 
     def __post_init__(self) -> None:
         families = [IPFamily.of(ip) for ip in self.host_snat_ips]

@@ -25,10 +25,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from ovsproxy.model import ServiceState
+from ovsproxy.netns import enter_netns
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +87,17 @@ class ServiceHealthServers:
         self,
         proxy_healthy: Callable[[], bool],
         addresses: Sequence[str] | None = None,  # None: every address, both families
+        netns: str | None = None,  # the node's network namespace (None: ours)
     ) -> None:
         self.proxy_healthy = proxy_healthy
         self.addresses = list(addresses) if addresses is not None else None
+        self.netns = netns
         self._instances: dict[ServiceKey, _Instance] = {}
         self.failed: dict[ServiceKey, str] = {}
+        # Listening sockets are made on one worker thread inside ``netns`` (a socket keeps the
+        # namespace it was created in); serving them stays on the event loop.
+        self._executor: ThreadPoolExecutor | None = None
+        self._joined = False
 
     @property
     def running(self) -> dict[ServiceKey, int]:
@@ -126,6 +136,28 @@ class ServiceHealthServers:
         for inst in self._instances.values():
             await _close(inst.servers)
         self._instances.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _socket_blocking(self, host: str | None, port: int) -> socket.socket:
+        if self.netns is not None and not self._joined:
+            enter_netns(self.netns)
+            self._joined = True
+        return listening_socket(host, port)
+
+    async def _start(self, handler: Any, host: str | None, port: int) -> asyncio.Server:
+        if self.netns is None:
+            return await asyncio.start_server(handler, host, port)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="healthcheck")
+        loop = asyncio.get_running_loop()
+        sock = await loop.run_in_executor(self._executor, self._socket_blocking, host, port)
+        try:
+            return await asyncio.start_server(handler, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
 
     async def _listen(self, key: ServiceKey, port: int) -> list[asyncio.Server]:
         async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -135,7 +167,7 @@ class ServiceHealthServers:
         hosts: list[str | None] = [None] if self.addresses is None else list(self.addresses)
         try:
             for host in hosts:
-                servers.append(await asyncio.start_server(handler, host, port))
+                servers.append(await self._start(handler, host, port))
         except OSError:
             await _close(servers)  # all addresses or none, so a retry can take the port
             raise
@@ -183,6 +215,31 @@ class ServiceHealthServers:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+def listening_socket(host: str | None, port: int) -> socket.socket:
+    """A TCP listening socket on ``host`` (None: every address; both families where the
+    kernel has IPv6), as asyncio's start_server would open it."""
+    if host is None:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            host = "::"
+        except OSError:  # no IPv6 in this kernel
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            host = "0.0.0.0"
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def _close(servers: list[asyncio.Server]) -> None:
