@@ -21,53 +21,23 @@ from ovsproxy.model import IPFamily
 from .apiserver import ControlPlane, Port
 from .conftest import pod
 from .probes import (
+    Gaps,
     assert_not_programmed,
     assert_reaches,
     client_pod,
     endpoints_of,
     http,
+    node_ip,
     port_name,
     udp,
     wait_absent,
+    wait_node_port,
     wait_programmed,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
 HTTP = Port("http", 80, HTTP_PORT)
-
-# A known gap of the NodePort wiring this suite was written against (h-nodeport-wire): a pod
-# connecting to its *own* node's IP:nodePort times out (the node DNATs it to the virtual
-# NodePort IP and routes it back into OVS through gw0, source still the pod's address, where it
-# is dropped as a local pod's address arriving from elsewhere, or its reply bypasses the node's
-# un-DNAT). Upstream's checkNodePortServiceReachability does try every node from its exec pod.
-# Every NodePort test still checks all of it: other failures fail the test; this one alone
-# makes it xfail; when it is gone while this is True, the test fails so the flag gets cleared.
-POD_TO_OWN_NODE_GAP = True
-GAP_REASON = "NodePort from a pod to its own node's IP times out (NodePort wiring, known gap)"
-
-
-class Gaps:
-    """The known-gap failures a test saw; ``finish()`` decides the test's outcome by them."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[object, ...]] = []
-
-    def finish(self) -> None:
-        if self.seen and POD_TO_OWN_NODE_GAP:
-            pytest.xfail(f"{GAP_REASON}: {self.seen[:3]}")
-        if not self.seen and POD_TO_OWN_NODE_GAP:
-            pytest.fail("pod -> own node's nodePort works now: set POD_TO_OWN_NODE_GAP = False")
-        assert not self.seen, self.seen
-
-
-@pytest.fixture
-def gaps() -> Gaps:
-    return Gaps()
-
-
-def node_ip(lab: Lab, node: str, family: IPFamily) -> str:
-    return next(str(ip) for ip in lab.nodes[node].node_ips if ip.version == family)
 
 
 def nodeport_clients(lab: Lab) -> list[tuple[str, str]]:
@@ -115,17 +85,6 @@ def assert_nodeport_unreachable(
         for label, netns in nodeport_clients(lab):
             out = http(netns, ip, node_port, 2, timeout=1)
             assert out["failed"] == 2 and not out["counts"], (label, node, node_port, out)
-
-
-def wait_node_port(lab: Lab, name: str, node_port: int, timeout: float = 30) -> None:
-    """Until every agent has the Service port with ``node_port`` (its /status)."""
-
-    def holds(_node: str, status: dict) -> bool:
-        return any(
-            s["name"] == name and s.get("node_port") == node_port for s in status["services"]
-        )
-
-    lab.wait_status(holds, timeout)
 
 
 def test_should_be_able_to_create_a_functioning_NodePort_service(
