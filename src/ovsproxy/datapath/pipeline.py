@@ -66,6 +66,7 @@ learned flows, which must survive an agent restart (session affinity state).
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass
 
 from ovsproxy.model import IPAddress, IPFamily, node
