@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.fakes.switch import FakeSwitch
+
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.datapath import Datapath
@@ -288,28 +290,10 @@ def ovs_cpu(sb: Sandbox) -> float | None:
 # -- the same content, for the baselines ---------------------------------------------------
 
 
-class RecordingSwitch:
-    """A switch that accepts every bundle and keeps its messages (empty at the start)."""
-
-    connected = True
-
-    def __init__(self) -> None:
-        self.bundles: list[list[of.Message]] = []
-
-    async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
-        self.bundles.append(list(messages))
-
-    async def group_ids(self) -> set[int]:
-        return set()
-
-    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
-        return []
-
-
 def full_sync_messages(ports: Cluster) -> list[of.Message]:
     """Exactly what our full sync sends, in the same order."""
-    switch = RecordingSwitch()
-    dp = Datapath(switch, CONFIG, GENERATION)  # type: ignore[arg-type]
+    switch = FakeSwitch()  # the tests' fake switch: accepts every bundle and keeps it
+    dp = Datapath(switch, CONFIG, GENERATION)
     ctx = svc.Context(dp.tables, GENERATION)
     stage_cluster(dp, ports, ctx)
     asyncio.run(dp.commit())

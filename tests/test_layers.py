@@ -27,8 +27,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("agent",),  # one run of the agent: wiring, sync, pods, observability, lifecycle
     ("config",),  # the agent's validated settings (they name pipeline values: mode, tables)
-    ("proxy", "routes"),
-    ("datapath", "sources", "servicecidr", "ovs", "lab", "capture", "healthcheck"),
+    ("proxy", "routes", "capture"),  # capture: the node's nftables table, as routes its routes
+    # healthcheck imports only the model: it sits below the proxy, which is to feed it
+    ("datapath", "sources", "servicecidr", "healthcheck", "ovs", "lab"),
     ("openflow",),
     # the bottom: shared values, and leaf helpers that import nothing of ovsproxy
     # ("" is the package itself: ovsproxy.__version__)

@@ -37,22 +37,11 @@ def _rss_kb() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-class _DiscardingSwitch:
-    connected = True
-
-    async def commit_bundle(self, messages: Any) -> None:
-        return None
-
-    async def group_ids(self) -> set[int]:
-        return set()
-
-    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
-        return []
-
-
 def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     """Runs in its own process: RSS in kB after each layer."""
     import asyncio
+
+    from tests.fakes.switch import FakeSwitch
 
     from bench import dp
     from ovsproxy.datapath import services as svc
@@ -63,7 +52,8 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     rss["model"] = _rss_kb()
 
     async def build_and_commit() -> Datapath:
-        datapath = Datapath(_DiscardingSwitch(), dp.CONFIG, dp.GENERATION)  # type: ignore[arg-type]
+        # The tests' fake switch, keeping nothing: only our own state is measured.
+        datapath = Datapath(FakeSwitch(keep=False), dp.CONFIG, dp.GENERATION)
         ctx = svc.Context(datapath.tables, dp.GENERATION)
         dp.stage_cluster(datapath, ports, ctx)
         rss["desired"] = _rss_kb()

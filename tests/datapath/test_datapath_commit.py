@@ -17,75 +17,11 @@ from ovsproxy.datapath.datapath import Datapath, DatapathError, flow_key
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.connection import BundleError, RequestTimeout
+from ovsproxy.openflow.errors import BundleError, RequestTimeout
+from tests.fakes.switch import FakeSwitch
 
 CONFIG = pl.PipelineConfig()
 CMD = of.GroupModCommand
-
-
-class ListSwitch:
-    """Takes whole bundles (``commit_bundle``); can be told to fail the next one."""
-
-    connected = True
-
-    def __init__(self) -> None:
-        self.bundles: list[list[of.Message]] = []
-        self.fail: BaseException | None = None
-        self.present_groups: set[int] = set()
-        self.cookies: list[int] = []
-        self.during: list[object] = []  # callables run while a bundle is "in flight"
-
-    async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
-        for hook in self.during:
-            hook()  # type: ignore[operator]
-        await asyncio.sleep(0)
-        if self.fail is not None:
-            fail, self.fail = self.fail, None
-            raise fail
-        self.bundles.append(list(messages))
-
-    async def group_ids(self) -> set[int]:
-        return set(self.present_groups)
-
-    async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
-        return list(self.cookies)
-
-
-class _Bundle:
-    def __init__(self, switch: StreamSwitch) -> None:
-        self.switch = switch
-        self.messages: list[of.Message] = []
-        self.state = "open"
-
-    def add(self, msg: of.Message) -> int:
-        assert self.state == "open"
-        self.messages.append(msg)
-        return len(self.messages)
-
-    async def drain(self) -> None:
-        self.switch.drains += 1
-
-    async def commit(self) -> None:
-        self.state = "committed"
-        await self.switch.commit_bundle(self.messages)
-
-    async def discard(self) -> None:
-        self.state = "discarded"
-        self.switch.discarded += 1
-
-
-class StreamSwitch(ListSwitch):
-    """Offers the channel's streaming bundle API."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.opened = 0
-        self.drains = 0
-        self.discarded = 0
-
-    def bundle(self) -> _Bundle:
-        self.opened += 1
-        return _Bundle(self)
 
 
 def ctx_for(dp: Datapath) -> svc.Context:
@@ -108,9 +44,9 @@ def stage(dp: Datapath, name: str, n: int, gid: int, **kw: object) -> ServicePor
     return spn
 
 
-async def adopted(switch: ListSwitch | None = None) -> tuple[Datapath, ListSwitch]:
-    switch = switch or ListSwitch()
-    dp = Datapath(switch, CONFIG, 1)  # type: ignore[arg-type]
+async def adopted(switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
+    switch = switch or FakeSwitch()
+    dp = Datapath(switch, CONFIG, 1)
     dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
     await dp.commit()
     return dp, switch
@@ -164,16 +100,22 @@ async def test_order_groups_then_flow_adds_then_deletes_then_group_deletes() -> 
     }
 
 
-async def test_streaming_sends_what_the_list_path_sends_and_nothing_when_unchanged() -> None:
-    plain, listed = await adopted(ListSwitch())
-    streamed_dp, streamed = await adopted(StreamSwitch())
-    assert isinstance(streamed, StreamSwitch)
-    for dp in (plain, streamed_dp):
+async def test_streaming_in_batches_sends_what_one_batch_sends_and_nothing_when_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def commit_40(batch: int) -> tuple[Datapath, FakeSwitch]:
+        monkeypatch.setattr(dpm, "_STREAM_YIELD_EVERY", batch)
+        dp, switch = await adopted()
         for i in range(40):  # enough messages to cross the streaming yield point
             stage(dp, f"s{i}", 15, gid=i + 1, first=i * 15 + 1, vip=f"10.96.1.{i + 1}")
         await dp.commit()
-    assert listed.bundles[-1] == streamed.bundles[-1]
-    assert len(streamed.bundles[-1]) == 40 + 40 + 600 and streamed.drains >= 1
+        return dp, switch
+
+    _, whole = await commit_40(10**9)  # one batch: never drained
+    streamed_dp, streamed = await commit_40(512)
+    assert whole.drains == 0 and streamed.drains >= 1
+    assert whole.bundles[-1] == streamed.bundles[-1]
+    assert len(streamed.bundles[-1]) == 40 + 40 + 600
     opened = streamed.opened
     for i in range(40):  # re-staging the same content is no change at all
         stage(streamed_dp, f"s{i}", 15, gid=i + 1, first=i * 15 + 1, vip=f"10.96.1.{i + 1}")
@@ -244,8 +186,7 @@ async def test_a_timeout_at_commit_makes_the_groups_uncertain() -> None:
 async def test_a_planning_error_discards_the_bundle_and_keeps_the_diff(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    switch = StreamSwitch()
-    dp, _ = await adopted(switch)
+    dp, switch = await adopted()
     stage(dp, "a", 2, gid=1)
     stage(dp, "b", 2, gid=2, first=10, vip="10.96.0.11")
 
@@ -306,7 +247,7 @@ async def test_the_collector_is_paused_for_a_staging_burst_and_its_commit(
 
 def test_without_a_loop_staging_leaves_the_collector_alone() -> None:
     gc.enable()
-    dp = Datapath(ListSwitch(), CONFIG, 1)  # type: ignore[arg-type]
+    dp = Datapath(FakeSwitch(), CONFIG, 1)
     stage(dp, "a", 1, gid=1)
     assert gc.isenabled()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,9 +16,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.connection import (
+from ovsproxy.openflow.connection import Channel
+from ovsproxy.openflow.errors import (
     BundleError,
-    Channel,
     ChannelError,
     ChannelNotReady,
     ConnectionLost,
@@ -416,3 +417,66 @@ async def test_close_fails_pending_requests(sandbox: Sandbox, channel: Channel) 
     assert not channel.connected
     with pytest.raises(ChannelNotReady):
         await channel.barrier()
+
+
+def _stop_vswitchd(sandbox: Sandbox) -> None:
+    """Kill ovs-vswitchd and remove its management socket: the bridge's endpoint is gone."""
+    assert sandbox.record is not None
+    pid = sandbox.record.pids["ovs-vswitchd"]
+    os.kill(pid, signal.SIGKILL)
+    proc = sandbox._procs.get("ovs-vswitchd")
+    if proc is not None:
+        proc.wait(timeout=10)
+    (sandbox.rundir / f"{sandbox.bridge}.mgmt").unlink(missing_ok=True)
+
+
+async def test_a_missing_endpoint_at_start_is_reported_once_and_retried(
+    sandbox: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    _stop_vswitchd(sandbox)
+    socket = str(sandbox.rundir / f"{sandbox.bridge}.mgmt")
+    caplog.set_level("DEBUG", logger="ovsproxy.openflow.connection")
+    channel = Channel(sandbox.openflow, backoff_min=0.01, backoff_max=0.2)
+    await channel.start(wait=False)
+    try:
+        await eventually(lambda: channel.failed_attempts >= 5, 10.0, "retries")
+        assert not channel.connected and channel.connections == 0
+        assert isinstance(channel.last_error, FileNotFoundError)
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        # One clear warning naming the socket and the error, not one per attempt.
+        assert len(warnings) == 1, warnings
+        assert f"the socket {socket} does not exist" in warnings[0]
+        assert "is ovs-vswitchd running" in warnings[0] and "backoff up to 0.2s" in warnings[0]
+        with pytest.raises(ChannelNotReady, match="not connected"):
+            await channel.barrier()
+        with pytest.raises(
+            ChannelNotReady, match=f"last error: .*the socket {re.escape(socket)} does not"
+        ):
+            await channel.wait_ready(0.1)
+        await asyncio.to_thread(sandbox.restart_vswitchd)  # the switch appears
+        await channel.wait_ready(10)
+        await channel.barrier()
+        assert channel.connections == 1 and channel.failed_attempts == 0
+        infos = [r.getMessage() for r in caplog.records if r.levelname == "INFO"]
+        assert any("failed attempts" in m for m in infos), infos
+    finally:
+        await channel.close()
+
+
+async def test_the_log_says_how_an_established_connection_ended(
+    sandbox: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="ovsproxy.openflow.connection")
+    channel = Channel(sandbox.openflow, backoff_max=0.2)
+    await channel.start()
+    try:
+        await asyncio.sleep(1.0)  # connected for a while
+        caplog.clear()
+        await asyncio.to_thread(sandbox.restart_vswitchd)  # SIGKILL, then a new vswitchd
+        await eventually(lambda: channel.connections == 2 and channel.connected, 10.0, "reconnect")
+        first = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+        # What happened: the peer went away after N s connected, not "during the handshake".
+        assert re.search(r"(closed|reset) by the peer after \d+\.\ds connected", first), first
+        assert str(sandbox.openflow) in first
+    finally:
+        await channel.close()

@@ -7,7 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ovsproxy.ovs.ovsdb import (
+    GENERATION_KEY,
     GROUP_IDS_KEY,
+    OVSDB,
     OVSDBGroupRegistry,
     decode_id_ranges,
     encode_id_ranges,
@@ -38,3 +40,22 @@ async def test_registry_survives_in_the_bridge(sandbox: Sandbox) -> None:
     with sandbox.ovsdb_client() as db:  # a new agent, a new connection
         assert await OVSDBGroupRegistry(db, "br0").load() == {1, 2, 3, 10}
     assert f'{GROUP_IDS_KEY}="1-3,10"' in sandbox.vsctl("get", "bridge", "br0", "external_ids")
+
+
+def set_generation(db: OVSDB, value: str) -> None:
+    db.api.db_set("Bridge", "br0", ("external_ids", {GENERATION_KEY: value})).execute(
+        check_error=True
+    )
+
+
+@pytest.mark.ovs
+def test_cookie_generation_counts_up_on_the_bridge_and_wraps(sandbox: Sandbox) -> None:
+    with sandbox.ovsdb_client() as db:
+        first = db.next_generation("br0")
+        assert db.next_generation("br0") == first + 1
+        # (through the same connection: its cache sees the write before the next read)
+        set_generation(db, "65535")
+        assert db.next_generation("br0") == 1  # 1..65535: never 0
+        set_generation(db, "garbage")
+        assert db.next_generation("br0") == 1
+    assert f'{GENERATION_KEY}="1"' in sandbox.vsctl("get", "bridge", "br0", "external_ids")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.reject import Rejector, TokenBucket, checksum, reject_reply
 from ovsproxy.openflow import protocol as of
+from tests.fakes.switch import FakeSwitch
 
 CLIENT_MAC = bytes.fromhex("0a580a000002")
 GW_MAC = bytes.fromhex("663afb922951")
@@ -203,14 +204,6 @@ def test_every_icmp_error_quotes_the_packet_within_the_minimum_mtu(payload, v6, 
 # -- the agent side -------------------------------------------------------------------------
 
 
-class FakeChannel:
-    def __init__(self) -> None:
-        self.sent: list[list[of.Message]] = []
-
-    async def send(self, messages) -> None:
-        self.sent.append(list(messages))
-
-
 def packet_in(data: bytes, in_port: int = 7, userdata: bytes = pl.REJECT_USERDATA) -> of.PacketIn:
     return of.PacketIn(
         of.PacketInReason.ACTION, 13, 0, of.Match(in_port=in_port), data, userdata=userdata
@@ -229,7 +222,7 @@ def test_token_bucket() -> None:
 
 async def test_rejector_answers_out_of_the_in_port_and_limits_itself() -> None:
     now = [0.0]
-    channel = FakeChannel()
+    channel = FakeSwitch()  # the Rejector only sends (Channel.send)
     rejector = Rejector(channel, rate=5, burst=2, clock=lambda: now[0])
     (action,) = rejector.reject_action
     assert "meter_id=24177" in action.to_text() and "max_len=256" in action.to_text()
@@ -240,7 +233,7 @@ async def test_rejector_answers_out_of_the_in_port_and_limits_itself() -> None:
     rejector.handle(packet_in(syn, userdata=b"other"))  # not ours
     await asyncio.sleep(0)
     await rejector.flush()
-    outs = [m for batch in channel.sent for m in batch]
+    outs = [m for batch in channel.take("send") for m in batch]  # type: ignore[attr-defined]
     assert [m.actions for m in outs] == [(of.Output(7),), (of.Output(9),)]
     assert all(m.in_port == of.OFPP_CONTROLLER and m.data == reject_reply(syn) for m in outs)
     s = rejector.stats

@@ -19,7 +19,7 @@ from ovsproxy.agent.wiring import Components
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPFamily
-from ovsproxy.openflow.connection import OpenFlowError
+from ovsproxy.openflow.errors import OpenFlowError
 
 log = logging.getLogger("ovsproxy.agent")
 

@@ -13,13 +13,13 @@ Flows are identified as OpenFlow identifies them: (table, priority, match), kept
 key (its hash is computed once and cached by Python). A flow several owners want (an
 EndpointDNAT flow shared by two Services) is installed while any of them wants it.
 
-Streaming: when the switch offers a streaming bundle (``Channel.bundle()``), messages are
-planned, encoded and written while Open vSwitch decodes the ones before them, so a full sync
-costs about max(planning, OVS) instead of their sum; otherwise the planned list goes to
-``commit_bundle``. To keep both sides busy, the flows that use no group are interleaved with
-the group messages: a group costs us far more to plan than it costs OVS to take in, a flow the
-other way round (with every flow after the groups, OVS was the bottleneck for the flows and
-idle during the groups: 0.2 s of waiting in a 10,000-Service sync).
+Streaming: the bundle is streamed (``Switch.bundle()``): messages are planned, encoded and
+written while Open vSwitch decodes the ones before them, so a full sync costs about
+max(planning, OVS) instead of their sum. To keep both sides busy, the flows that use no group
+are interleaved with the group messages: a group costs us far more to plan than it costs OVS
+to take in, a flow the other way round (with every flow after the groups, OVS was the
+bottleneck for the flows and idle during the groups: 0.2 s of waiting in a 10,000-Service
+sync).
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
@@ -61,7 +61,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import GroupPlan, GroupSpec, InstalledGroup, delete_group, plan_group
 from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.connection import BundleError, ChannelError
+from ovsproxy.openflow.errors import BundleError, ChannelError
 
 log = logging.getLogger(__name__)
 
@@ -106,32 +106,36 @@ def flow_key(flow: of.FlowMod) -> FlowKey:
     return _KEY_HEAD.pack(flow.table_id, flow.priority) + flow.match.wire
 
 
+class StreamingBundle(Protocol):
+    """A bundle being written (``openflow.connection.Bundle``)."""
+
+    def add(self, msg: of.Message) -> int:
+        """Buffer one message into the bundle (written in chunks); returns its xid."""
+
+    async def drain(self) -> None:
+        """Write what is buffered and wait until the transport can take more."""
+
+    async def commit(self) -> None:
+        """Close and commit; raise ``BundleError`` (after discarding) if anything failed."""
+
+    async def discard(self) -> None:
+        """Throw the bundle away (nothing from it is applied)."""
+
+
 class Switch(Protocol):
-    """What the datapath needs from an OpenFlow connection."""
+    """What the datapath needs from an OpenFlow connection (``openflow.connection.Channel``)."""
 
     @property
     def connected(self) -> bool: ...
 
-    async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
-        """Send the messages as one atomic, ordered bundle; raise on any error."""
+    def bundle(self) -> StreamingBundle:
+        """A new atomic, ordered bundle, streamed as messages are added."""
 
     async def group_ids(self) -> set[int]:
         """Ids of every group the switch holds."""
 
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
         """Cookies of the flows whose cookie matches cookie/mask."""
-
-
-class StreamingBundle(Protocol):
-    """A bundle being written (``openflow.connection.Bundle``)."""
-
-    def add(self, msg: of.Message) -> int: ...
-
-    async def drain(self) -> None: ...
-
-    async def commit(self) -> None: ...
-
-    async def discard(self) -> None: ...
 
 
 @dataclass
@@ -544,19 +548,12 @@ class Datapath:
                 await self._resync_locked()
 
     async def _send(self, diff: _Commit) -> None:
-        """Stream the messages into one bundle (or hand the list to ``commit_bundle``)."""
+        """Stream the messages into one bundle."""
         messages = self._messages(diff)
-        open_bundle = getattr(self.switch, "bundle", None)
-        if open_bundle is None:
-            batch = list(messages)
-            if batch:
-                diff.committing = True
-                await self.switch.commit_bundle(batch)
-            return
         first = next(messages, None)
         if first is None:
             return  # nothing changed: not even an empty bundle
-        bundle: StreamingBundle = open_bundle()
+        bundle = self.switch.bundle()
         try:
             add = bundle.add
             add(first)

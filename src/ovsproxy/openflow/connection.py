@@ -1,10 +1,10 @@
-"""The asyncio OpenFlow 1.5 channel to Open vSwitch.
+"""The asyncio driver of an OpenFlow 1.5 connection to Open vSwitch.
 
-One ``Channel`` owns one connection (``unix:PATH`` or ``tcp:HOST:PORT``) and keeps it up:
-HELLO negotiation that insists on OpenFlow 1.5, replies matched to requests by xid with
-timeouts, echo keepalive with dead-peer detection, barriers, streamed bundles, packet-ins,
-reconnection with capped backoff, and wire counters. The codec (``protocol``) does all
-encoding; this module only moves bytes.
+One ``Channel`` owns one connection (``unix:PATH`` or ``tcp:HOST:PORT``) and keeps it up. The
+protocol — handshake, xid matching, multipart reassembly, bundle error attribution and the
+keepalive decisions — is the sans-I/O ``openflow.session.Session``; this module only moves
+bytes, runs the session's timer, turns its events into futures and reconnects with capped
+backoff.
 
 Readiness: after (re)connecting, the ``on_connected`` hook runs (the datapath replays its
 state from it) before anything else may be sent. Until the hook has finished, requests from
@@ -13,7 +13,8 @@ overtake the replay and no caller can deadlock waiting for a hook that waits for
 
 Errors from the switch are raised as ``OpenFlowError`` (``.name`` like
 ``OFPET_GROUP_MOD_FAILED/OFPGMFC_GROUP_EXISTS``, the xid and the text of the failed
-message); a failed bundle raises ``BundleError`` listing every failing message.
+message); a failed bundle raises ``BundleError`` listing every failing message. The
+exceptions live in ``openflow.errors``.
 """
 
 from __future__ import annotations
@@ -21,15 +22,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import itertools
+import errno
+import functools
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow import session as ses
+from ovsproxy.openflow.counters import WireCounters
+from ovsproxy.openflow.errors import (
+    BundleError,
+    ChannelError,
+    ChannelNotReady,
+    ConnectionLost,
+    OpenFlowError,
+    RequestTimeout,
+    VersionMismatch,
+)
+
+__all__ = [
+    "Bundle",
+    "BundleError",
+    "Channel",
+    "ChannelError",
+    "ChannelNotReady",
+    "ConnectionLost",
+    "Endpoint",
+    "OpenFlowError",
+    "RequestTimeout",
+    "VersionMismatch",
+    "WireCounters",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,87 +66,7 @@ _HOOK_SESSION: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 )
 _WRITE_CHUNK = 256 * 1024  # bundle adds are written in chunks of about this size
 _DRAIN_EVERY = 256 * 1024  # and the loop given a turn (and flow control) this often
-
-
-# -- errors ---------------------------------------------------------------------------------
-
-
-class ChannelError(Exception):
-    """Base of the channel's own failures (not errors reported by the switch)."""
-
-
-class ConnectionLost(ChannelError):
-    """The connection closed (or was found dead) while a request was in flight."""
-
-
-class ChannelNotReady(ChannelError):
-    """Not connected, or the on_connected hook has not finished: retry later."""
-
-
-class VersionMismatch(ChannelError):
-    """The switch does not allow OpenFlow 1.5 on this bridge."""
-
-
-class RequestTimeout(ChannelError, TimeoutError):
-    """No reply within the timeout."""
-
-
-class OpenFlowError(Exception):
-    """An OFPT_ERROR from the switch, decoded.
-
-    ``name`` is ``TYPE/CODE`` (e.g. ``OFPET_GROUP_MOD_FAILED/OFPGMFC_GROUP_EXISTS``),
-    ``xid`` the transaction id, ``request`` the text of the message that failed (when the
-    channel knows it), ``message`` that message itself, and ``error`` the decoded ``of.Error``.
-    """
-
-    def __init__(
-        self,
-        error: of.Error,
-        xid: int,
-        request: str | None = None,
-        message: of.Message | None = None,
-    ) -> None:
-        self.error = error
-        self.xid = xid
-        self.message = message
-        self.name = error.name
-        self.code_name = error.code_name
-        self.request = request
-        text = f"{error.name} (xid={xid:#x})"
-        if request:
-            text += f": {request}"
-        super().__init__(text)
-
-
-class BundleError(OpenFlowError):
-    """A bundle was refused; nothing from it was applied (it was discarded).
-
-    ``failures`` lists an ``OpenFlowError`` for each message the switch rejected (usually
-    one), ``error`` is the first of them (or the bundle-level error if none was reported).
-    """
-
-    def __init__(
-        self,
-        bundle_id: int,
-        error: of.Error,
-        xid: int,
-        failures: Sequence[OpenFlowError],
-        stage: str,
-    ) -> None:
-        self.bundle_id = bundle_id
-        self.failures = list(failures)
-        self.stage = stage
-        first = self.failures[0] if self.failures else None
-        super().__init__(
-            first.error if first else error,
-            first.xid if first else xid,
-            first.request if first else f"bundle {bundle_id:#x} {stage}",
-        )
-        more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
-        self.args = (f"bundle {bundle_id:#x} failed at {stage}: {self.args[0]}{more}",)
-
-
-# -- endpoint and counters ------------------------------------------------------------------
+_RETRY_LOG_EVERY = 30.0  # while the endpoint stays unreachable, a reminder this often
 
 
 @dataclass(frozen=True)
@@ -150,99 +97,88 @@ class Endpoint:
         return f"tcp:{host}:{self.port}"
 
 
-class WireCounters:
-    """Messages and bytes sent and received, by message kind (``FLOW_MOD``...).
-
-    ``sent``/``received`` map kind -> [messages, bytes]; ``bundled`` counts the messages
-    carried inside BUNDLE_ADD by their own kind. ``snapshot()`` is a plain dict.
-    """
-
-    def __init__(self) -> None:
-        self.sent: dict[str, list[int]] = {}
-        self.received: dict[str, list[int]] = {}
-        self.bundled: dict[str, list[int]] = {}
-
-    @staticmethod
-    def _add(table: dict[str, list[int]], kind: str, messages: int, size: int) -> None:
-        row = table.get(kind)
-        if row is None:
-            table[kind] = [messages, size]
-        else:
-            row[0] += messages
-            row[1] += size
-
-    def count_sent(self, kind: str, size: int, messages: int = 1) -> None:
-        self._add(self.sent, kind, messages, size)
-
-    def count_received(self, kind: str, size: int) -> None:
-        self._add(self.received, kind, 1, size)
-
-    def count_bundled(self, kind: str, size: int, messages: int = 1) -> None:
-        self._add(self.bundled, kind, messages, size)
-
-    def snapshot(self) -> dict[str, dict[str, dict[str, int]]]:
-        return {
-            name: {k: {"messages": v[0], "bytes": v[1]} for k, v in table.items()}
-            for name, table in (
-                ("sent", self.sent),
-                ("received", self.received),
-                ("bundled", self.bundled),
-            )
-        }
-
-    def total(self, direction: str = "sent") -> tuple[int, int]:
-        table = self.sent if direction == "sent" else self.received
-        return sum(v[0] for v in table.values()), sum(v[1] for v in table.values())
+def describe_connect_error(endpoint: Endpoint, exc: BaseException) -> str:
+    """What a failed connection attempt means, for an operator (socket and error)."""
+    where = f"socket {endpoint.path}" if endpoint.kind == "unix" else str(endpoint)
+    if isinstance(exc, FileNotFoundError):
+        return (
+            f"{endpoint}: the {where} does not exist (is ovs-vswitchd running, "
+            f"and is the bridge created?) [{exc.strerror}]"
+        )
+    if isinstance(exc, ConnectionRefusedError):
+        return f"{endpoint}: nothing accepts connections on the {where} (is ovs-vswitchd running?)"
+    if isinstance(exc, PermissionError):
+        return f"{endpoint}: permission denied on the {where} (run as root or fix its mode)"
+    if isinstance(exc, TimeoutError) and not isinstance(exc, ChannelError):
+        return f"{endpoint}: connecting timed out"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        return f"{endpoint}: cannot connect to the {where}: {exc.strerror} ({name})"
+    text = str(exc) or type(exc).__name__
+    return text if text.startswith(str(endpoint)) else f"{endpoint}: {text}"
 
 
-# -- the connection (asyncio protocol) -------------------------------------------------------
-
-
-@dataclass
-class _Pending:
-    future: asyncio.Future[Any]
-    request: of.Message | None
-    conn: _Connection | None = None
-    parts: list[of.Message] = field(default_factory=list)  # multipart replies so far
+# -- the transport ----------------------------------------------------------------------------
 
 
 class _Connection(asyncio.Protocol):
-    """One transport: frames received bytes into messages and hands them to the channel."""
+    """One transport: feeds the session, writes what it queues, runs its timer."""
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.parser = of.Parser()
+        self.session = ses.Session(
+            str(channel.endpoint),
+            channel.counters,
+            miss_send_len=channel.miss_send_len,
+            connect_timeout=channel.connect_timeout,
+            echo_interval=channel.echo_interval,
+            echo_timeout=channel.echo_timeout,
+        )
+        loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+        self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.closed: asyncio.Future[ChannelError] = loop.create_future()
+        self.handshake: asyncio.Future[int] = loop.create_future()
+        # Retrieved even when nobody waits any more (e.g. closing during the handshake).
+        self.handshake.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._can_write = asyncio.Event()
         self._can_write.set()
-        self.last_receive = time.monotonic()
-        self.hello: asyncio.Future[of.Hello] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         # Bigger buffers: a full sync writes tens of megabytes.
         self.transport.set_write_buffer_limits(high=1024 * 1024)  # type: ignore[union-attr]
+        self.session.connection_made(time.monotonic())
+        self.flush()
+        self._schedule()
 
     def data_received(self, data: bytes) -> None:
-        self.last_receive = time.monotonic()
-        self.parser.feed(data)
-        try:
-            for raw in self.parser:
-                self.channel._on_message(self, raw)
-        except of.OpenFlowDecodeError as exc:
-            log.error(
-                "openflow: unframeable data from the switch (%s); dropping the connection", exc
-            )
-            self.abort(ConnectionLost(f"garbage from the switch: {exc}"))
+        events = self.session.receive_data(data, time.monotonic())
+        if events:
+            self.channel._on_events(self, events)
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()  # echo replies, the handshake's next step
+            self._schedule()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._can_write.set()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        events = self.session.connection_lost(time.monotonic(), exc)
+        self.channel._on_events(self, events)
+        for future in self.futures.values():  # anything the session did not know of
+            if not future.done():
+                future.set_exception(ConnectionLost(f"{self.channel.endpoint}: connection lost"))
         if not self.closed.done():
-            self.closed.set_result(exc)
-        if not self.hello.done():
-            self.hello.set_exception(ConnectionLost("connection closed during the handshake"))
-        self.channel._on_connection_lost(self, exc)
+            lost = next((e.error for e in events if isinstance(e, ses.Closed)), None)
+            self.closed.set_result(lost or ConnectionLost(f"{self.channel.endpoint}: closed"))
+        if not self.handshake.done():
+            self.handshake.set_exception(ConnectionLost(f"{self.channel.endpoint}: closed"))
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -250,25 +186,80 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._can_write.set()
 
+    # -- the session's timer --------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        deadline = self.session.next_deadline()
+        if deadline >= self._timer_at:
+            return  # the timer fires first; poll() then finds nothing due and reschedules
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = deadline
+        if deadline == float("inf"):
+            self._timer = None
+            return
+        delay = max(0.0, deadline - time.monotonic())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._poll)
+
+    def _poll(self) -> None:
+        self._timer, self._timer_at = None, float("inf")
+        events = self.session.poll(time.monotonic())
+        if events:
+            self.channel._on_events(self, events)
+        if self.transport is not None and not self.transport.is_closing():
+            self.flush()
+            self._schedule()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def flush(self) -> int:
+        """Writes what the session queued; returns the number of bytes."""
+        data = self.session.data_to_send()
+        if data:
+            self.write(data)
+        return len(data)
+
+    def write(self, data: bytes) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionLost(f"{self.channel.endpoint}: connection closed")
+        transport.write(data)
+
     async def drain(self) -> None:
         if self.transport is None or self.transport.is_closing():
-            raise ConnectionLost("connection closed")
+            raise ConnectionLost(f"{self.channel.endpoint}: connection closed")
         # Yield even when not paused: the loop must run to push buffered bytes to the
         # socket (so the switch works while we encode) and to read its errors.
         await asyncio.sleep(0)
         await self._can_write.wait()
         if self.transport.is_closing():
-            raise ConnectionLost("connection closed")
+            raise ConnectionLost(f"{self.channel.endpoint}: connection closed")
 
-    def write(self, data: bytes) -> None:
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionLost("connection closed")
-        transport.write(data)
-
-    def abort(self, reason: Exception | None = None) -> None:
+    def abort(self, reason: str | None = None) -> None:
+        """Drops the connection at once (``reason``: why, for the session's report)."""
+        if reason is not None:
+            self.session.close(reason, time.monotonic())
         if self.transport is not None:
             self.transport.abort()
+
+    # -- requests -------------------------------------------------------------------------
+
+    def request(self, msg: of.Message) -> asyncio.Future[Any]:
+        """Sends a request; the future gets its reply (or error)."""
+        xid = self.session.request(msg)
+        future = self._future(xid)
+        self.flush()
+        return future
+
+    def _future(self, xid: int) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures[xid] = future
+        future.add_done_callback(functools.partial(self._forget, xid))
+        return future
+
+    def _forget(self, xid: int, _future: object = None) -> None:
+        self.futures.pop(xid, None)
+        self.session.forget(xid)
 
 
 # -- bundles ------------------------------------------------------------------------------------
@@ -289,59 +280,54 @@ class Bundle:
     the bundle is then discarded, so nothing from it is installed.
     """
 
-    def __init__(self, channel: Channel, conn: _Connection, bundle_id: int, flags: int) -> None:
+    def __init__(self, channel: Channel, conn: _Connection, flags: int) -> None:
         self.channel = channel
         self.conn = conn
-        self.bundle_id = bundle_id
-        self.flags = flags
-        self.messages: dict[int, of.Message] = {}  # xid -> message, to name failures
-        self.errors: list[OpenFlowError] = []
-        self.state = "open"
-        self._chunk: list[bytes] = []
-        self._chunk_size = 0
+        session = conn.session
+        self._session = session
+        # The OPEN is pipelined: its reply (or error) is checked at commit time.
+        self._state = session.open_bundle(flags)
+        self._open_future = conn._future(self._state.open_xid)
+        conn.flush()
         self._since_drain = 0
-        self._inner: dict[int, list[int]] = {}  # msg_type -> [messages, bytes], counted at commit
-        self._open_future: asyncio.Future[Any] | None = None
+
+    @property
+    def bundle_id(self) -> int:
+        return self._state.bundle_id
+
+    @property
+    def flags(self) -> int:
+        return self._state.flags
+
+    @property
+    def state(self) -> str:
+        return self._state.state
+
+    @property
+    def messages(self) -> dict[int, of.Message]:
+        """xid -> message, to name failures."""
+        return self._state.messages
+
+    @property
+    def errors(self) -> list[OpenFlowError]:
+        return self._state.errors
 
     def __len__(self) -> int:
-        return len(self.messages)
-
-    def _start(self) -> None:
-        # The OPEN is pipelined: its reply (or error) is checked at commit time.
-        self._open_future = self.channel._send_request(
-            of.BundleCtrl(self.bundle_id, of.BundleCtrlType.OPEN_REQUEST, self.flags),
-            conn=self.conn,
-        )
+        return len(self._state.messages)
 
     def add(self, msg: of.Message) -> int:
         """Adds a FLOW_MOD, GROUP_MOD or PACKET_OUT (buffered; returns its xid)."""
-        if self.state != "open":
-            raise ChannelError(f"bundle {self.bundle_id:#x} is {self.state}")
-        xid = self.channel._new_xid()
-        data = of.encode_bundle_add(self.bundle_id, msg, xid, self.flags)
-        self.messages[xid] = msg
-        self._tally(msg.msg_type, len(data))
-        self._chunk.append(data)
-        self._chunk_size += len(data)
-        if self._chunk_size >= _WRITE_CHUNK:
-            self._flush()
+        session = self._session
+        xid = session.bundle_add(self._state, msg)
+        if session.pending_output >= _WRITE_CHUNK:
+            self._since_drain += self.conn.flush()
         return xid
 
     def add_encoded(self, inner: bytes, msg: of.Message | None = None) -> int:
         """Adds an already-encoded message (its xid is rewritten to the bundle add's)."""
-        if self.state != "open":
-            raise ChannelError(f"bundle {self.bundle_id:#x} is {self.state}")
-        xid = self.channel._new_xid()
-        data = of.bundle_add(self.bundle_id, inner, xid, self.flags)
-        if msg is not None:
-            self.messages[xid] = msg
-        else:
-            self.messages[xid] = of.decode(inner)
-        self._tally(inner[1], len(data))
-        self._chunk.append(data)
-        self._chunk_size += len(data)
-        if self._chunk_size >= _WRITE_CHUNK:
-            self._flush()
+        xid = self._session.bundle_add_encoded(self._state, inner, msg)
+        if self._session.pending_output >= _WRITE_CHUNK:
+            self._since_drain += self.conn.flush()
         return xid
 
     async def add_all(self, messages: Iterable[of.Message]) -> None:
@@ -351,106 +337,65 @@ class Bundle:
             if self._since_drain >= _DRAIN_EVERY:
                 await self.drain()
 
-    def _flush(self) -> None:
-        if not self._chunk:
-            return
-        data = b"".join(self._chunk)
-        n = len(self._chunk)
-        self._chunk = []
-        self._chunk_size = 0
-        self._since_drain += len(data)
-        self.conn.write(data)
-        self.channel.counters.count_sent("BUNDLE_ADD_MESSAGE", len(data), n)
-
     async def drain(self) -> None:
         """Writes what is buffered and waits until the transport can take more."""
-        self._flush()
+        self.conn.flush()
         self._since_drain = 0
         await self.conn.drain()
 
-    def _tally(self, msg_type: int, added: int) -> None:
-        row = self._inner.get(msg_type)
-        if row is None:
-            row = self._inner[msg_type] = [0, 0]
-        row[0] += 1
-        row[1] += added - of.BUNDLE_ADD_HEADER_LEN
-
-    def _count_inner(self) -> None:
-        # Tallied per type as messages were added: a loop over 120,000 messages here took
-        # 0.1 s after the commit reply of a full sync.
-        counters = self.channel.counters
-        for msg_type, (messages, size) in self._inner.items():
-            counters.count_bundled(of.message_kind(msg_type), size, messages)
+    def _control(self, ctrl: of.BundleCtrlType) -> asyncio.Future[Any]:
+        xid = self._session.bundle_control(self._state, ctrl)
+        future = self.conn._future(xid)
+        self.conn.flush()
+        return future
 
     async def commit(self, timeout: float | None = None) -> None:
         """Closes and commits. Raises ``BundleError`` (after discarding) if anything failed."""
-        if self.state != "open":
-            raise ChannelError(f"bundle {self.bundle_id:#x} is {self.state}")
-        self.state = "committing"
+        state = self._state
+        if state.state != "open":
+            raise ChannelError(f"bundle {state.bundle_id:#x} is {state.state}")
+        state.state = "committing"
         channel = self.channel
         timeout = channel.bundle_timeout if timeout is None else timeout
+        ended = "failed"
         try:
             await self.drain()
-            assert self._open_future is not None
             # CLOSE's reply comes after every add was processed, so every add error is in.
-            close = channel._send_request(
-                of.BundleCtrl(self.bundle_id, of.BundleCtrlType.CLOSE_REQUEST, self.flags),
-                conn=self.conn,
-            )
+            close = self._control(of.BundleCtrlType.CLOSE_REQUEST)
             try:
                 await channel._await(self._open_future, timeout, "bundle open")
                 await channel._await(close, timeout, "bundle close")
             except OpenFlowError as exc:
                 await self._discard_quietly()
-                raise self._failure(exc, "open/close") from None
-            if self.errors:
+                raise state.failure(exc, "open/close") from None
+            if state.errors:
                 await self._discard_quietly()
-                raise self._failure(None, "add")
-            commit = channel._send_request(
-                of.BundleCtrl(self.bundle_id, of.BundleCtrlType.COMMIT_REQUEST, self.flags),
-                conn=self.conn,
-            )
+                raise state.failure(None, "add")
+            commit = self._control(of.BundleCtrlType.COMMIT_REQUEST)
             try:
                 await channel._await(commit, timeout, "bundle commit")
             except OpenFlowError as exc:
                 # Open vSwitch has already discarded the bundle (it always does at commit).
-                raise self._failure(exc, "commit") from None
-            self._count_inner()
-            self.state = "committed"
+                raise state.failure(exc, "commit") from None
+            ended = "committed"
         finally:
-            if self.state != "committed":
-                self.state = "failed"
-            channel._bundles.pop(self.bundle_id, None)
+            if state.state != "lost":
+                self._session.end_bundle(state, ended)
 
     async def discard(self) -> None:
-        if self.state in ("committed", "discarded"):
+        state = self._state
+        if state.state in ("committed", "discarded"):
             return
-        self.state = "discarding"
+        state.state = "discarding"
         try:
-            self._chunk.clear()
-            self._chunk_size = 0
             await self._discard_quietly()
         finally:
-            self.state = "discarded"
-            self.channel._bundles.pop(self.bundle_id, None)
+            self._session.end_bundle(state, "discarded")
 
     async def _discard_quietly(self) -> None:
         with contextlib.suppress(ChannelError, OpenFlowError, TimeoutError):
-            future = self.channel._send_request(
-                of.BundleCtrl(self.bundle_id, of.BundleCtrlType.DISCARD_REQUEST, self.flags),
-                conn=self.conn,
-            )
+            future = self._control(of.BundleCtrlType.DISCARD_REQUEST)
             await self.channel._await(future, self.channel.request_timeout, "bundle discard")
-
-    def _failure(self, error: OpenFlowError | None, stage: str) -> BundleError:
-        base = error.error if error else self.errors[0].error
-        xid = error.xid if error else self.errors[0].xid
-        return BundleError(self.bundle_id, base, xid, self.errors, stage)
-
-    def _record_error(self, xid: int, error: of.Error) -> None:
-        msg = self.messages.get(xid)
-        text = of.to_text(msg) if msg is not None else None
-        self.errors.append(OpenFlowError(error, xid, text, msg))
 
     async def __aenter__(self) -> Bundle:
         return self
@@ -505,20 +450,18 @@ class Channel:
         self.packet_ins_dropped = 0
         self.datapath_id: int | None = None
         self.connections = 0  # successful handshakes so far
+        self.failed_attempts = 0  # connection attempts that failed since the last success
         self.last_error: BaseException | None = None
         self.unsolicited_errors: deque[OpenFlowError] = deque(maxlen=100)
         self._conn: _Connection | None = None
         self._ready = False
         self._session: object | None = None
         self._ready_event = asyncio.Event()
-        self._pending: dict[int, _Pending] = {}
-        self._bundles: dict[int, Bundle] = {}
-        self._xids = itertools.count(1)
-        self._bundle_ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
-        self._echo_task: asyncio.Task[None] | None = None
         self._closing = False
         self._fatal: BaseException | None = None
+        self._failing_since: float | None = None
+        self._failure_logged: tuple[str, float] | None = None  # text, when
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -551,9 +494,10 @@ class Channel:
         try:
             await asyncio.wait_for(wait(), timeout)
         except TimeoutError:
+            last = self.last_error
             raise ChannelNotReady(
                 f"{self.endpoint}: not connected after {timeout}s"
-                + (f" (last error: {self.last_error})" if self.last_error else "")
+                + (f" (last error: {describe_connect_error(self.endpoint, last)})" if last else "")
             ) from None
 
     async def close(self) -> None:
@@ -561,7 +505,7 @@ class Channel:
         task, self._task = self._task, None
         conn = self._conn
         if conn is not None:
-            conn.abort()
+            conn.abort("the channel was closed")
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -580,7 +524,10 @@ class Channel:
             try:
                 conn = await self._connect()
                 backoff = self.backoff_min
-                await conn.closed
+                lost = await conn.closed
+                if not self._closing:
+                    self.last_error = lost
+                    log.warning("openflow: %s; reconnecting", lost)
             except asyncio.CancelledError:
                 raise
             except VersionMismatch as exc:
@@ -591,7 +538,7 @@ class Channel:
                 backoff = self.backoff_max
             except Exception as exc:  # any failure means: reconnect later
                 self.last_error = exc
-                log.warning("openflow: %s: %s; reconnecting in %.2fs", self.endpoint, exc, backoff)
+                self._log_failure(exc, backoff)
             finally:
                 self._set_not_ready()
             if self._closing:
@@ -599,15 +546,42 @@ class Channel:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.backoff_max)
 
+    def _log_failure(self, exc: Exception, backoff: float) -> None:
+        """One warning when attempts start failing or the reason changes, then a reminder
+        every _RETRY_LOG_EVERY seconds (a missing switch must not flood the log)."""
+        self.failed_attempts += 1
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        text = describe_connect_error(self.endpoint, exc)
+        logged = self._failure_logged
+        if logged is None or logged[0] != text:
+            log.warning(
+                "openflow: %s; retrying in %.2fs (backoff up to %.1fs)",
+                text,
+                backoff,
+                self.backoff_max,
+            )
+        elif now - logged[1] >= _RETRY_LOG_EVERY:
+            log.warning(
+                "openflow: still not connected after %d attempts in %.0fs: %s; retrying every "
+                "%.1fs",
+                self.failed_attempts,
+                now - self._failing_since,
+                text,
+                self.backoff_max,
+            )
+        else:
+            log.debug("openflow: %s; retrying in %.2fs", text, backoff)
+            return
+        self._failure_logged = (text, now)
+
     def _set_not_ready(self) -> None:
         self._ready = False
         self._session = None
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.abort()
-        if self._echo_task is not None:
-            self._echo_task.cancel()
-            self._echo_task = None
 
     async def _open_transport(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -621,25 +595,30 @@ class Channel:
     async def _connect(self) -> _Connection:
         conn = await asyncio.wait_for(self._open_transport(), self.connect_timeout)
         self._conn = conn
-        session = object()
+        session = conn.session
         self._session = session
         try:
-            await self._handshake(conn)
+            # The session times each handshake step out (connect_timeout) by itself.
+            self.datapath_id = await conn.handshake
         except BaseException:
-            conn.abort()
+            conn.abort("the handshake failed")
             raise
         self.connections += 1
+        after = f" after {self.failed_attempts} failed attempts" if self.failed_attempts else ""
+        self.failed_attempts = 0
+        self._failing_since = self._failure_logged = None
         self._fatal = None
         self.last_error = None
-        self._echo_task = asyncio.create_task(self._keepalive(conn), name="openflow echo")
-        log.info("openflow: connected to %s (dpid %016x)", self.endpoint, self.datapath_id or 0)
+        log.info(
+            "openflow: connected to %s (dpid %016x)%s", self.endpoint, self.datapath_id or 0, after
+        )
         if self.on_connected is not None:
             token = _HOOK_SESSION.set(session)
             try:
                 await self.on_connected()
             except Exception as exc:
                 log.error("openflow: on_connected hook failed: %s; reconnecting", exc)
-                conn.abort()
+                conn.abort(f"the on_connected hook failed: {exc}")
                 raise
             finally:
                 _HOOK_SESSION.reset(token)
@@ -648,69 +627,7 @@ class Channel:
             self._ready_event.set()
         return conn
 
-    async def _handshake(self, conn: _Connection) -> None:
-        xid = self._new_xid()
-        data = of.encode(of.Hello([of.OFP_VERSION]), xid)
-        conn.write(data)
-        self.counters.count_sent("HELLO", len(data))
-        hello = await asyncio.wait_for(conn.hello, self.connect_timeout)
-        if of.OFP_VERSION not in hello.versions:
-            allowed = ", ".join(of.constants.VERSION_NAMES.get(v, str(v)) for v in hello.versions)
-            raise VersionMismatch(
-                f"{self.endpoint}: the bridge does not allow OpenFlow 1.5 (it offers {allowed}); "
-                "set protocols=OpenFlow15 on the bridge, e.g. "
-                "`ovs-vsctl set bridge br0 protocols=OpenFlow13,OpenFlow15`"
-            )
-        # A management (service) connection gets packet-ins only with a nonzero
-        # miss_send_len; NXT_PACKET_IN2 carries the controller action's userdata.
-        self._write_now(conn, of.SetConfig(0, self.miss_send_len))
-        self._write_now(conn, of.SetPacketInFormat(of.constants.NXPIF_NXT_PACKET_IN2))
-        features = self._send_request(of.FeaturesRequest(), conn=conn)
-        reply = await self._await(features, self.connect_timeout, "features request")
-        self.datapath_id = reply.datapath_id
-        await self._await(
-            self._send_request(of.BarrierRequest(), conn=conn), self.connect_timeout, "barrier"
-        )
-
-    async def _keepalive(self, conn: _Connection) -> None:
-        """Echo when the line is quiet; a peer silent for echo_timeout is dead."""
-        try:
-            while not conn.closed.done():
-                await asyncio.sleep(self.echo_interval)
-                if time.monotonic() - conn.last_receive < self.echo_interval:
-                    continue
-                future = self._send_request(of.EchoRequest(b"ovsproxy"), conn=conn)
-                deadline = time.monotonic() + self.echo_timeout
-                while not future.done():
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(future), min(remaining, 1.0))
-                    # Anything received (e.g. replies behind a long bundle) proves liveness.
-                    if time.monotonic() - conn.last_receive < self.echo_timeout:
-                        deadline = max(deadline, conn.last_receive + self.echo_timeout)
-                if not future.done():
-                    log.warning(
-                        "openflow: %s silent for %.1fs: dead peer, reconnecting",
-                        self.endpoint,
-                        self.echo_timeout,
-                    )
-                    future.cancel()
-                    conn.abort()
-                    return
-                with contextlib.suppress(Exception):
-                    future.result()
-        except asyncio.CancelledError:
-            pass
-
     # -- sending -------------------------------------------------------------------------------
-
-    def _new_xid(self) -> int:
-        xid = next(self._xids) & 0xFFFFFFFF
-        if xid == 0:
-            xid = next(self._xids) & 0xFFFFFFFF
-        return xid
 
     def _check_ready(self) -> _Connection:
         conn = self._conn
@@ -725,23 +642,6 @@ class Channel:
             )
         return conn
 
-    def _write_now(self, conn: _Connection, msg: of.Message) -> int:
-        xid = self._new_xid()
-        data = msg.encode(xid)
-        conn.write(data)
-        self.counters.count_sent(of.message_kind(msg.msg_type), len(data))
-        return xid
-
-    def _send_request(self, msg: of.Message, *, conn: _Connection) -> asyncio.Future[Any]:
-        xid = self._new_xid()
-        data = msg.encode(xid)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[xid] = _Pending(future, msg, conn)
-        future.add_done_callback(lambda _f, xid=xid: self._pending.pop(xid, None))
-        conn.write(data)
-        self.counters.count_sent(of.message_kind(msg.msg_type), len(data))
-        return future
-
     async def _await(self, future: asyncio.Future[Any], timeout: float | None, what: str) -> Any:
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout)
@@ -753,7 +653,7 @@ class Channel:
         """Sends a message that has a reply and returns the reply (for multipart requests,
         the list of reply messages). A switch error is raised as ``OpenFlowError``."""
         conn = self._check_ready()
-        future = self._send_request(msg, conn=conn)
+        future = conn.request(msg)
         return await self._await(
             future, timeout or self.request_timeout, of.message_kind(msg.msg_type)
         )
@@ -772,36 +672,33 @@ class Channel:
         """Sends messages (no bundle), then a barrier; raises the first error reported for
         any of them as ``OpenFlowError`` (messages after a failed one were still applied)."""
         conn = self._check_ready()
-        futures = []
-        for msg in messages:
-            xid = self._new_xid()
-            data = msg.encode(xid)
-            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self._pending[xid] = _Pending(future, msg, conn)
-            futures.append((xid, future))
-            conn.write(data)
-            self.counters.count_sent(of.message_kind(msg.msg_type), len(data))
-        await conn.drain()
+        session = conn.session
+        futures: list[tuple[int, asyncio.Future[Any]]] = []
+        loop = asyncio.get_running_loop()
         try:
+            for msg in messages:
+                xid = session.send(msg)
+                future: asyncio.Future[Any] = loop.create_future()
+                conn.futures[xid] = future
+                futures.append((xid, future))
+            conn.flush()
+            await conn.drain()
             await self.request(of.BarrierRequest(), timeout)
         finally:
-            errors = []
+            errors: list[BaseException] = []
             for xid, future in futures:
-                self._pending.pop(xid, None)
-                if future.done() and future.exception() is not None:
-                    errors.append(future.exception())
+                conn.futures.pop(xid, None)
+                session.forget(xid)
+                error = future.exception() if future.done() else None
+                if error is not None:
+                    errors.append(error)
                 future.cancel()
         if errors:
             raise errors[0]
 
     def bundle(self, flags: int = of.BundleFlags.ATOMIC | of.BundleFlags.ORDERED) -> Bundle:
         """A new bundle on the current connection (see ``Bundle``)."""
-        conn = self._check_ready()
-        bundle_id = next(self._bundle_ids) & 0xFFFFFFFF
-        bundle = Bundle(self, conn, bundle_id, int(flags))
-        self._bundles[bundle_id] = bundle
-        bundle._start()
-        return bundle
+        return Bundle(self, self._check_ready(), int(flags))
 
     async def commit_bundle(self, messages: Sequence[of.Message]) -> None:
         """Sends the messages as one atomic, ordered bundle; raises on any error (then
@@ -876,77 +773,37 @@ class Channel:
 
     # -- receiving ------------------------------------------------------------------------------
 
-    def _on_message(self, conn: _Connection, raw: bytes) -> None:
-        msg_type = raw[1]
-        if raw[0] != of.OFP_VERSION and msg_type not in (of.MsgType.HELLO, of.MsgType.ERROR):
-            # Only a desynchronized stream gets here (e.g. a reply whose 16-bit length
-            # overflowed): nothing after it can be framed reliably.
-            log.error(
-                "openflow: %s: stream out of sync (version %#x); reconnecting",
-                self.endpoint,
-                raw[0],
-            )
-            conn.abort()
-            return
-        kind = of.message_kind(msg_type)
-        self.counters.count_received(kind, len(raw))
-        xid = int.from_bytes(raw[4:8], "big")
-        if msg_type == of.MsgType.ECHO_REQUEST:
-            data = bytearray(raw)
-            data[1] = of.MsgType.ECHO_REPLY
-            conn.write(bytes(data))
-            self.counters.count_sent("ECHO_REPLY", len(data))
-            return
-        try:
-            msg = of.decode(raw)
-        except of.OpenFlowDecodeError as exc:
-            pending = self._pending.get(xid)
-            if pending is not None and not pending.future.done():
-                pending.future.set_exception(ChannelError(f"undecodable reply: {exc}"))
-            else:
-                log.debug("openflow: ignoring %s message: %s", kind, exc)
-            return
-        if msg_type == of.MsgType.HELLO:
-            if not conn.hello.done():
-                conn.hello.set_result(msg)
-            return
-        if msg_type == of.MsgType.ERROR:
-            self._on_error(conn, xid, msg)
-            return
-        if isinstance(msg, of.PacketIn):
-            self._on_packet_in(msg)
-            return
-        pending = self._pending.get(xid)
-        if pending is None or pending.future.done():
-            return
-        if msg_type == of.MsgType.MULTIPART_REPLY:
-            pending.parts.append(msg)
-            if not getattr(msg, "more", False):
-                pending.future.set_result(pending.parts)
-            return
-        pending.future.set_result(msg)
-
-    def _on_error(self, conn: _Connection, xid: int, error: of.Error) -> None:
-        if error.type == of.constants.OFPET_HELLO_FAILED and not conn.hello.done():
-            conn.hello.set_exception(
-                VersionMismatch(
-                    f"{self.endpoint}: the switch refused the OpenFlow 1.5 hello "
-                    f"({error.code_name}); set protocols=OpenFlow15 on the bridge"
-                )
-            )
-            return
-        pending = self._pending.get(xid)
-        if pending is not None and not pending.future.done():
-            text = of.to_text(pending.request) if pending.request is not None else None
-            pending.future.set_exception(OpenFlowError(error, xid, text))
-            return
-        for bundle in self._bundles.values():
-            if xid in bundle.messages:
-                bundle._record_error(xid, error)
-                return
-        failure = OpenFlowError(error, xid)
-        self.unsolicited_errors.append(failure)
-        log.warning("openflow: error for an unknown request: %s", failure)
+    def _on_events(self, conn: _Connection, events: list[ses.Event]) -> None:
+        """Turns the session's events into future results, callbacks and logs."""
+        futures = conn.futures
+        for event in events:
+            match event:
+                case ses.Reply(xid, reply):
+                    future = futures.get(xid)
+                    if future is not None and not future.done():
+                        future.set_result(reply)
+                case ses.RequestFailed(xid, error):
+                    future = futures.get(xid)
+                    if future is not None and not future.done():
+                        future.set_exception(error)
+                case ses.PacketInReceived(message):
+                    self._on_packet_in(message)
+                case ses.Ready(datapath_id):
+                    if not conn.handshake.done():
+                        conn.handshake.set_result(datapath_id)
+                case ses.HandshakeFailed(error):
+                    if not conn.handshake.done():
+                        conn.handshake.set_exception(error)
+                case ses.UnsolicitedError(failure):
+                    self.unsolicited_errors.append(failure)
+                    log.warning("openflow: error for an unknown request: %s", failure)
+                case ses.MustClose():
+                    # Logged once, as the reason the connection ended (by _run or _connect).
+                    if conn.transport is not None:
+                        conn.transport.abort()
+                case ses.Closed():
+                    if conn is self._conn:
+                        self._ready = False
 
     def _on_packet_in(self, msg: of.PacketIn) -> None:
         if self.on_packet_in is not None:
@@ -958,17 +815,3 @@ class Channel:
             self.packet_ins.get_nowait()
             self.packet_ins_dropped += 1
         self.packet_ins.put_nowait(msg)
-
-    def _on_connection_lost(self, conn: _Connection, exc: Exception | None) -> None:
-        if conn is self._conn:
-            self._ready = False
-        reason = ConnectionLost(f"{self.endpoint}: connection lost" + (f" ({exc})" if exc else ""))
-        for xid, pending in list(self._pending.items()):
-            if pending.conn is conn:
-                del self._pending[xid]
-                if not pending.future.done():
-                    pending.future.set_exception(reason)
-        for bundle_id, bundle in list(self._bundles.items()):
-            if bundle.conn is conn:
-                bundle.state = "lost"
-                del self._bundles[bundle_id]

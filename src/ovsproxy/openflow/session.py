@@ -1,0 +1,623 @@
+"""One OpenFlow 1.5 connection as a sans-I/O state machine (the h11 split).
+
+``Session`` owns everything about the protocol and nothing about I/O: received bytes go in
+(``receive_data``) and come out as events; requests go in and come out as bytes to write
+(``data_to_send``); time is a number the caller passes in. It does
+
+* the handshake: HELLO with version negotiation (OpenFlow 1.5 or ``VersionMismatch``), the
+  packet-in configuration, FEATURES (the datapath id) and a BARRIER, then ``Ready``;
+* xid bookkeeping: each request's reply (or ``OFPT_ERROR``) is matched to it by xid,
+  multipart replies are reassembled, replies nobody waits for are dropped;
+* bundles: the messages added to a bundle are remembered by xid, so an error for any of them
+  (at add time or at commit) names the message that failed;
+* keepalive as decisions: ``poll(now)`` sends an echo when the line has been quiet for
+  ``echo_interval`` and reports the peer dead when nothing came back for ``echo_timeout``;
+  the handshake's steps each have ``connect_timeout``. ``next_deadline()`` says when to poll;
+* the end: ``connection_lost`` fails every outstanding request with a ``ConnectionLost``
+  that says what happened (closed or reset by the peer, or dropped by us and why; during
+  which handshake step, or after how long connected).
+
+The asyncio driver (``openflow.connection.Channel``) owns sockets, timers, futures and
+reconnection.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.counters import WireCounters
+from ovsproxy.openflow.errors import (
+    BundleError,
+    ChannelError,
+    ChannelNotReady,
+    ConnectionLost,
+    OpenFlowError,
+    RequestTimeout,
+    VersionMismatch,
+)
+
+_MULTIPART_REPLY = int(of.MsgType.MULTIPART_REPLY)
+_ECHO_REQUEST = int(of.MsgType.ECHO_REQUEST)
+_ECHO_REPLY = int(of.MsgType.ECHO_REPLY)
+_HELLO = int(of.MsgType.HELLO)
+_ERROR = int(of.MsgType.ERROR)
+_KEEPALIVE_DATA = b"ovsproxy"
+_ADD_HEADER = of.BUNDLE_ADD_HEADER_LEN
+_encode_bundle_add = of.encode_bundle_add
+
+
+class Phase(enum.Enum):
+    """Where the session stands; the handshake phases' values say what it waits for."""
+
+    HELLO = "waiting for the switch's HELLO"
+    FEATURES = "waiting for FEATURES_REPLY"
+    BARRIER = "waiting for the handshake's BARRIER_REPLY"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+_HANDSHAKE = (Phase.HELLO, Phase.FEATURES, Phase.BARRIER)
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The handshake is done: requests may be sent."""
+
+    datapath_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeFailed:
+    """The handshake cannot finish (``VersionMismatch``, an error reply, a timeout or the
+    connection closing). Reported once; the driver drops the connection."""
+
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The reply to request ``xid``: a message, or for a multipart request the list of all
+    its reply messages in order."""
+
+    xid: int
+    reply: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """Request (or tracked message) ``xid`` failed: an ``OpenFlowError`` from the switch,
+    a ``ChannelError`` for an undecodable reply, or ``ConnectionLost``."""
+
+    xid: int
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class PacketInReceived:
+    message: of.PacketIn
+
+
+@dataclass(frozen=True, slots=True)
+class UnsolicitedError:
+    """An OFPT_ERROR for an xid the session does not know (or no longer tracks)."""
+
+    error: OpenFlowError
+
+
+@dataclass(frozen=True, slots=True)
+class MustClose:
+    """The session cannot go on (garbage on the stream, a dead peer, a handshake step that
+    timed out): the driver must drop the connection, then call ``connection_lost``."""
+
+    error: ChannelError
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """An open session ended; ``error`` says how (see ``connection_lost``)."""
+
+    error: ConnectionLost
+
+
+Event = (
+    Ready
+    | HandshakeFailed
+    | Reply
+    | RequestFailed
+    | PacketInReceived
+    | UnsolicitedError
+    | MustClose
+    | Closed
+)
+
+
+# -- bundles ------------------------------------------------------------------------------------
+
+
+class BundleState:
+    """One bundle's bookkeeping: its messages by xid (to name failures), the errors the
+    switch reported for them, and per-kind tallies counted when it commits.
+
+    ``state``: open -> committing -> committed | failed; discarding -> discarded; lost when
+    the connection closes under it.
+    """
+
+    __slots__ = ("_inner", "bundle_id", "errors", "flags", "messages", "open_xid", "state")
+
+    def __init__(self, bundle_id: int, flags: int) -> None:
+        self.bundle_id = bundle_id
+        self.flags = flags
+        self.messages: dict[int, of.Message] = {}
+        self.errors: list[OpenFlowError] = []
+        self.state = "open"
+        self.open_xid = 0
+        self._inner: dict[int, list[int]] = {}  # msg_type -> [messages, bytes]
+
+    def failure(self, error: OpenFlowError | None, stage: str) -> BundleError:
+        """The ``BundleError`` for this bundle: the messages that failed, or ``error`` (the
+        failed OPEN/CLOSE/COMMIT) when none did."""
+        base = error if error is not None else self.errors[0]
+        return BundleError(self.bundle_id, base.error, base.xid, self.errors, stage)
+
+    def _record_error(self, xid: int, error: of.Error) -> None:
+        msg = self.messages.get(xid)
+        text = of.to_text(msg) if msg is not None else None
+        self.errors.append(OpenFlowError(error, xid, text, msg))
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: of.Message | None
+    wants_reply: bool  # False: tracked only so that an error for it is attributed
+    parts: list[of.Message] | None = None  # multipart replies so far
+
+
+# -- the session ------------------------------------------------------------------------------
+
+
+class Session:
+    """One OpenFlow 1.5 connection's protocol state (see the module docstring).
+
+    ``peer`` names the endpoint in messages; ``counters`` (shared across reconnections by
+    the driver) counts every message in and out.
+    """
+
+    def __init__(
+        self,
+        peer: str,
+        counters: WireCounters | None = None,
+        *,
+        miss_send_len: int = 0xFFFF,
+        connect_timeout: float = 5.0,
+        echo_interval: float = 5.0,
+        echo_timeout: float = 15.0,
+    ) -> None:
+        self.peer = peer
+        self.counters = counters if counters is not None else WireCounters()
+        self.miss_send_len = miss_send_len
+        self.connect_timeout = connect_timeout
+        self.echo_interval = echo_interval
+        self.echo_timeout = echo_timeout
+        self.phase = Phase.HELLO
+        self.datapath_id: int | None = None
+        self.started_at = 0.0
+        self.opened_at: float | None = None
+        self.last_receive = 0.0
+        self.ignored = 0  # replies for no request, and messages we cannot decode
+        self._phase_started = 0.0
+        self._parser = of.Parser()
+        self._out: list[bytes] = []
+        self.pending_output = 0  # bytes waiting in data_to_send
+        # What else than BUNDLE_ADDs _out holds: the adds are counted when taken.
+        self._others_out = 0
+        self._others_out_bytes = 0
+        self._xids = itertools.count(1)
+        self._bundle_ids = itertools.count(1)
+        self._pending: dict[int, _Pending] = {}
+        self._bundles: dict[int, BundleState] = {}
+        self._handshake_xid = 0
+        self._handshake_reported = False
+        self._echo_xid = 0
+        self._echo_sent_at: float | None = None
+        self._closing: ChannelError | None = None  # why we are dropping the connection
+
+    # -- output ---------------------------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        """The bytes to write, in order (and forgets them)."""
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        adds = len(self._out) - self._others_out
+        if adds:
+            size = len(data) - self._others_out_bytes
+            self.counters.count_sent("BUNDLE_ADD_MESSAGE", size, adds)
+        self._out.clear()
+        self.pending_output = self._others_out = self._others_out_bytes = 0
+        return data
+
+    def _queue(self, data: bytes, kind: str) -> None:
+        size = len(data)
+        self._out.append(data)
+        self.pending_output += size
+        self._others_out += 1
+        self._others_out_bytes += size
+        self.counters.count_sent(kind, size)
+
+    def _next_xid(self) -> int:
+        xid = next(self._xids) & 0xFFFFFFFF
+        if xid == 0:
+            xid = next(self._xids) & 0xFFFFFFFF
+        return xid
+
+    def _write(self, msg: of.Message) -> int:
+        xid = self._next_xid()
+        self._queue(msg.encode(xid), of.message_kind(msg.msg_type))
+        return xid
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def connection_made(self, now: float) -> None:
+        """The transport is up: say HELLO (offering OpenFlow 1.5 only)."""
+        self.started_at = self._phase_started = self.last_receive = now
+        self._write(of.Hello([of.OFP_VERSION]))
+
+    @property
+    def is_open(self) -> bool:
+        return self.phase is Phase.OPEN and self._closing is None
+
+    def close(self, reason: str, now: float) -> None:
+        """We are dropping the connection ourselves (``reason``): what ``connection_lost``
+        then reports. Nothing more is sent or received."""
+        if self._closing is None and self.phase is not Phase.CLOSED:
+            self._closing = ConnectionLost(
+                f"{self.peer}: connection closed by us ({reason}) {self._when(now)}"
+            )
+
+    def connection_lost(self, now: float, exc: BaseException | None = None) -> list[Event]:
+        """The transport closed (``exc`` as asyncio reports it: None for an orderly close).
+        Fails everything outstanding with one ``ConnectionLost`` that says what happened."""
+        if self.phase is Phase.CLOSED:
+            return []
+        error: ChannelError
+        if self._closing is not None:
+            error = self._closing
+        elif exc is None:
+            error = ConnectionLost(f"{self.peer}: connection closed by the peer {self._when(now)}")
+        elif isinstance(exc, ConnectionResetError):
+            error = ConnectionLost(f"{self.peer}: connection reset by the peer {self._when(now)}")
+        else:
+            error = ConnectionLost(f"{self.peer}: connection lost ({exc}) {self._when(now)}")
+        lost = error if isinstance(error, ConnectionLost) else ConnectionLost(str(error))
+        events: list[Event] = []
+        handshaking = self.phase in _HANDSHAKE
+        self.phase = Phase.CLOSED
+        events.extend(RequestFailed(xid, lost) for xid in self._pending)
+        self._pending.clear()
+        for bundle in self._bundles.values():
+            bundle.state = "lost"
+        self._bundles.clear()
+        self._out.clear()
+        self.pending_output = self._others_out = self._others_out_bytes = 0
+        if handshaking:
+            if not self._handshake_reported:
+                self._handshake_reported = True
+                events.append(HandshakeFailed(error))
+        else:
+            events.append(Closed(lost))
+        return events
+
+    def _when(self, now: float) -> str:
+        if self.phase is Phase.OPEN and self.opened_at is not None:
+            return f"after {now - self.opened_at:.1f}s connected"
+        if self.phase in _HANDSHAKE:
+            return (
+                f"during the handshake ({self.phase.value}, "
+                f"{now - self.started_at:.1f}s after connecting)"
+            )
+        return ""
+
+    def _must_close(self, error: ChannelError) -> MustClose:
+        if self._closing is None:
+            self._closing = error
+        return MustClose(error)
+
+    # -- time -----------------------------------------------------------------------------
+
+    def next_deadline(self) -> float:
+        """When ``poll`` has something to decide next (``math.inf``: never)."""
+        if self._closing is not None or self.phase is Phase.CLOSED:
+            return math.inf
+        if self.phase is not Phase.OPEN:
+            return self._phase_started + self.connect_timeout
+        if self._echo_sent_at is not None:
+            return max(self._echo_sent_at, self.last_receive) + self.echo_timeout
+        return self.last_receive + self.echo_interval
+
+    def poll(self, now: float) -> list[Event]:
+        """Keepalive and handshake timeouts at time ``now``: queues an echo when the line has
+        been quiet for ``echo_interval``; ``MustClose`` when a handshake step took over
+        ``connect_timeout`` or the peer sent nothing for ``echo_timeout`` after an echo
+        (anything received proves liveness, e.g. replies behind a long bundle)."""
+        if self._closing is not None or self.phase is Phase.CLOSED:
+            return []
+        if self.phase is not Phase.OPEN:
+            if now >= self._phase_started + self.connect_timeout:
+                return [
+                    self._must_close(
+                        RequestTimeout(
+                            f"{self.peer}: handshake timed out ({self.phase.value}, "
+                            f"nothing within {self.connect_timeout}s)"
+                        )
+                    )
+                ]
+            return []
+        if self._echo_sent_at is not None:
+            # The same sums as next_deadline(): at that time, poll() decides.
+            if now >= max(self._echo_sent_at, self.last_receive) + self.echo_timeout:
+                return [
+                    self._must_close(
+                        ConnectionLost(
+                            f"{self.peer}: silent for {now - self.last_receive:.1f}s "
+                            f"(no echo reply within {self.echo_timeout}s): dead peer"
+                        )
+                    )
+                ]
+        elif now >= self.last_receive + self.echo_interval:
+            self._echo_xid = self._write(of.EchoRequest(_KEEPALIVE_DATA))
+            self._echo_sent_at = now
+        return []
+
+    # -- requests -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closing is not None:
+            raise ConnectionLost(str(self._closing))
+        if self.phase is not Phase.OPEN:
+            if self.phase is Phase.CLOSED:
+                raise ConnectionLost(f"{self.peer}: connection closed")
+            raise ChannelNotReady(f"{self.peer}: handshake in progress ({self.phase.value})")
+
+    def request(self, msg: of.Message) -> int:
+        """Queues a message that has a reply; its ``Reply`` or ``RequestFailed`` will carry
+        the returned xid."""
+        self._check_open()
+        xid = self._write(msg)
+        self._pending[xid] = _Pending(msg, True)
+        return xid
+
+    def send(self, msg: of.Message, *, track: bool = True) -> int:
+        """Queues a message without a reply. Tracked (until ``forget``), an error for it is
+        a ``RequestFailed`` naming it; untracked, an ``UnsolicitedError``."""
+        self._check_open()
+        xid = self._write(msg)
+        if track:
+            self._pending[xid] = _Pending(msg, False)
+        return xid
+
+    def forget(self, xid: int) -> None:
+        """Stop tracking ``xid`` (its caller gave up): a late reply is dropped."""
+        self._pending.pop(xid, None)
+
+    @property
+    def outstanding(self) -> int:
+        """Requests and tracked messages not yet answered or forgotten."""
+        return len(self._pending)
+
+    # -- bundles --------------------------------------------------------------------------
+
+    def open_bundle(self, flags: int) -> BundleState:
+        """Queues a bundle OPEN (pipelined: its reply is ``Reply(bundle.open_xid)``)."""
+        self._check_open()
+        bundle = BundleState(next(self._bundle_ids) & 0xFFFFFFFF, int(flags))
+        bundle.open_xid = self.request(
+            of.BundleCtrl(bundle.bundle_id, of.BundleCtrlType.OPEN_REQUEST, bundle.flags)
+        )
+        self._bundles[bundle.bundle_id] = bundle
+        return bundle
+
+    def bundle_add(self, bundle: BundleState, msg: of.Message) -> int:
+        """Queues a FLOW_MOD, GROUP_MOD or PACKET_OUT into the bundle; returns its xid."""
+        # The hot path of a full sync (one call per message): kept inline.
+        if bundle.state != "open":
+            raise ChannelError(f"bundle {bundle.bundle_id:#x} is {bundle.state}")
+        xid = next(self._xids) & 0xFFFFFFFF or self._next_xid()
+        data = _encode_bundle_add(bundle.bundle_id, msg, xid, bundle.flags)
+        bundle.messages[xid] = msg
+        size = len(data)
+        row = bundle._inner.get(msg.msg_type)
+        if row is None:
+            bundle._inner[msg.msg_type] = [1, size - _ADD_HEADER]
+        else:
+            row[0] += 1
+            row[1] += size - _ADD_HEADER
+        self._out.append(data)
+        self.pending_output += size
+        return xid
+
+    def bundle_add_encoded(
+        self, bundle: BundleState, inner: bytes, msg: of.Message | None = None
+    ) -> int:
+        """Queues an already-encoded message into the bundle (its xid is rewritten)."""
+        if bundle.state != "open":
+            raise ChannelError(f"bundle {bundle.bundle_id:#x} is {bundle.state}")
+        xid = self._next_xid()
+        data = of.bundle_add(bundle.bundle_id, inner, xid, bundle.flags)
+        bundle.messages[xid] = msg if msg is not None else of.decode(inner)
+        size = len(data)
+        row = bundle._inner.setdefault(inner[1], [0, 0])
+        row[0] += 1
+        row[1] += size - _ADD_HEADER
+        self._out.append(data)
+        self.pending_output += size
+        return xid
+
+    def bundle_control(self, bundle: BundleState, ctrl: of.BundleCtrlType) -> int:
+        """Queues a CLOSE, COMMIT or DISCARD request for the bundle; returns its xid. The
+        CLOSE reply comes after every add was processed, so every add error is in by then
+        (in ``bundle.errors``)."""
+        return self.request(of.BundleCtrl(bundle.bundle_id, ctrl, bundle.flags))
+
+    def end_bundle(self, bundle: BundleState, state: str) -> None:
+        """The bundle is finished (``committed``, ``failed``, ``discarded``); a committed
+        bundle's messages are counted as ``bundled`` by their kind."""
+        bundle.state = state
+        self._bundles.pop(bundle.bundle_id, None)
+        if state == "committed":
+            for msg_type, (messages, size) in bundle._inner.items():
+                self.counters.count_bundled(of.message_kind(msg_type), size, messages)
+
+    # -- input ----------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float) -> list[Event]:
+        """Bytes from the switch, in any chunking: the events they complete."""
+        events: list[Event] = []
+        if self._closing is not None or self.phase is Phase.CLOSED:
+            return events
+        self.last_receive = now
+        self._parser.feed(data)
+        try:
+            for raw in self._parser:
+                self._on_message(raw, now, events)
+                if self._closing is not None:
+                    break
+        except of.OpenFlowDecodeError as exc:
+            events.append(
+                self._must_close(ConnectionLost(f"{self.peer}: garbage from the switch: {exc}"))
+            )
+        return events
+
+    def _on_message(self, raw: bytes, now: float, events: list[Event]) -> None:
+        msg_type = raw[1]
+        if raw[0] != of.OFP_VERSION and msg_type not in (_HELLO, _ERROR):
+            # Only a desynchronized stream gets here (e.g. a reply whose 16-bit length
+            # overflowed): nothing after it can be framed reliably.
+            events.append(
+                self._must_close(
+                    ConnectionLost(f"{self.peer}: stream out of sync (version {raw[0]:#x})")
+                )
+            )
+            return
+        self.counters.count_received(of.message_kind(msg_type), len(raw))
+        xid = int.from_bytes(raw[4:8], "big")
+        if msg_type == _ECHO_REQUEST:
+            reply = bytearray(raw)
+            reply[1] = _ECHO_REPLY
+            self._queue(bytes(reply), "ECHO_REPLY")
+            return
+        if msg_type == _ECHO_REPLY and xid == self._echo_xid and self._echo_sent_at is not None:
+            self._echo_sent_at = None
+            return
+        try:
+            msg = of.decode(raw)
+        except of.OpenFlowDecodeError as exc:
+            pending = self._pending.pop(xid, None)
+            if pending is not None and pending.wants_reply:
+                events.append(RequestFailed(xid, ChannelError(f"undecodable reply: {exc}")))
+            else:
+                if pending is not None:
+                    self._pending[xid] = pending
+                self.ignored += 1
+            return
+        if msg_type == _HELLO:
+            if self.phase is Phase.HELLO:
+                self._on_hello(msg, now, events)  # type: ignore[arg-type]
+            return
+        if msg_type == _ERROR:
+            self._on_error(xid, msg, events)  # type: ignore[arg-type]
+            return
+        if isinstance(msg, of.PacketIn):
+            events.append(PacketInReceived(msg))
+            return
+        if self.phase in _HANDSHAKE and xid == self._handshake_xid:
+            self._on_handshake_reply(msg, now, events)
+            return
+        pending = self._pending.get(xid)
+        if pending is None or not pending.wants_reply:
+            self.ignored += 1
+            return
+        if msg_type == _MULTIPART_REPLY:
+            if pending.parts is None:
+                pending.parts = []
+            pending.parts.append(msg)
+            if getattr(msg, "more", False):
+                return
+            del self._pending[xid]
+            events.append(Reply(xid, pending.parts))
+            return
+        del self._pending[xid]
+        events.append(Reply(xid, msg))
+
+    def _on_hello(self, hello: of.Hello, now: float, events: list[Event]) -> None:
+        if of.OFP_VERSION not in hello.versions:
+            allowed = ", ".join(of.constants.VERSION_NAMES.get(v, str(v)) for v in hello.versions)
+            self._handshake_failed(
+                VersionMismatch(
+                    f"{self.peer}: the bridge does not allow OpenFlow 1.5 (it offers {allowed}); "
+                    "set protocols=OpenFlow15 on the bridge, e.g. "
+                    "`ovs-vsctl set bridge br0 protocols=OpenFlow13,OpenFlow15`"
+                ),
+                events,
+            )
+            return
+        # A management (service) connection gets packet-ins only with a nonzero
+        # miss_send_len; NXT_PACKET_IN2 carries the controller action's userdata.
+        self._write(of.SetConfig(0, self.miss_send_len))
+        self._write(of.SetPacketInFormat(of.constants.NXPIF_NXT_PACKET_IN2))
+        self._handshake_xid = self._write(of.FeaturesRequest())
+        self.phase, self._phase_started = Phase.FEATURES, now
+
+    def _on_handshake_reply(self, msg: of.Message, now: float, events: list[Event]) -> None:
+        if self.phase is Phase.FEATURES and isinstance(msg, of.FeaturesReply):
+            self.datapath_id = msg.datapath_id
+            self._handshake_xid = self._write(of.BarrierRequest())
+            self.phase, self._phase_started = Phase.BARRIER, now
+        elif self.phase is Phase.BARRIER and isinstance(msg, of.BarrierReply):
+            self.phase = Phase.OPEN
+            self.opened_at = self.last_receive = now
+            self._handshake_reported = True
+            events.append(Ready(self.datapath_id or 0))
+        else:
+            self.ignored += 1
+
+    def _handshake_failed(self, error: Exception, events: list[Event]) -> None:
+        if not self._handshake_reported:
+            self._handshake_reported = True
+            events.append(HandshakeFailed(error))
+        if self._closing is None:
+            self._closing = error if isinstance(error, ChannelError) else ConnectionLost(f"{error}")
+
+    def _on_error(self, xid: int, error: of.Error, events: list[Event]) -> None:
+        if self.phase in _HANDSHAKE:
+            if error.type == of.constants.OFPET_HELLO_FAILED:
+                self._handshake_failed(
+                    VersionMismatch(
+                        f"{self.peer}: the switch refused the OpenFlow 1.5 hello "
+                        f"({error.code_name}); set protocols=OpenFlow15 on the bridge"
+                    ),
+                    events,
+                )
+                return
+            if xid == self._handshake_xid:
+                self._handshake_failed(
+                    OpenFlowError(error, xid, f"handshake ({self.phase.value})"), events
+                )
+                return
+        pending = self._pending.pop(xid, None)
+        if pending is not None:
+            text = of.to_text(pending.request) if pending.request is not None else None
+            events.append(RequestFailed(xid, OpenFlowError(error, xid, text, pending.request)))
+            return
+        for bundle in self._bundles.values():
+            if xid in bundle.messages:
+                bundle._record_error(xid, error)
+                return
+        events.append(UnsolicitedError(OpenFlowError(error, xid)))
