@@ -197,8 +197,6 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         of.Match(),
         _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
     )
-    # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
-    # in ServiceLB (see service_objects): a stale choice falls through to the group.
     if ctx.standalone:
         # A new connection that is not to a Service and crosses the gateway is committed: its
         # replies are then established, not invalid (a SYN-ACK conntrack never saw the SYN of
@@ -213,6 +211,8 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
                 of.Match(eth_type=eth_type(family), **{pl.FROM_POD_REG: (0, pl.FROM_POD)}),
                 _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
             )
+    # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
+    # in ServiceLB (see service_objects): a stale choice falls through to the group.
     add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:

@@ -99,7 +99,10 @@ def udp_load(
     timeout: float = 1.0,
     new_socket: bool = False,
     interval: float = 0.0,
+    source_port: int = 0,
 ) -> dict[str, Any]:
+    """``source_port`` binds the socket to that port: runs with the same port share one
+    conntrack entry (a 5-tuple), as one long-lived socket would."""
     counts: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
     answers: list[str] = []
@@ -110,6 +113,9 @@ def udp_load(
             if sock is not None:
                 sock.close()
             sock = socket.socket(family, socket.SOCK_DGRAM)
+            if source_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("", source_port))
             sock.settimeout(timeout)
             sock.connect((host, port))
         try:
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     udp_p.add_argument("--timeout", type=float, default=1.0)
     udp_p.add_argument("--new-socket", action="store_true")
     udp_p.add_argument("--interval", type=float, default=0.0)
+    udp_p.add_argument("--source-port", type=int, default=0)
     args = parser.parse_args(argv)
     if args.mode == "http":
         if not args.count and not args.duration:
@@ -179,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             timeout=args.timeout,
             new_socket=args.new_socket,
             interval=args.interval,
+            source_port=args.source_port,
         )
     print(json.dumps(result))
     return 0
