@@ -19,7 +19,8 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
   ``services.affinity_timeouts``); learned flows of a frontend are deleted after the commit
   that removes the frontend, its affinity, or changes its timeout.
 * UDP: after the commit that removed an endpoint from a frontend (or the frontend), the
-  conntrack entries of that pair are flushed (``datapath.conntrack``).
+  conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
+  revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
 
 ``InstalledService`` records all of it as plain data for ``ovsproxy status``.
 """
@@ -348,6 +349,28 @@ class SyncResult:
     seconds: float = 0.0
 
 
+def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
+    """The flush filters of (frontend, endpoint) pairs of a UDP port that ``new`` has and
+    ``old`` had not (a frontend new to it: its frontend-wide filter too)."""
+    port = new.state.port
+    if port.protocol != Protocol.UDP:
+        return []
+    old_map = old.frontend_endpoints() if old is not None else {}
+    if old is not None and (old.state.port.port, old.state.port.protocol) != (
+        port.port,
+        port.protocol,
+    ):
+        old_map = {}
+    back = []
+    for ip, endpoints in new.frontend_endpoints().items():
+        before = old_map.get(ip)
+        if before is None:
+            back.append(FlushFilter(port.protocol, ip, port.port))
+            before = frozenset()
+        back += [FlushFilter(port.protocol, ip, port.port, *ep) for ep in endpoints - before]
+    return back
+
+
 class Proxier:
     """Builds and commits the datapath state of every Service port.
 
@@ -545,6 +568,8 @@ class Proxier:
     def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
         pairs that went away, and deletes of learned affinity flows that no longer apply."""
+        if new is not None and self.conntrack is not None and self.conntrack.pending:
+            self.conntrack.restored(_udp_pairs_back(old, new))
         if old is None:
             return
         old_port = old.state.port
