@@ -356,18 +356,15 @@ def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list
     if port.protocol != Protocol.UDP:
         return []
     old_map = old.frontend_endpoints() if old is not None else {}
-    if old is not None and (old.state.port.port, old.state.port.protocol) != (
-        port.port,
-        port.protocol,
-    ):
+    if old is not None and old.state.port.protocol != port.protocol:
         old_map = {}
     back = []
-    for ip, endpoints in new.frontend_endpoints().items():
-        before = old_map.get(ip)
+    for (ip, l4_port), endpoints in new.frontend_endpoints().items():
+        before = old_map.get((ip, l4_port))
         if before is None:
-            back.append(FlushFilter(port.protocol, ip, port.port))
+            back.append(FlushFilter(port.protocol, ip, l4_port))
             before = frozenset()
-        back += [FlushFilter(port.protocol, ip, port.port, *ep) for ep in endpoints - before]
+        back += [FlushFilter(port.protocol, ip, l4_port, *ep) for ep in endpoints - before]
     return back
 
 
