@@ -356,3 +356,238 @@ def test_ip_mode_proxy_is_not_captured(lab: Lab, cluster_lb: LabService, family:
     for node in lab.nodes.values():
         listing = sh("ip", "netns", "exec", node.netns, "nft", "list", "table", "inet", "ovsproxy")
         assert LB_V4 in listing and proxy not in listing, listing
+
+
+# -- local pods to this node's NodePort ---------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_pod_reaches_its_own_nodes_nodeport(
+    lab: Lab, cluster_np: LabService, family: int
+) -> None:
+    pods = {ep.pod for ep in cluster_np.endpoints}
+    for node in lab.nodes.values():
+        client = node.pods[f"client-{node.index}"].netns
+        out = http(client, str(node.node_ips[family]), REQUESTS, port=30080)
+        assert out["failed"] == 0, (node.name, out["failures"], out)
+        assert set(out["counts"]) == pods, (node.name, out["counts"])
+
+
+# -- the NodePort conformance behaviours ----------------------------------------------------------
+def test_conformance_a_functioning_nodeport_service(lab: Lab) -> None:
+    """[sig-network] Services should be able to create a functioning NodePort service."""
+    svc = nodeport_service(lab, "np-functioning", 40, 30100)
+    install(lab, svc)
+    try:
+        for node in lab.nodes:
+            for family in (0, 1):
+                out = http(lab.external_netns, node_ip(lab, node, family), 10, port=30100)
+                assert out["failed"] == 0, (node, out)
+    finally:
+        remove(lab, svc)
+
+
+def affinity_counts(lab: Lab, family: int, port: int, count: int = 30) -> dict[str, int]:
+    out = http(lab.external_netns, node_ip(lab, "node-1", family), count, port=port)
+    assert out["failed"] == 0, out
+    counts: dict[str, int] = out["counts"]
+    return counts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_conformance_session_affinity_over_nodeport(lab: Lab, family: int) -> None:
+    """[sig-network] Services should have session affinity work for NodePort service."""
+    svc = nodeport_service(lab, "np-affinity", 41, 30101, session_affinity_timeout=300)
+    install(lab, svc)
+    try:
+        counts = affinity_counts(lab, family, 30101)
+        assert len(counts) == 1, counts  # every connection to one endpoint
+    finally:
+        remove(lab, svc)
+
+
+def test_conformance_switching_session_affinity_over_nodeport(lab: Lab) -> None:
+    """[sig-network] Services should be able to switch session affinity for NodePort service."""
+    plain = nodeport_service(lab, "np-switch", 42, 30102)
+    sticky = nodeport_service(lab, "np-switch", 42, 30102, session_affinity_timeout=300)
+    try:
+        install(lab, plain)
+        assert len(affinity_counts(lab, 0, 30102)) > 1
+        install(lab, sticky)
+        wait_for(lambda: len(affinity_counts(lab, 0, 30102)) == 1, "affinity on")
+        install(lab, plain)
+        wait_for(lambda: len(affinity_counts(lab, 0, 30102)) > 1, "affinity off")
+    finally:
+        remove(lab, plain)
+
+
+def test_conformance_change_type_from_external_name_to_nodeport(lab: Lab) -> None:
+    """[sig-network] Services should be able to change the type from ExternalName to
+    NodePort."""
+    path = lab.manifests / "lab-np-extname.yaml"
+    path.write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: np-extname, namespace: lab}\n"
+        "spec: {type: ExternalName, externalName: example.com}\n"
+    )
+    try:
+        time.sleep(0.5)  # the agents read it (and program nothing for an ExternalName)
+        out = http(lab.external_netns, node_ip(lab, "node-1", 0), 1, port=30103, timeout=1)
+        assert out["failed"] == 1, out
+        svc = nodeport_service(lab, "np-extname", 43, 30103)
+        install(lab, svc)  # the same file name: the Service becomes type NodePort
+        for node in lab.nodes:
+            out = http(lab.external_netns, node_ip(lab, node, 0), 10, port=30103)
+            assert out["failed"] == 0, (node, out)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def remove(lab: Lab, svc: LabService) -> None:
+    from ovsproxy.lab.manifests import remove_service
+
+    remove_service(lab.manifests, svc)
+    name = f"{svc.namespace}/{svc.name}:{svc.ports[0].name}/{svc.ports[0].protocol}"
+    lab.wait_endpoints(name, set())
+
+
+def wait_for(condition: object, what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout}s")
+        time.sleep(0.2)
+
+
+# -- nodePortAddresses -----------------------------------------------------------------------------
+def test_node_port_addresses_select_the_node_ips_per_family(
+    lab: Lab, cluster_np: LabService
+) -> None:
+    """node-3 restarted with ``--node-port-addresses 10.0.0.0/8``: no IPv4 node IP of node-3
+    is in it, so its IPv4 NodePorts close; IPv6 lists no CIDR, so every IPv6 node IP stays
+    open (kube-proxy's per-family rule)."""
+    saved = lab.agent_args
+    lab.stop_agent("node-3")
+    lab.agent_args = (*saved, "--node-port-addresses", "10.0.0.0/8")
+    try:
+        lab.start_agent("node-3")
+        out = http(lab.external_netns, node_ip(lab, "node-3", 0), 2, port=30080, timeout=1)
+        assert out["failed"] == 2, out
+        out = http(lab.external_netns, node_ip(lab, "node-3", 1), 10, port=30080)
+        assert out["failed"] == 0, out
+        status = lab.agent_status("node-3")["node_ports"]
+        assert status["node_port_ips"] == [node_ip(lab, "node-3", 1)], status
+    finally:
+        lab.stop_agent("node-3")
+        lab.agent_args = saved
+        lab.start_agent("node-3")
+    out = http(lab.external_netns, node_ip(lab, "node-3", 0), 10, port=30080)
+    assert out["failed"] == 0, out
+
+
+# -- restarts, the rest of the ruleset, --cleanup --------------------------------------------------
+FOREIGN = """table inet someone-else {
+    chain input {
+        type filter hook input priority 10; policy accept;
+        tcp dport 9999 counter
+    }
+}
+table ip legacy {
+    chain pre {
+        type nat hook prerouting priority -90; policy accept;
+    }
+}
+"""
+
+
+def foreign_ruleset(netns: str) -> str:
+    """Every table of the namespace but ours, listed."""
+    tables = json.loads(sh("ip", "netns", "exec", netns, "nft", "-j", "list", "tables"))
+    out = []
+    for item in tables["nftables"]:
+        table = item.get("table")
+        if table and not (table["family"] == "inet" and table["name"] == "ovsproxy"):
+            out.append(
+                sh(
+                    "ip",
+                    "netns",
+                    "exec",
+                    netns,
+                    "nft",
+                    "list",
+                    "table",
+                    table["family"],
+                    table["name"],
+                )
+            )
+    return "".join(out)
+
+
+def capture_state(netns: str) -> tuple[bool, str, str]:
+    """(our table present, our policy rules, our table's routes) in ``netns``."""
+    tables = sh("ip", "netns", "exec", netns, "nft", "list", "tables")
+    rules = sh("ip", "-n", netns, "rule") + sh("ip", "-n", netns, "-6", "rule")
+    routes = sh("ip", "-n", netns, "route", "show", "table", "155", check=False)
+    routes += sh("ip", "-n", netns, "-6", "route", "show", "table", "155", check=False)
+    ours = [line for line in rules.splitlines() if "lookup 155" in line]
+    return "inet ovsproxy" in tables, "\n".join(ours), routes
+
+
+def test_restart_under_nodeport_traffic_and_the_rest_of_the_ruleset_and_cleanup(
+    lab: Lab, cluster_np: LabService
+) -> None:
+    node = lab.nodes["node-2"]
+    subprocess.run(
+        ["ip", "netns", "exec", node.netns, "nft", "-f", "-"],
+        input=FOREIGN,
+        text=True,
+        check=True,
+    )
+    before = foreign_ruleset(node.netns)
+    assert "someone-else" in before and "legacy" in before
+    # Agent restart under NodePort traffic from outside: no request fails.
+    target = [
+        "ip",
+        "netns",
+        "exec",
+        lab.external_netns,
+        *TRAFFIC,
+        "http",
+        f"http://{node_ip(lab, 'node-2', 0)}:30080/",
+        "--duration",
+        "8",
+        "--timeout",
+        "2",
+    ]
+    load = subprocess.Popen(target, stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        lab.stop_agent("node-2")
+        assert foreign_ruleset(node.netns) == before
+        lab.start_agent("node-2")
+        assert foreign_ruleset(node.netns) == before
+    finally:
+        stdout, _ = load.communicate(timeout=60)
+    out = json.loads(stdout)
+    assert out["sent"] > 20 and out["failed"] == 0, out
+    install(lab, nodeport_service(lab, "np-more", 44, 30104))  # a sync that patches the table
+    assert foreign_ruleset(node.netns) == before
+    assert capture_state(node.netns)[0]
+    # --cleanup: our table, rules and routes go; everything else stays byte for byte.
+    saved = lab.agent_args
+    lab.stop_agent("node-2")
+    lab.agent_args = (*saved, "--cleanup")
+    try:
+        lab.start_agent("node-2")
+        lab.stop_agent("node-2")
+        assert capture_state(node.netns) == (False, "", "")
+        assert foreign_ruleset(node.netns) == before
+    finally:
+        lab.agent_args = saved
+        lab.start_agent("node-2")
+        sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "inet", "someone-else")
+        sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "ip", "legacy")
+        remove(lab, nodeport_service(lab, "np-more", 44, 30104))
+    assert capture_state(node.netns)[0]
+    out = http(lab.external_netns, node_ip(lab, "node-2", 0), 10, port=30080)
+    assert out["failed"] == 0, out
+
+
+TRAFFIC = [__import__("sys").executable, "-m", "ovsproxy.ovs.traffic"]
