@@ -21,7 +21,7 @@ from typing import Any
 import bench.scenarios as scenarios_pkg
 
 RESULTS = Path(__file__).parent / "results"
-ORDER = ["encode", "load", "full-sync", "incremental", "routes", "nodeport", "memory"]
+ORDER = ["encode", "load", "full-sync", "incremental", "routes", "nodeport", "memory", "fuzz"]
 
 
 def available() -> dict[str, Any]:
@@ -67,6 +67,27 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def provenance() -> dict[str, Any]:
+    """The commit measured and whether the tree had changes not in it (then the figures are
+    not exactly that commit's)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "tree_clean": None if status is None else status == ""}
+
+
 def to_markdown(name: str, result: dict[str, Any]) -> str:
     lines = [f"## {name}", "", "| figure | value |", "|---|---|"]
     for key, value in result.items():
@@ -91,7 +112,12 @@ def main(argv: list[str] | None = None) -> int:
 
     names = list(found) if args.scenario == "all" else [args.scenario]
     today = dt.date.today().isoformat()
-    report: dict[str, Any] = {"date": today, "quick": args.quick, "machine": machine()}
+    report: dict[str, Any] = {
+        "date": today,
+        "quick": args.quick,
+        **provenance(),
+        "machine": machine(),
+    }
     failed = False
     for name in names:
         started = time.perf_counter()
@@ -108,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             RESULTS.mkdir(exist_ok=True)
             suffix = "-quick" if args.quick else ""
             stem = RESULTS / f"{today}-{name}{suffix}"
-            payload = {"date": today, "quick": args.quick, "machine": report["machine"]}
+            payload = {
+                key: report[key] for key in ("date", "quick", "commit", "tree_clean", "machine")
+            }
             payload[name] = result
             stem.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
             stem.with_suffix(".md").write_text(to_markdown(name, result))
@@ -119,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = RESULTS / f"{today}-all{'-quick' if args.quick else ''}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         header = f"# Benchmarks {today}{' (quick)' if args.quick else ''}\n\n"
+        header += f"commit `{report['commit']}`, tree clean: {report['tree_clean']}\n\n"
         header += "`" + json.dumps(report["machine"]) + "`\n\n"
         body = "\n".join(to_markdown(name, report[name]) for name in names)
         stem.with_suffix(".md").write_text(header + body)

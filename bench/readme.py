@@ -258,7 +258,26 @@ def _others(report: dict[str, Any]) -> list[str]:
             f"{routes['restart_adds']} adds, {routes['restart_deletes']} deletes; the per-IP "
             f"baseline needs {routes['baseline_per_ip_routes']:,} routes."
         )
+    fuzz = report.get("fuzz")
+    if fuzz and "error" not in fuzz:
+        out.append(
+            f"* `fuzz`: {fuzz['inputs']:,} mutated OpenFlow messages (from {fuzz['seeds']} seeds,"
+            f" {fuzz['seeds_from_ovs']} recorded from Open vSwitch) through the decoder and the"
+            f" stream framer: {fuzz['unexpected_exceptions']} exceptions other than the codec's"
+            f" error (goal 0), {fuzz['framing_mismatches']} framing mismatches; slowest decode"
+            f" {fuzz['slowest_decode_ms']} ms (goal < {fuzz['goal_slowest_decode_ms']:g} ms);"
+            f" {fuzz['inputs_per_s']:,} inputs/s."
+        )
     return [*out, ""]
+
+
+def _provenance(report: dict[str, Any]) -> str:
+    """Which commit the figures measured (files written before this was recorded say nothing)."""
+    commit = report.get("commit")
+    if not commit:
+        return ""
+    clean = {True: "clean tree", False: "with uncommitted changes"}.get(report.get("tree_clean"))
+    return f", commit `{commit[:12]}`" + (f" ({clean})" if clean else "")
 
 
 def _wall(report: dict[str, Any]) -> float:
@@ -290,8 +309,8 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         " `bench/results/<date>-<scenario>[-quick].json` and `.md`, `all` also"
         " `<date>-all[-quick].json`, and `incremental` the plot.",
         "",
-        f"Figures below: `{source}`{' (quick sizes)' if quick else ''}, on {report['date']}: "
-        f"{_machine(report['machine'])}.",
+        f"Figures below: `{source}`{' (quick sizes)' if quick else ''}, on {report['date']}"
+        f"{_provenance(report)}: {_machine(report['machine'])}.",
         "",
         *_full_sync(fs),
         *_where(fs, report.get("encode")),

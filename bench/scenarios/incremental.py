@@ -193,7 +193,8 @@ def _n_plus_one_bytes(spec: GroupSpec) -> int:
     """Bytes of the N+1 sequence from the real bucket encodings: message k carries buckets
     0..k-1; a message over the limit is chunked (greedy, like every big group), and the
     chunking of a prefix is the prefix of the chunking of the whole group."""
-    first = of.group_mod_overhead(spec.selection_method)
+    method = spec.selection_method
+    first = of.group_mod_overhead(*method) if method is not None else of.group_mod_overhead()
     later = of.group_mod_overhead(None)
     sizes = [len(of.Bucket(i, b.actions, b.weight).wire) for i, b in enumerate(spec.buckets)]
     total = 0

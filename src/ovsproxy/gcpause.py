@@ -14,7 +14,8 @@ class _GcPause:
     also across threads; the collector's previous state comes back with the last exit).
 
     Loading thousands of objects that all stay alive makes every full collection scan all
-    of them again: 40% of a 10,000-Service load. Parsing makes no reference cycles, so
+    of them again (a large share of a big load: bench ``load`` measures it). Parsing makes no
+    reference cycles, so
     reference counting frees everything a collection would have.
     """
 

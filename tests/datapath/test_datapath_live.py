@@ -107,6 +107,10 @@ async def test_update_3_to_4_endpoints_is_one_group_message_and_resync_is_zero(r
     assert rig.bundled("FLOW_MOD")[0] - flows_before[0] == 1
     (group,) = rig.groups()
     assert group.count("bucket=") == 4 and "bucket_id:3" in group
+    # The INSERT_BUCKET carries no selection method (OVS refuses it there); the group keeps
+    # its own, 5-tuple fields included, and reads back exactly as our cache prints it.
+    assert "selection_method=hash,fields(ip_src,ip_dst,ipv6_src,ipv6_dst,nw_proto," in group
+    assert [line for line in rig.datapath.dump() if line.startswith("group_id")] == [group]
 
     sent_before = rig.channel.counters.total("sent")
     rig.stage_service("web", "10.96.0.10", eps(4), gid=1)

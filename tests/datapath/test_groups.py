@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,6 +15,8 @@ from ovsproxy.datapath.groups import (
     BucketSpec,
     GroupSpec,
     InstalledGroup,
+    SelectionMethod,
+    group_mod_chunks,
     plan_group,
 )
 from ovsproxy.openflow import protocol as of
@@ -84,6 +87,38 @@ def test_one_removed_endpoint_is_one_remove_bucket_by_its_id() -> None:
     assert plan.result is not None and plan.result.ids == {bucket(1).key: 0, bucket(3).key: 2}
 
 
+def test_the_service_selection_method_rides_on_add_and_modify_only() -> None:
+    """ADD and MODIFY carry the 5-tuple hash fields; INSERT_BUCKET and REMOVE_BUCKET carry
+    no selection method (OVS refuses it there and keeps the group's own), so an endpoint
+    change costs the same bytes with or without fields."""
+    method = svc.GROUP_SELECTION_METHOD
+    assert method.fields == svc.CONNECTION_HASH_FIELDS
+    first = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, method), None)
+    (add,) = first.messages
+    assert (add.command, add.selection_method) == (CMD.ADD, "hash")
+    assert add.fields == tuple(of.get_field(f) for f in svc.CONNECTION_HASH_FIELDS)
+    assert of.group_mod_length(add) == of.group_mod_overhead(*method) + sum(
+        len(b.wire) for b in add.buckets
+    )
+    grown = plan_group(GroupSpec(7, group([1, 2, 3, 4]).buckets, method), first.result)
+    (insert,) = grown.messages
+    assert (insert.command, insert.selection_method, insert.fields) == (
+        CMD.INSERT_BUCKET,
+        None,
+        (),
+    )
+    assert of.group_mod_length(insert) == of.group_mod_overhead() + len(insert.buckets[0].wire)
+    shrunk = plan_group(GroupSpec(7, group([1, 3, 4]).buckets, method), grown.result)
+    (remove,) = shrunk.messages
+    assert (remove.command, of.group_mod_length(remove)) == (CMD.REMOVE_BUCKET, 24)
+    # A group an older agent installed without fields is rewritten whole, ids kept.
+    old = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, SelectionMethod("hash")), None)
+    upgraded = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, method), old.result)
+    (modify,) = upgraded.messages
+    assert (modify.command, modify.fields, upgraded.kind) == (CMD.MODIFY, add.fields, "modify")
+    assert [b.bucket_id for b in modify.buckets] == [0, 1, 2]
+
+
 def test_replacing_most_endpoints_is_one_modify() -> None:
     first = plan_group(group([1, 2, 3]), None)
     plan = plan_group(group([4, 5, 6]), first.result)
@@ -146,3 +181,32 @@ def test_unknown_present_group_is_rewritten_with_add_or_mod() -> None:
 
 def test_installed_group_counts_endpoints() -> None:
     assert InstalledGroup(1).endpoint_count == 0
+
+
+def _svc_bucket(i: int) -> of.Bucket:
+    ip = ipaddress.ip_address(f"10.0.{i // 256}.{i % 256}")
+    return of.Bucket(i, [of.SetField("reg3", ip), of.SetField("reg4", 80, 0xFFFF), of.Resubmit(42)])
+
+
+def test_group_mod_chunks_keep_order_and_fit_a_bundle() -> None:
+    buckets = [_svc_bucket(i) for i in range(2500)]
+    assert sum(len(b.wire) for b in buckets) > 2 * 65535
+    chunks = group_mod_chunks(CMD.ADD, 5, buckets, SelectionMethod("dp_hash"))
+    assert len(chunks) == 3
+    assert all(c.length <= MAX_BUNDLED_MESSAGE for c in chunks)
+    assert chunks[0].command == CMD.ADD
+    assert chunks[0].selection_method == "dp_hash"
+    assert all(c.command == CMD.INSERT_BUCKET for c in chunks[1:])
+    assert all(c.command_bucket_id == of.OFPG_BUCKET_LAST for c in chunks[1:])
+    assert all(c.selection_method is None for c in chunks[1:])
+    assert [b for c in chunks for b in c.buckets] == buckets
+    # Outside a bundle the full 65,535 bytes are usable: fewer, fuller chunks.
+    loose = group_mod_chunks(CMD.MODIFY, 5, buckets, limit=of.OFP_MAX_MESSAGE_LEN)
+    assert all(c.length <= of.OFP_MAX_MESSAGE_LEN for c in loose)
+    assert len(loose) <= len(chunks)
+    assert [b for c in loose for b in c.buckets] == buckets
+    small = of.GroupMod(CMD.MODIFY, 5, buckets=buckets[:3])
+    assert group_mod_chunks(CMD.MODIFY, 5, buckets[:3]) == [small]
+    huge = of.Bucket(0, [of.Controller(userdata=bytes(65460))])
+    with pytest.raises(of.MessageTooLarge):
+        group_mod_chunks(CMD.ADD, 5, [_svc_bucket(1), huge])

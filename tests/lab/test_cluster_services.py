@@ -14,6 +14,7 @@ import pytest
 
 from ovsproxy.lab.cluster import HTTP_PORT, UDP_PORT, Lab
 from ovsproxy.lab.manifests import LabPort, LabService, addresses, remove_service
+from ovsproxy.ovs.traffic import run_in_netns
 
 from .conftest import start_lab
 from .helpers import client_pod, clients, http, install, udp
@@ -200,5 +201,29 @@ def test_terminating_fallback_to_remote_endpoints(lab: Lab) -> None:
             for netns in (client_pod(lab.nodes["node-1"]), lab.nodes["node-1"].netns):
                 out = http(netns, ip, 30)
                 assert out["failed"] == 0 and set(out["counts"]) == {"web-2", "web-3"}, out
+    finally:
+        remove_service(lab.manifests, svc)
+
+
+def test_udp_flush_with_remote_endpoints(lab: Lab) -> None:
+    """A UDP flow (one 5-tuple) from node-1 to its remote endpoint; once that endpoint leaves
+    the slices, the same flow reaches the one left: the conntrack entry on the client's node
+    (where the DNAT is) was flushed."""
+    svc = service(lab, "udp-flush", 70, ("web-2", "web-3"), ports=UDP)
+    install(lab, svc)
+    netns = client_pod(lab.nodes["node-1"])
+    try:
+        for index, ip in enumerate(map(str, svc.cluster_ips)):
+            flow = ("--source-port", str(40000 + index), "--interval", "0.05")
+            first = run_in_netns(netns, "udp", ip, "53", "--count", "5", *flow)
+            assert first["failed"] == 0 and len(first["counts"]) == 1, first
+            (chosen,) = first["counts"]
+            again = run_in_netns(netns, "udp", ip, "53", "--count", "5", *flow)
+            assert again["counts"] == {chosen: 5}, again  # one conntrack entry: it stays
+            (left,) = {"web-2", "web-3"} - {chosen}
+            install(lab, service(lab, "udp-flush", 70, (left,), ports=UDP))
+            out = run_in_netns(netns, "udp", ip, "53", "--count", "10", *flow)
+            assert out["failed"] == 0 and out["counts"] == {left: 10}, out
+            install(lab, svc)
     finally:
         remove_service(lab.manifests, svc)

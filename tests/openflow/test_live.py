@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from ovsproxy.datapath.groups import SelectionMethod, group_mod_chunks
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.openflow.errors import (
@@ -232,7 +233,7 @@ async def test_large_groups_go_in_chunks_and_oversized_messages_are_refused(
     with pytest.raises(of.MessageTooLarge, match="split"):
         await channel.commit_bundle([too_big])
     assert await channel.group_ids() == set()
-    chunks = of.group_mod_chunks(ADD, 8, buckets, selection_method="dp_hash")
+    chunks = group_mod_chunks(ADD, 8, buckets, SelectionMethod("dp_hash"))
     assert len(chunks) == 3
     await channel.commit_bundle(chunks)
     (stats,) = await channel.group_stats(8)
@@ -242,7 +243,7 @@ async def test_large_groups_go_in_chunks_and_oversized_messages_are_refused(
         await channel.dump_groups()
     assert await channel.group_ids() == {8}
     # The bucket order is the requested one: check it on a group small enough to dump.
-    chunks = of.group_mod_chunks(ADD, 9, buckets[:900], limit=20_000)
+    chunks = group_mod_chunks(ADD, 9, buckets[:900], limit=20_000)
     assert len(chunks) == 3
     await channel.commit_bundle(chunks)
     (group,) = await channel.dump_groups(9)

@@ -359,6 +359,31 @@ GROUPS: list[tuple[str, str, of.GroupMod]] = [
         ),
     ),
     (
+        "select-hash-5-tuple",  # the list every Service group uses (datapath.services)
+        "group_id=5,type=select,selection_method=hash,fields(ip_src,ip_dst,ipv6_src,ipv6_dst,"
+        "nw_proto,tcp_src,tcp_dst,udp_src,udp_dst,sctp_src,sctp_dst),"
+        "bucket=bucket_id:0,weight:100,actions=output:1",
+        of.GroupMod(
+            ADD,
+            5,
+            buckets=[of.Bucket(0, [of.Output(1)])],
+            selection_method="hash",
+            fields=[
+                "ipv4_src",
+                "ipv4_dst",
+                "ipv6_src",
+                "ipv6_dst",
+                "ip_proto",
+                "tcp_src",
+                "tcp_dst",
+                "udp_src",
+                "udp_dst",
+                "sctp_src",
+                "sctp_dst",
+            ],
+        ),
+    ),
+    (
         "select-hash-param",
         "group_id=5,type=select,selection_method=hash,selection_method_param=7,fields=ip_src,"
         "bucket=bucket_id:0,weight:100,actions=output:1",

@@ -9,6 +9,7 @@ in every phase, and frames split at random points.
 from __future__ import annotations
 
 import math
+import struct
 
 import pytest
 from hypothesis import given, settings
@@ -36,7 +37,7 @@ def sent(session: ses.Session) -> list[tuple[int, of.Message]]:
     """What the session wants written, decoded as the switch would read it."""
     parser = of.Parser()
     parser.feed(session.data_to_send())
-    return [of.decode_with_xid(raw) for raw in parser]
+    return [(struct.unpack_from("!I", raw, 4)[0], of.decode(raw)) for raw in parser]
 
 
 def new_session(**kw: float) -> ses.Session:

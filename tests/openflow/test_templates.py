@@ -341,6 +341,9 @@ GROUP_COMMANDS = list(of.GroupModCommand)
     n_buckets=st.integers(0, 4),
     command_bucket_id=st.one_of(st.none(), st.integers(0, 0xFFFFFFFF)),
     selection_method=st.sampled_from([None, "", "hash", "dp_hash"]),
+    fields=st.sampled_from(
+        [(), ("ipv4_src",), ("ip_dst", "udp_src"), svc.CONNECTION_HASH_FIELDS, ("no_such",)]
+    ),
     actions=bucket_actions,
 )
 def test_group_mod_is_the_generic_group_mod(
@@ -350,10 +353,15 @@ def test_group_mod_is_the_generic_group_mod(
     n_buckets: int,
     command_bucket_id: int | None,
     selection_method: str | None,
+    fields: tuple[str, ...],
     actions: tuple[of.Action, ...],
 ) -> None:
     buckets = [tpl.bucket(i, actions) for i in range(n_buckets)]
-    kwargs = {"command_bucket_id": command_bucket_id, "selection_method": selection_method}
+    kwargs = {
+        "command_bucket_id": command_bucket_id,
+        "selection_method": selection_method,
+        "fields": fields,
+    }
     try:
         expected = of.GroupMod(command, group_id, group_type, buckets, **kwargs)  # type: ignore[arg-type]
     except Exception as exc:

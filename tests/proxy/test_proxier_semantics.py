@@ -121,6 +121,12 @@ class Recorder(FakeSwitch):
 
     async def flush(self, filters) -> None:
         self.log.append(("flush", list(filters)))
+        self.pending += len(filters)  # a real flusher flushes them again after revalidation
+
+    pending = 0
+
+    def restored(self, filters) -> None:
+        self.log.append(("restored", list(filters)))
 
 
 @pytest.fixture
@@ -223,6 +229,33 @@ async def test_udp_removals_are_flushed_after_the_commit_and_survive_a_failed_on
     assert sorted(map(str, flushes)) == [
         "UDP 10.96.0.1:80 -> * (zone 65520)",
         "UDP fd00::1:80 -> * (zone 65510)",
+    ]
+
+
+async def test_a_udp_pair_that_comes_back_before_its_second_flush_is_kept(rig) -> None:
+    tracker, proxier, rec = rig
+    p = port("10.96.0.1", protocol=Protocol.UDP, name="dns")
+    apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])
+    await proxier.sync()
+    rec.log.clear()
+    apply(tracker, p, [ep("10.0.0.2")])
+    await proxier.sync()
+    assert rec.kinds() == ["bundle", "flush"]
+    rec.log.clear()
+    apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])  # back before the second flush
+    await proxier.sync()
+    (kept,) = rec.take("restored")
+    assert kept == [FlushFilter(Protocol.UDP, ip("10.96.0.1"), 80, ip("10.0.0.1"), 8080)]
+    # A Service deleted and created again: its frontend-wide filter and every pair.
+    tracker.on_service_delete("ns", "dns")
+    await proxier.sync()
+    rec.log.clear()
+    apply(tracker, p, [ep("10.0.0.2")])
+    await proxier.sync()
+    (kept,) = rec.take("restored")
+    assert sorted(map(str, kept)) == [
+        "UDP 10.96.0.1:80 -> * (zone 65520)",
+        "UDP 10.96.0.1:80 -> 10.0.0.2:8080 (zone 65520)",
     ]
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.conntrack import vswitchd_appctl
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.semantics import ServiceSemantics
 from ovsproxy.model import (
@@ -109,11 +110,21 @@ class World:
         )
 
     async def udp(
-        self, client: Pod, host: str, port: int, count: int = 3, timeout: float = 1.0, **kw: Any
+        self,
+        client: Pod,
+        host: str,
+        port: int,
+        count: int = 3,
+        timeout: float = 1.0,
+        *,
+        interval: float = 0.0,
+        new_socket: bool = False,
     ) -> dict:
         args = ["udp", host, str(port), "--count", str(count), "--timeout", str(timeout)]
-        if kw.get("interval"):
-            args += ["--interval", str(kw["interval"])]
+        if interval:
+            args += ["--interval", str(interval)]
+        if new_socket:
+            args.append("--new-socket")
         return await asyncio.to_thread(run_in_netns, client.netns, *args)
 
     def learned_flows(self) -> list[str]:
@@ -144,7 +155,9 @@ async def make_world(
 
     channel = Channel(sandbox.openflow, on_connected=hook)
     dp = Datapath(channel, pl.PipelineConfig(), generation=1)
-    semantics = ServiceSemantics(channel, dp, sweep_interval=3600)
+    appctl = vswitchd_appctl(sandbox.openflow)  # what the agent finds for a local switch
+    assert appctl is not None
+    semantics = ServiceSemantics(channel, dp, appctl=appctl, sweep_interval=3600)
     channel.on_packet_in = semantics.handle
     semantics.wrap_on_connected()
     await channel.start()

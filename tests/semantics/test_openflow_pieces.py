@@ -10,6 +10,7 @@ import struct
 import subprocess
 import tempfile
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -17,10 +18,12 @@ from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.ofext import MeterCommand, MeteredController, MeterMod
 from ovsproxy.model import Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.protocol.ct_flush import CtFlush, decode_ct_flush
+from ovsproxy.openflow.protocol import MeterCommand, MeteredController, MeterMod
+from ovsproxy.openflow.protocol import constants as c
+from ovsproxy.openflow.protocol import ct_flush as ctf
+from ovsproxy.openflow.protocol.ct_flush import CtFlush, Tuple
 from tests.openflow.ofctl import OVS_OFCTL, encode_flow, ofp_print
 
 pytestmark = pytest.mark.skipif(OVS_OFCTL is None, reason="needs ovs-ofctl")
@@ -34,6 +37,46 @@ def printed(msg: of.Message, xid: int = 5) -> tuple[str, str]:
 
 def ip(text: str):
     return ipaddress.ip_address(text)
+
+
+def _decode_tuple(data: bytes) -> Tuple:
+    values: list[Any] = [None, None, 0, 0]
+    pos = 0
+    while pos + 4 <= len(data):
+        ptype, length = ctf._PROP.unpack_from(data, pos)
+        if length < 4 or pos + length > len(data):
+            raise ValueError("bad ct_flush tuple property")
+        payload = data[pos + 4 : pos + length]
+        if ptype in (ctf.NXT_CT_TUPLE_SRC, ctf.NXT_CT_TUPLE_DST):
+            ip = ipaddress.IPv6Address(payload[:16])
+            mapped = ip.ipv4_mapped
+            values[ptype] = mapped if mapped is not None else ip
+        elif ptype in (ctf.NXT_CT_TUPLE_SRC_PORT, ctf.NXT_CT_TUPLE_DST_PORT):
+            values[ptype] = int.from_bytes(payload[:2], "big")
+        pos += (length + 7) // 8 * 8
+    return tuple(values)  # type: ignore[return-value]
+
+
+def decode_ct_flush(data: bytes) -> CtFlush:
+    """A whole ctf.NXT_CT_FLUSH message (header included) back into a value."""
+    if len(data) < 24 or ctf._NX_MSG.unpack_from(data, 8) != (c.NX_VENDOR_ID, ctf.NXT_CT_FLUSH):
+        raise ValueError("not an NXT_CT_FLUSH")
+    ip_proto = data[16]
+    values: dict[str, Any] = {"ip_proto": ip_proto}
+    pos = 24
+    while pos + 4 <= len(data):
+        ptype, length = ctf._PROP.unpack_from(data, pos)
+        if length < 4 or pos + length > len(data):
+            raise ValueError("bad ct_flush property")
+        payload = data[pos + 4 : pos + length]
+        if ptype == ctf.NXT_CT_ORIG_TUPLE:
+            values["orig"] = _decode_tuple(payload[4:])
+        elif ptype == ctf.NXT_CT_REPLY_TUPLE:
+            values["reply"] = _decode_tuple(payload[4:])
+        elif ptype == ctf.NXT_CT_ZONE_ID:
+            values["zone"] = int.from_bytes(payload[:2], "big")
+        pos += (length + 7) // 8 * 8
+    return CtFlush(**values)
 
 
 CT_FLUSHES = [

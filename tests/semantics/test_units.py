@@ -3,6 +3,7 @@ dump parser and the flusher's fallbacks."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 
 import pytest
@@ -12,7 +13,12 @@ from hypothesis import strategies as st
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.affinity import AffinitySweeper, delete_message, expired_flows
-from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter, parse_dump
+from ovsproxy.datapath.conntrack import (
+    ConntrackFlusher,
+    FlushFilter,
+    parse_dump,
+    vswitchd_appctl,
+)
 from ovsproxy.model import Protocol
 from ovsproxy.openflow import protocol as of
 
@@ -144,13 +150,121 @@ async def test_flusher_falls_back_when_the_switch_does_not_know_ct_flush(with_ap
     filt = FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53)
     await flusher.flush([filt])
     await flusher.flush([filt])
+    await flusher.settled()
     assert channel.calls == 1  # detected once
     if with_appctl:
-        assert flusher.stats.mode == "appctl" and flusher.stats.appctl_entries == 4
+        # Two flushes, then the second flush of both (one filter) after revalidation: three
+        # dumps with two matching entries each.
+        assert flusher.stats.mode == "appctl" and flusher.stats.appctl_entries == 6
         flushed = [c[2] for c in calls if c[0] == "dpctl/flush-conntrack"]
-        assert len(flushed) == 4 and all("ct_tp_dst=53" in t for t in flushed)
+        assert len(flushed) == 6 and all("ct_tp_dst=53" in t for t in flushed)
+        assert [c[0] for c in calls].count("revalidator/wait") == 2
     else:
         assert flusher.stats.mode == "unsupported" and calls == []
+        assert flusher.stats.settle_flushes == 0
+
+
+class Switch:
+    """Records what the flusher does, in order; ``gate`` holds each revalidator/wait."""
+
+    def __init__(self) -> None:
+        self.log: list[object] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.fail_wait = False
+
+    async def send(self, messages) -> None:
+        self.log.append(("flush", sorted(str(m.orig[1]) + str(m.reply[0]) for m in messages)))
+
+    async def appctl(self, args):
+        self.log.append(args[0])
+        await self.gate.wait()
+        if self.fail_wait:
+            raise RuntimeError("ovs-appctl: cannot connect")
+        return ""
+
+
+def pair(frontend: str, backend: str) -> FlushFilter:
+    return FlushFilter(Protocol.UDP, ip(frontend), 53, ip(backend), 5353)
+
+
+async def test_every_filter_is_flushed_again_after_two_revalidator_waits() -> None:
+    switch = Switch()
+    flusher = ConntrackFlusher(switch, appctl=switch.appctl)
+    await flusher.flush([pair("10.96.0.40", "10.244.0.3")])
+    assert switch.log == [("flush", ["10.96.0.4010.244.0.3"])] and flusher.pending == 1
+    await flusher.settled()
+    assert switch.log[1:] == [
+        "revalidator/wait",
+        "revalidator/wait",
+        ("flush", ["10.96.0.4010.244.0.3"]),
+    ]
+    stats = flusher.stats
+    assert (stats.messages, stats.settle_flushes, stats.revalidation) == (2, 1, "appctl")
+    assert flusher.pending == 0
+
+
+async def test_filters_queued_during_a_wait_wait_for_the_next_round_and_kept_pairs_skip() -> None:
+    switch = Switch()
+    switch.gate.clear()
+    flusher = ConntrackFlusher(switch, appctl=switch.appctl)
+    first, second, back = (pair("10.96.0.40", f"10.244.0.{i}") for i in (3, 4, 5))
+    await flusher.flush([first, back])
+    await asyncio.sleep(0)  # the settle task is waiting for revalidation now
+    await flusher.flush([second])  # its commit came after that wait began
+    flusher.restored([back])  # and this pair is an endpoint again
+    switch.gate.set()
+    await flusher.settled()
+    flushes = [entry for entry in switch.log if isinstance(entry, tuple)]
+    assert flushes == [
+        ("flush", ["10.96.0.4010.244.0.3", "10.96.0.4010.244.0.5"]),
+        ("flush", ["10.96.0.4010.244.0.4"]),
+        ("flush", ["10.96.0.4010.244.0.3"]),  # after the first two waits: not `second`
+        ("flush", ["10.96.0.4010.244.0.4"]),  # after two more
+    ]
+    assert switch.log.count("revalidator/wait") == 4
+    assert (flusher.stats.settle_flushes, flusher.stats.settle_restored) == (2, 1)
+
+
+@pytest.mark.parametrize("appctl", ["none", "failing"])
+async def test_without_revalidator_wait_the_second_flush_is_timed(appctl: str) -> None:
+    switch = Switch()
+    switch.fail_wait = True
+    flusher = ConntrackFlusher(
+        switch, appctl=switch.appctl if appctl == "failing" else None, revalidation_grace=0.05
+    )
+    started = asyncio.get_running_loop().time()
+    await flusher.flush([pair("10.96.0.40", "10.244.0.3")])
+    await flusher.settled()
+    assert asyncio.get_running_loop().time() - started >= 0.05
+    assert flusher.stats.revalidation == "timed" and flusher.stats.settle_flushes == 1
+    await flusher.flush([pair("10.96.0.40", "10.244.0.4")])
+    await flusher.settled()
+    # A failing revalidator/wait is tried once, not per batch.
+    assert switch.log.count("revalidator/wait") == (1 if appctl == "failing" else 0)
+    assert len([e for e in switch.log if isinstance(e, tuple)]) == 4
+
+
+async def test_close_stops_a_pending_second_flush() -> None:
+    switch = Switch()
+    switch.gate.clear()
+    flusher = ConntrackFlusher(switch, appctl=switch.appctl)
+    await flusher.flush([pair("10.96.0.40", "10.244.0.3")])
+    await asyncio.sleep(0)
+    await flusher.close()
+    await flusher.settled()
+    assert len([e for e in switch.log if isinstance(e, tuple)]) == 1
+
+
+def test_the_vswitchd_control_socket_is_found_next_to_a_unix_openflow_socket(tmp_path) -> None:
+    assert vswitchd_appctl("tcp:127.0.0.1:6653") is None
+    assert vswitchd_appctl(f"unix:{tmp_path}/br0.mgmt") is None  # no daemon there
+    (tmp_path / "ovs-vswitchd.pid").write_text("4242\n")
+    (tmp_path / "ovs-vswitchd.4242.ctl").touch()  # OVS's default name
+    assert vswitchd_appctl(f"unix:{tmp_path}/br0.mgmt") is not None
+    (tmp_path / "ovs-vswitchd.4242.ctl").unlink()
+    (tmp_path / "ovs-vswitchd.ctl").touch()  # --unixctl, as the sandbox names it
+    assert vswitchd_appctl(f"unix:{tmp_path}/br0.mgmt") is not None
 
 
 async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
@@ -158,6 +272,7 @@ async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
     flusher = ConntrackFlusher(channel)
     await flusher.flush([FlushFilter(Protocol.UDP, ip("10.96.0.40"), 53)])
     assert flusher.stats.mode == "openflow" and flusher.stats.failures == 1
+    await flusher.close()
 
 
 async def test_wired_semantics_install_the_meter_before_the_replay_and_give_proxier_hooks() -> None:

@@ -185,6 +185,7 @@ def build_proxier(
         pods=pods,
         on_cluster_ips=feed,
         node_ports=parts.node_side is not None,
+        node_port_ips=parts.node_side.node_port_ips if parts.node_side is not None else (),
         on_services=parts.node_side.after_sync if parts.node_side is not None else None,
         **semantics.proxier_kwargs(),
     )

@@ -28,8 +28,6 @@ from ovsproxy.openflow import protocol as of
 
 log = logging.getLogger(__name__)
 
-ALL_COOKIE_BITS = 0xFFFFFFFFFFFFFFFF
-
 
 def expired_flows(flows: Iterable[of.FlowDesc]) -> list[of.FlowDesc]:
     """The swept learned flows whose idle age has reached the timeout in their cookie."""
@@ -45,16 +43,7 @@ def expired_flows(flows: Iterable[of.FlowDesc]) -> list[of.FlowDesc]:
 
 def delete_message(flow: of.FlowMod) -> of.FlowMod:
     """Delete exactly this learned flow (and only while its cookie is unchanged)."""
-    return of.FlowMod(
-        table_id=flow.table_id,
-        priority=flow.priority,
-        match=flow.match,
-        command=of.FlowModCommand.DELETE_STRICT,
-        out_port=of.OFPP_ANY,
-        out_group=of.OFPG_ANY,
-        cookie=flow.cookie,
-        cookie_mask=ALL_COOKIE_BITS,
-    )
+    return flow.as_delete()
 
 
 @dataclass

@@ -6,6 +6,21 @@ sending into an endpoint that left the Service. As kube-proxy does (``conntrack 
 proxier flushes the entries of that (frontend, endpoint) pair; the client's next datagram is a
 new connection and picks a live endpoint.
 
+One flush is not enough. Open vSwitch applies the commit to its cached datapath flows only when
+its revalidators re-translate them (right after a flow-table change, then every
+``max-revalidator`` ms): until then a client's next datagram, a new connection after the flush,
+meets the cached flow of its 5-tuple's first packet, which still DNATs to the removed endpoint,
+and commits the entry again; it then lives as long as the client sends (a client sending every
+few milliseconds hit this in about one removal in five). So every filter is flushed twice: at
+once (most clients move on their next datagram), and again once the datapath has been
+revalidated, when no cached flow can recreate the entry any more -- whatever the client's rate.
+Revalidated means two ``ovs-appctl revalidator/wait`` (the first may end with a round that had
+started before the commit; the second ends a round that started after it) when an ``appctl``
+runner is given, else ``REVALIDATION_GRACE`` seconds (best effort: two default revalidator
+periods). The second flush runs in the background, coalesced across syncs, and skips pairs
+that came back meanwhile (``restored``). Cost: two flush messages per removed (frontend, endpoint)
+pair and two appctl calls per batch; nothing per unchanged endpoint or Service.
+
 Mechanism, in order of preference:
 
 1. ``NXT_CT_FLUSH`` over our OpenFlow channel (Open vSwitch 3.1+): zone, ``ip_proto``, original
@@ -21,10 +36,13 @@ Mechanism, in order of preference:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
@@ -36,6 +54,12 @@ log = logging.getLogger(__name__)
 AppCtl = Callable[[Sequence[str]], Awaitable[str]]
 
 _UNSUPPORTED = ("BAD_SUBTYPE", "BAD_EXPERIMENTER", "BAD_TYPE", "EOPNOTSUPP")
+
+# Without an appctl runner: how long after a flush the datapath is taken to be revalidated (two
+# periods of OVS's default other_config:max-revalidator, 500 ms).
+REVALIDATION_GRACE = 1.0
+# An appctl call that takes longer than this is given up (the second flush then runs anyway).
+APPCTL_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -139,6 +163,9 @@ class FlushStats:
     requests: int = 0  # filters handled
     messages: int = 0  # NXT_CT_FLUSH sent
     appctl_entries: int = 0  # entries flushed one by one through ovs-appctl
+    settle_flushes: int = 0  # filters flushed again after the datapath was revalidated
+    settle_restored: int = 0  # filters not flushed again: their pair came back meanwhile
+    revalidation: str = "appctl"  # how revalidation is awaited: "appctl", or "timed"
     failures: int = 0
     last_error: str = ""
     recent: list[str] = field(default_factory=list)  # the last filters, for the status
@@ -149,6 +176,9 @@ class FlushStats:
             "requests": self.requests,
             "messages": self.messages,
             "appctl_entries": self.appctl_entries,
+            "settle_flushes": self.settle_flushes,
+            "settle_restored": self.settle_restored,
+            "revalidation": self.revalidation,
             "failures": self.failures,
             "last_error": self.last_error,
             "recent": list(self.recent),
@@ -156,24 +186,100 @@ class FlushStats:
 
 
 class ConntrackFlusher:
-    """Flushes conntrack entries by filter; see the module docstring for the fallbacks.
+    """Flushes conntrack entries by filter, at once and again after revalidation; see the
+    module docstring for why and for the fallbacks.
 
     ``channel`` needs ``send(messages)`` (OpenFlow, raising on an error reply); ``appctl``
     runs ``ovs-appctl`` against the switch's ovs-vswitchd with the given arguments.
     """
 
-    def __init__(self, channel: Any, *, appctl: AppCtl | None = None) -> None:
+    def __init__(
+        self,
+        channel: Any,
+        *,
+        appctl: AppCtl | None = None,
+        revalidation_grace: float = REVALIDATION_GRACE,
+    ) -> None:
         self.channel = channel
         self.appctl = appctl
-        self.stats = FlushStats()
+        self.revalidation_grace = revalidation_grace
+        self.stats = FlushStats(revalidation="appctl" if appctl is not None else "timed")
         self._lock = asyncio.Lock()
+        # To flush again after revalidation: filter -> when it was queued (a counter).
+        self._pending: dict[FlushFilter, int] = {}
+        self._queued = 0
+        self._settle: asyncio.Task[None] | None = None
 
     async def flush(self, filters: Sequence[FlushFilter]) -> None:
+        """Flush now; flush again (in the background) once the datapath is revalidated."""
         if not filters:
             return
+        self.stats.requests += len(filters)
+        self.stats.recent = [str(f) for f in filters[-10:]]
+        await self._flush_now(filters)
+        if self.stats.mode == "unsupported":
+            return
+        self._queued += 1
+        self._pending.update(dict.fromkeys(filters, self._queued))
+        if self._settle is None or self._settle.done():
+            self._settle = asyncio.get_running_loop().create_task(
+                self._settle_pending(), name="conntrack settle"
+            )
+
+    def restored(self, filters: Iterable[FlushFilter]) -> None:
+        """These pairs are valid again (an endpoint came back): no second flush for them."""
+        if self._pending:
+            for f in filters:
+                if self._pending.pop(f, None) is not None:
+                    self.stats.settle_restored += 1
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    async def settled(self) -> None:
+        """Returns once every flush so far has had its second flush."""
+        while self._settle is not None and not self._settle.done():
+            await asyncio.shield(self._settle)
+
+    async def close(self) -> None:
+        task, self._settle = self._settle, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _settle_pending(self) -> None:
+        while self._pending:
+            # Each filter was queued after its commit, so a wait that starts now starts after
+            # the commits of all of them; those queued during the wait go in the next round.
+            waiting = dict(self._pending)
+            await self._revalidated()
+            batch = [f for f, queued in waiting.items() if self._pending.get(f) == queued]
+            for f in batch:
+                del self._pending[f]
+            if batch:
+                self.stats.settle_flushes += len(batch)
+                await self._flush_now(batch)
+
+    async def _revalidated(self) -> None:
+        if self.appctl is not None and self.stats.revalidation == "appctl":
+            try:
+                for _ in range(2):
+                    await asyncio.wait_for(self.appctl(["revalidator/wait"]), APPCTL_TIMEOUT)
+                return
+            except Exception as exc:
+                self.stats.revalidation = "timed"  # for good: one warning, no retry per batch
+                log.warning(
+                    "conntrack: ovs-appctl revalidator/wait failed (%s); from now on the "
+                    "second flush waits %.1f s instead",
+                    str(exc) or type(exc).__name__,
+                    self.revalidation_grace,
+                )
+        await asyncio.sleep(self.revalidation_grace)
+
+    async def _flush_now(self, filters: Sequence[FlushFilter]) -> None:
         async with self._lock:
-            self.stats.requests += len(filters)
-            self.stats.recent = [str(f) for f in filters[-10:]]
             if self.stats.mode == "openflow":
                 try:
                     await self.channel.send([f.message() for f in filters])
@@ -223,9 +329,35 @@ def subprocess_appctl(target: str | None = None) -> AppCtl:
         proc = await asyncio.create_subprocess_exec(
             *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
         )
-        out, err = await proc.communicate()
+        try:
+            out, err = await proc.communicate()
+        except asyncio.CancelledError:  # (a timeout): the process goes too
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            raise
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: {err.decode().strip()}")
         return out.decode()
 
     return run
+
+
+def vswitchd_appctl(openflow: str) -> AppCtl | None:
+    """An ``appctl`` runner for the ovs-vswitchd that serves the OpenFlow endpoint
+    ``openflow``, or None when it cannot be found from here (a ``tcp:`` endpoint, or no
+    control socket). A bridge's ``unix:<rundir>/<bridge>.mgmt`` lies in the daemon's run
+    directory, next to its control socket: ``ovs-vswitchd.ctl`` (``--unixctl`` as the sandbox
+    names it) or ``ovs-vswitchd.<pid>.ctl`` (OVS's default, the pid from its pidfile)."""
+    kind, _, path = openflow.partition(":")
+    if kind != "unix" or not path:
+        return None
+    rundir = Path(path).parent
+    ctl = rundir / "ovs-vswitchd.ctl"
+    if not ctl.exists():
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((rundir / "ovs-vswitchd.pid").read_text().strip())
+            ctl = rundir / f"ovs-vswitchd.{pid}.ctl"
+    if not ctl.exists() or not os.access(ctl, os.W_OK):
+        return None
+    return subprocess_appctl(str(ctl))

@@ -18,13 +18,13 @@ written while Open vSwitch decodes the ones before them, so a full sync costs ab
 max(planning, OVS) instead of their sum. To keep both sides busy, the flows that use no group
 are interleaved with the group messages: a group costs us far more to plan than it costs OVS
 to take in, a flow the other way round (with every flow after the groups, OVS was the
-bottleneck for the flows and idle during the groups: 0.2 s of waiting in a 10,000-Service
-sync).
+bottleneck for the flows and idle during the groups; bench ``full-sync`` reports the tail).
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
-collection of the cyclic collector would traverse them again (60% of a 10,000-Service sync
-with the default thresholds, and ~1 s per full collection afterwards). So:
+collection of the cyclic collector would traverse them again (most of a 10,000-Service sync
+with the default thresholds, and every full collection afterwards; bench ``full-sync`` reports
+the time still spent in the collector). So:
 
 * the collector is paused from a ``stage`` until the event loop next runs (a burst of staging
   is synchronous code: the proxier stages every changed Service, then awaits the commit), and
@@ -472,25 +472,11 @@ class Datapath:
         installed_flows = self.installed_flows
         # ...flows before the groups they used.
         for key in delete_keys:
-            have = installed_flows[key]
-            yield of.FlowMod(
-                table_id=have.table_id,
-                priority=have.priority,
-                match=have.match,
-                command=of.FlowModCommand.DELETE_STRICT,
-                out_port=of.OFPP_ANY,
-                out_group=of.OFPG_ANY,
-            )
+            yield installed_flows[key].as_delete(same_cookie=False)
         if delete_keys:
             kinds["flow_delete_strict"] = kinds.get("flow_delete_strict", 0) + len(delete_keys)
         for gen in sorted(diff.stale):
-            yield of.FlowMod(
-                table_id=of.OFPTT_ALL,
-                priority=0,
-                match=of.Match(),
-                command=of.FlowModCommand.DELETE,
-                out_port=of.OFPP_ANY,
-                out_group=of.OFPG_ANY,
+            yield of.FlowMod.delete(
                 cookie=(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (gen << pl.COOKIE_GENERATION_SHIFT),
                 cookie_mask=pl.COOKIE_APP_GENERATION_MASK,
             )
@@ -751,8 +737,8 @@ class Datapath:
             group = self.installed_groups[gid]
             # Text is built per bucket: a large group is no single OpenFlow message.
             text = f"group_id={gid},type=select"
-            if group.selection_method:
-                text += f",selection_method={group.selection_method}"
+            if group.selection_method is not None:
+                text += "," + group.selection_method.to_text()
             for key, spec in sorted(group.buckets.items(), key=lambda kv: group.ids[kv[0]]):
                 bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
                 text += "," + bucket.to_text(of.GroupType.SELECT)

@@ -54,10 +54,27 @@ class BucketSpec(NamedTuple):
     weight: int = 100
 
 
+class SelectionMethod(NamedTuple):
+    """A select group's selection method: Open vSwitch's ``name`` ("hash", "dp_hash") and,
+    for "hash", the fields it hashes (none: OVS's default hash). INSERT_BUCKET and
+    REMOVE_BUCKET do not carry it: OVS keeps the group's own (EXT-570)."""
+
+    name: str
+    fields: tuple[str, ...] = ()
+
+    def to_text(self) -> str:
+        """As ``ovs-ofctl dump-groups`` prints it."""
+        text = f"selection_method={self.name}"
+        names = [of.get_field(f).mf_name for f in self.fields]
+        if len(names) == 1:
+            return f"{text},fields={names[0]}"
+        return f"{text},fields({','.join(names)})" if names else text
+
+
 class GroupSpec(NamedTuple):
     group_id: int
     buckets: tuple[BucketSpec, ...]
-    selection_method: str | None = None
+    selection_method: SelectionMethod | None = None
 
     def by_key(self) -> dict[Hashable, BucketSpec]:
         return {b[0]: b for b in self.buckets}
@@ -82,7 +99,7 @@ class InstalledGroup:
         group_id: int,
         ids: dict[Hashable, int] | None = None,
         buckets: dict[Hashable, BucketSpec] | None = None,
-        selection_method: str | None = None,
+        selection_method: SelectionMethod | None = None,
         bucket_bytes: int = -1,
     ) -> None:
         self.group_id = group_id
@@ -157,14 +174,15 @@ def _assign_ids(
     return ids, wanted
 
 
-_OVERHEADS: dict[str | None, int] = {None: _BASE_OVERHEAD}
+_OVERHEADS: dict[SelectionMethod | None, int] = {None: _BASE_OVERHEAD}
 
 
-def _overhead(selection_method: str | None) -> int:
+def _overhead(selection_method: SelectionMethod | None) -> int:
     """A GroupMod's size without buckets (with its selection method property)."""
     size = _OVERHEADS.get(selection_method)
     if size is None:
-        size = _OVERHEADS[selection_method] = of.group_mod_overhead(selection_method)
+        assert selection_method is not None
+        size = _OVERHEADS[selection_method] = of.group_mod_overhead(*selection_method)
     return size
 
 
@@ -172,39 +190,52 @@ def _group_mod(
     command: of.GroupModCommand,
     group_id: int,
     buckets: Sequence[of.Bucket],
-    selection_method: str | None,
+    selection_method: SelectionMethod | None,
     command_bucket_id: int = of.OFPG_BUCKET_ALL,
 ) -> of.GroupMod:
+    if selection_method is None:
+        return _fast_group_mod(
+            command, group_id, _SELECT, buckets, command_bucket_id=command_bucket_id
+        )
     return _fast_group_mod(
         command,
         group_id,
         _SELECT,
         buckets,
         command_bucket_id=command_bucket_id,
-        selection_method=selection_method,
+        selection_method=selection_method[0],
+        fields=selection_method[1],
     )
 
 
-def _chunked(
+def group_mod_chunks(
     command: of.GroupModCommand,
     group_id: int,
     buckets: Sequence[of.Bucket],
-    selection_method: str | None,
+    selection_method: SelectionMethod | None = None,
+    *,
     total: int = -1,
+    limit: int = MAX_BUNDLED_MESSAGE,
 ) -> list[of.GroupMod]:
-    """ADD/MODIFY (or INSERT_BUCKET) with as many buckets as fit, then INSERT_BUCKET(LAST)
-    chunks. ``total``: the buckets' encoded size, if the caller knows it."""
+    """The messages that write ``buckets`` to a select group of any size: ``command`` (ADD,
+    MODIFY, ADD_OR_MOD or INSERT_BUCKET) with as many buckets as fit in ``limit`` bytes, then
+    INSERT_BUCKET(LAST) chunks, so the switch ends up with the buckets in the given order.
+    Sent in order in one atomic bundle; the default limit leaves room for the BUNDLE_ADD
+    header. ``total``: the buckets' encoded size, if the caller knows it. A bucket that fits
+    in no message raises ``MessageTooLarge``."""
     base = _BASE_OVERHEAD if selection_method is None else _overhead(selection_method)
     if total < 0:
         total = sum([len(b[0]) for b in buckets])
     first_bucket_id = of.OFPG_BUCKET_LAST if command == _INSERT else of.OFPG_BUCKET_ALL
-    if base + total <= MAX_BUNDLED_MESSAGE:  # the usual case: one message
+    if base + total <= limit:  # the usual case: one message
         return [_group_mod(command, group_id, buckets, selection_method, first_bucket_id)]
     chunks: list[list[of.Bucket]] = [[]]
     size = base
     for bucket in buckets:
         blen = len(bucket[0])
-        if chunks[-1] and size + blen > MAX_BUNDLED_MESSAGE:
+        if blen > limit - max(base, _BASE_OVERHEAD):
+            raise of.MessageTooLarge(f"group {group_id} bucket {bucket.bucket_id}", blen, limit)
+        if chunks[-1] and size + blen > limit:
             chunks.append([])
             size = _BASE_OVERHEAD
         chunks[-1].append(bucket)
@@ -250,7 +281,7 @@ def plan_group(
         total = sum([len(b[0]) for b in buckets])
         command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(
-            tuple(_chunked(command, group_id, buckets, method, total)),
+            tuple(group_mod_chunks(command, group_id, buckets, method, total=total)),
             InstalledGroup(group_id, None, wanted, method, total),  # ids: 0..n-1
             "add",
         )
@@ -264,7 +295,7 @@ def plan_group(
         all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
         total = sum([len(b[0]) for b in all_buckets])
         return GroupPlan(
-            tuple(_chunked(_MODIFY, group_id, all_buckets, method, total)),
+            tuple(group_mod_chunks(_MODIFY, group_id, all_buckets, method, total=total)),
             InstalledGroup(group_id, ids, wanted, method, total),
             "modify",
         )
@@ -286,7 +317,7 @@ def plan_group(
     ]
     if new_buckets:
         # INSERT_BUCKET chunks all append at the end.
-        incremental += _chunked(_INSERT, group_id, new_buckets, None, inserted_bytes)
+        incremental += group_mod_chunks(_INSERT, group_id, new_buckets, total=inserted_bytes)
     # A full MODIFY: its header(s) and every bucket (a group over the message limit needs
     # one more header per extra chunk; counting one header is enough to compare).
     full_size = _overhead(method) + total
@@ -294,7 +325,9 @@ def plan_group(
         return GroupPlan(tuple(incremental), result, "incremental")
     all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
     return GroupPlan(
-        tuple(_chunked(_MODIFY, group_id, all_buckets, method, total)), result, "modify"
+        tuple(group_mod_chunks(_MODIFY, group_id, all_buckets, method, total=total)),
+        result,
+        "modify",
     )
 
 

@@ -5,12 +5,16 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
 
     table  name              what it does
     -----  ----------------  ----------------------------------------------------------------
-      0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL; a local pod's port
-                             -> reg0 "from a pod"; a source that is one of the node's IPs ->
-                             reg0 "from the node"; everything -> ConntrackZone
+      0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL (200); a local pod's
+                             port -> mark FROM_POD (reg0 bit 0) and go on (LOW); a source
+                             that is one of the node's IPs -> mark FROM_NODE (reg0 bit 1) and
+                             go on (LOW); a local pod's address from any other port -> drop
+                             (SPOOFED: a node kernel routing one of our packets back in);
+                             everything else -> ConntrackZone
      10    ConntrackZone     IP: ct(zone=Z, nat, table=ConntrackState) — un-NATs replies and
                              re-applies DNAT to established Service connections; a hairpin
-                             reply (to the virtual Service IP) is first un-SNATed in zone H
+                             reply (to the virtual Service IP) is first un-SNATed in zone H, a
+                             reply to the host-SNAT address in zone S (HIGH)
      11    ConntrackState    +inv -> drop; established/related -> Forwarding (skip Service
                              selection); new -> SessionAffinity
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
@@ -25,21 +29,91 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              with affinity, NORMAL: "selected,
                              learn it" -> learn + EndpointDNAT, and one flow per endpoint
                              accepting a learned choice that is still valid -> EndpointDNAT
-                             (a stale one falls to LOW: the group picks and learns anew)
+                             (a stale one falls to LOW: the group picks and learns anew);
+                             standalone, COMMIT: a new non-Service connection that did not
+                             come from a local pod -> ct(commit, zone=Z, table=Forwarding)
      14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
                              Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
-     20    L3Forwarding      local pod IP -> set eth_dst to the pod MAC, output to its port
-                             (standalone only); hairpin (source = destination pod, after
-                             DNAT) -> ct(commit, zone=H, nat(src=virtual Service IP)) and out
-                             the port it came in on; other -> NORMAL
+     20    L3Forwarding      (standalone only) local pod IP -> set eth_dst to the pod MAC,
+                             output to its port (NORMAL); hairpin (source = destination pod,
+                             after DNAT) -> ct(commit, zone=H, nat(src=virtual Service IP))
+                             and out the port it came in on (HAIRPIN_SNAT, HAIRPIN_OUT); sent
+                             to the virtual MAC by the node (see below): HOST_SNAT_OUT,
+                             TO_NODE, HOST_SNAT; a new non-Service connection of a local pod
+                             -> ct(commit, zone=Z) and NORMAL (COMMIT); other -> NORMAL
 
-Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT, H = 0xfff1 / 0xffe7 for hairpin
-SNAT, S = 0xfff2 / 0xffe8 for host SNAT (connections that came in from the gateway -- from the
-node itself, or from outside through the node's capture table -- DNATed to another node). The
-virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC aa:bb:cc:dd:ee:ff) is the next hop
-of the node's Service routes and of the capture's policy route, and the hairpin SNAT source.
-NodePort traffic arrives DNATed by the node to the virtual NodePort IP 169.254.0.252 /
-fc01::aabb:ccdd:eefe, its port kept.
+Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT (and the commits of non-Service
+connections crossing the gateway), H = 0xfff1 / 0xffe7 for hairpin SNAT, S = 0xfff2 / 0xffe8
+for host SNAT. The virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC
+aa:bb:cc:dd:ee:ff) is the next hop of the node's Service routes and of the capture's policy
+route, and the hairpin SNAT source. NodePort traffic arrives DNATed by the node's capture table
+to the virtual NodePort IP 169.254.0.252 / fc01::aabb:ccdd:eefe, its port kept.
+
+Packet paths in standalone mode, on a node whose pods share its pod CIDR, other nodes' pod
+CIDRs routed by the node's kernel via their node IPs (host-gw; the lab, ``ovsproxy.lab.cluster``,
+builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" delivers by MAC
+(a pod addresses its gateway's MAC, so what a pod sends off-node goes out the gateway)::
+
+    client          endpoint         path (request; the reply retraces it)
+    --------------  ---------------  ------------------------------------------------------------
+    local pod       local pod        Classifier (FROM_POD) -> ct(Z, nat): new -> ServiceLB ->
+                                     group -> EndpointDNAT ct(commit, Z, nat(dst)) ->
+                                     L3Forwarding: pod MAC, its port. Reply: ct(Z, nat)
+                                     un-DNATs -> established -> L3Forwarding -> client's port.
+    local pod       remote pod       as above to EndpointDNAT; L3Forwarding: not a local pod ->
+                                     NORMAL -> gateway -> node kernel -> underlay -> the
+                                     endpoint's node (next row). Reply arrives from the gateway,
+                                     un-DNATed in zone Z, -> client's port.
+    remote (any)    local pod        arrives from the gateway, already DNATed on the client's
+                                     node (destination = the pod): ct(Z): new, no frontend ->
+                                     ServiceLB COMMIT (not FROM_POD) -> L3Forwarding -> pod.
+                                     The pod's SYN-ACK is then a reply of a known connection
+                                     (uncommitted, conntrack would call it invalid and drop it);
+                                     it leaves through NORMAL -> gateway.
+    the node        local pod        the node's Service route sends it to the virtual next hop
+                                     (eth_dst = virtual MAC) through the gateway: Service
+                                     selection and DNAT as for a pod -> L3Forwarding -> pod. The
+                                     pod replies to the gateway's address; un-DNAT -> gateway.
+    the node        remote pod       after DNAT, L3Forwarding: to the virtual MAC, -rpl, Service
+                                     ct_mark -> HOST_SNAT: ct(commit, S, nat(src=host-SNAT IP))
+                                     -> HOST_SNAT_OUT: eth_dst = the sender (eth_src), eth_src =
+                                     virtual MAC, out the port it came in on (the gateway) ->
+                                     node kernel forwards it (its source is not the node's own)
+                                     -> endpoint's node. The reply is addressed to the host-SNAT
+                                     IP, which the other nodes route to this node and this node
+                                     resolves to the virtual MAC on the gateway: ConntrackZone
+                                     un-SNATs it (zone S), un-DNATs it (zone Z) -> L3Forwarding:
+                                     to the virtual MAC, +rpl, Service ct_mark -> TO_NODE: back
+                                     out the gateway to the node's MAC.
+    outside         any              the node's capture table (``ovsproxy.capture``) marks it and,
+      (NodePort,                     for a NodePort, DNATs it to the virtual NodePort IP; the
+      LB IP,                         mark's policy route sends it to the virtual next hop through
+      external IP)                   the gateway: it arrives as the node's own traffic does
+                                     (eth_dst = virtual MAC) and takes the rows "the node ...":
+                                     a local endpoint sees the client's address; one on another
+                                     node gets the host SNAT (externalTrafficPolicy Cluster).
+                                     Reply: un-DNATed in OVS, out the gateway, un-DNATed by the
+                                     node's kernel, back to the client. externalTrafficPolicy
+                                     Local: the external set has this node's endpoints only
+                                     (none: drop), but FROM_POD / FROM_NODE clients are
+                                     short-circuited to the cluster endpoints (SHORT_CIRCUIT).
+    local pod       any              to this node's IP:nodePort: matched in ServiceLB as a
+      (NodePort)                     frontend of the cluster endpoints (it never leaves OVS).
+    pod itself      the same pod     hairpin: after DNAT, HAIRPIN_SNAT ct(commit, H,
+      (hairpin)                      nat(src=virtual Service IP)) -> HAIRPIN_OUT: out its own
+                                     port. The reply (to the virtual Service IP) is un-SNATed in
+                                     zone H, then un-DNATed in zone Z. With endpoints also on
+                                     other nodes, the group picks per connection: the hairpin
+                                     path for itself, the rows above for the others.
+    local pod       (no Service)     pod to pod on this node: not committed (such an entry would
+                                     share its reply with a DNATed connection of the same
+                                     5-tuple after NAT); to anything off-node: COMMIT in
+                                     L3Forwarding (FROM_POD, new, no Service ct_mark) and NORMAL.
+
+Without ``--host-snat-ip`` (``PipelineConfig.host_snat_ips``) for a family, the node's own
+connections to Services of that family reach local endpoints only; those DNATed to an endpoint
+on another node are not sent anywhere (without the SNAT the endpoint would answer the node's
+own address directly, past OVS, and the reply would never be un-DNATed).
 
 Integrated mode — another controller (a CNI) manages the bridge: ovsproxy owns only the five
 tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends packets there
@@ -49,8 +123,8 @@ only groups in ``[group_id_min, group_id_max]`` are ours.
 
 Registers (Antrea's layout)::
 
-    reg0[0]       from a local pod's port (standalone)
-    reg0[1]       from the node: source is one of the node's IPs (standalone)
+    reg0 bit 0    standalone: the packet came from a local pod's port (FROM_POD)
+    reg0 bit 1    standalone: its source is one of the node's IPs (FROM_NODE)
     reg3          endpoint IPv4 address
     xxreg3        endpoint IPv6 address (= reg12..reg15)
     reg4[0..15]   endpoint port
@@ -66,7 +140,6 @@ learned flows, which must survive an agent restart (session affinity state).
 from __future__ import annotations
 
 import enum
-import ipaddress
 from dataclasses import dataclass
 
 from ovsproxy.model import IPAddress, IPFamily, node

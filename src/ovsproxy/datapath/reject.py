@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.ofext import MeterCommand, MeteredController, meter_add
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.protocol import MeterCommand, MeteredController, meter_add
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,8 @@
 
 * ``rejector`` (``reject.Rejector``): answers reject packet-ins; its meter is installed from the
   channel's on_connected hook before the datapath replays (``wrap_on_connected``);
-* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals;
+* ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals,
+  again once the datapath is revalidated (``appctl``: ``revalidator/wait``; ``close`` stops it);
 * ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
   runs it as a task; ``close`` stops it).
 
@@ -22,7 +23,7 @@ import logging
 from typing import Any
 
 from ovsproxy.datapath.affinity import AffinitySweeper
-from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher
+from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher, vswitchd_appctl
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.openflow import protocol as of
 
@@ -49,8 +50,10 @@ class ServiceSemantics:
     @classmethod
     def wired(cls, channel: Any, datapath: Any) -> ServiceSemantics:
         """What the agent runs: the reject meter installed before the datapath's replay on
-        every (re)connection (``wrap_on_connected``), the affinity sweeper started."""
-        semantics = cls(channel, datapath)
+        every (re)connection (``wrap_on_connected``), the affinity sweeper started. The UDP
+        flush waits for the switch's revalidators through its ovs-appctl when it is local."""
+        appctl = vswitchd_appctl(str(getattr(channel, "endpoint", "")))
+        semantics = cls(channel, datapath, appctl=appctl)
         semantics.wrap_on_connected()
         semantics.start()
         return semantics
@@ -91,6 +94,7 @@ class ServiceSemantics:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.conntrack.close()
         await self.rejector.close()
 
     def status(self) -> dict[str, Any]:

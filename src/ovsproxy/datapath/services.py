@@ -5,7 +5,8 @@ datapath diffs these against what is installed. Flow values are cached per endpo
 pipeline, so a full resync re-uses the same objects (and their encoded bytes) instead of
 rebuilding 100,000 of them. The shapes built per endpoint and per frontend (EndpointDNAT and
 ServiceLB flows, the endpoint's set_field) come from the codec's templates
-(``openflow.protocol.templates``): the values the generic constructors build, 4-5x cheaper.
+(``openflow.protocol.templates``): the values the generic constructors build, several times
+cheaper (bench ``encode``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.groups import BucketSpec, GroupSpec
+from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates
@@ -197,8 +198,6 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         of.Match(),
         _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
     )
-    # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
-    # in ServiceLB (see service_objects): a stale choice falls through to the group.
     if ctx.standalone:
         # A new connection that is not to a Service and crosses the gateway is committed: its
         # replies are then established, not invalid (a SYN-ACK conntrack never saw the SYN of
@@ -213,6 +212,8 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
                 of.Match(eth_type=eth_type(family), **{pl.FROM_POD_REG: (0, pl.FROM_POD)}),
                 _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
             )
+    # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
+    # in ServiceLB (see service_objects): a stale choice falls through to the group.
     add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
@@ -398,7 +399,7 @@ _new_tuple = tuple.__new__
 
 
 # Endpoint values are keyed by (address as an int, port, IP version): a tuple of ints hashes
-# in C (an (ipaddress, port) key hashes in Python, 1 us per endpoint). The address and version
+# in C (an (ipaddress, port) key hashes in Python, per endpoint). The address and version
 # are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
 EndpointKey = tuple[int, int, int]
 _IPV4 = ipaddress.IPv4Address
@@ -640,25 +641,38 @@ def learned_flows_delete(
     ctx: Context, port: ServicePort, ip: IPAddress, l4_port: int | None = None
 ) -> of.FlowMod:
     """Delete every learned affinity flow of one frontend (non-strict: any client)."""
-    return of.FlowMod(
-        table_id=ctx.tables.session_affinity,
-        priority=0,
-        match=frontend_match(port, ip, l4_port),
-        command=of.FlowModCommand.DELETE,
-        out_port=of.OFPP_ANY,
-        out_group=of.OFPG_ANY,
+    return of.FlowMod.delete(
+        ctx.tables.session_affinity,
+        frontend_match(port, ip, l4_port),
         cookie=pl.learned_cookie(),
         cookie_mask=pl.LEARNED_CATEGORY_MASK,
     )
 
 
-# With session affinity, a select group hashes in the slow path ("hash" without fields: OVS's
-# default symmetric L4 hash at translation time), so each new connection is its own datapath
-# flow and is translated against the learned flows as they are now. With OVS's default dp_hash
-# the datapath flow before the group is shared by every connection of a client: the ones that
-# arrive before the revalidators catch up with a just-learned flow would pick a bucket anew.
-AFFINITY_SELECTION_METHOD = "hash"
-GROUP_SELECTION_METHOD = "hash"
+# Every select group uses Open vSwitch's "hash" method over the connection's 5-tuple:
+# highest random weight per bucket id, so inserting or removing a bucket moves only the
+# connections that bucket wins or had, and each new connection is translated afresh (also
+# against just-learned affinity flows). OVS's default method, dp_hash, sends every new
+# connection to a bucket added by INSERT_BUCKET until the next MODIFY (OVS 3.1); "hash"
+# without fields is OVS's symmetric L4 hash, which leaves UDP ports out (one UDP client,
+# one endpoint, however many sockets). OVS skips a listed field whose prerequisites the
+# packet does not meet (ofproto-dpif-xlate.c, pick_hash_fields_select_group), so one list
+# serves TCP, UDP and SCTP over IPv4 and IPv6; it is in OVS's field order, as dump-groups
+# prints it.
+CONNECTION_HASH_FIELDS = (
+    "ipv4_src",
+    "ipv4_dst",
+    "ipv6_src",
+    "ipv6_dst",
+    "ip_proto",
+    "tcp_src",
+    "tcp_dst",
+    "udp_src",
+    "udp_dst",
+    "sctp_src",
+    "sctp_dst",
+)
+GROUP_SELECTION_METHOD = SelectionMethod("hash", CONNECTION_HASH_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -754,11 +768,7 @@ def frontend_objects(
                         del cache[next(iter(cache))]
                     cache[key] = flow
                 dnat[key] = flow
-        # GroupSpec(group_id, buckets, selection_method): every group, not only affinity ones,
-        # selects by "hash": Open vSwitch 3.1's dp_hash method sends all new connections to the
-        # bucket an INSERT_BUCKET added (until the next MODIFY or REMOVE_BUCKET); "hash"
-        # (highest random weight over the 5-tuple) stays balanced and moves only the
-        # connections of changed buckets.
+        # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
         )

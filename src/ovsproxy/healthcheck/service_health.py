@@ -8,9 +8,10 @@ the node's addresses. Any path answers JSON::
 
 with status 200 when N > 0 and the proxy is healthy, else 503, and the header
 ``X-Load-Balancing-Endpoint-Weight: N`` on both (kube-proxy sets it on every answer). N counts
-the distinct IPs of this node's *ready* endpoints across the Service's ports (terminating
-endpoints do not count: a node with only terminating endpoints fails its check, so the load
-balancer drains it).
+the distinct IPs of this node's *ready* endpoints across the Service's ports, per IP family as
+kube-proxy's per-family proxiers do (a dual-stack pod counts once; the larger family count is
+served), and terminating endpoints do not count: a node with only terminating endpoints fails
+its check, so the load balancer drains it.
 
 ``ServiceHealthServers.update(mapping)`` makes the running servers match a desired mapping:
 a new Service starts its server, a removed one stops, a changed port restarts, a changed
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ovsproxy.model import ServiceState
+from ovsproxy.model import IPAddress, ServiceState
 from ovsproxy.netns import enter_netns
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ def desired_health_checks(
 ) -> dict[ServiceKey, ServiceHealth]:
     """The servers this node must run, from all Service ports and their endpoints (pure)."""
     ports: dict[ServiceKey, int] = {}
-    local_ips: dict[ServiceKey, set[object]] = {}
+    local_ips: dict[ServiceKey, set[IPAddress]] = {}
     for state in states:
         port = state.port
         if not port.health_check_node_port:
@@ -62,7 +63,14 @@ def desired_health_checks(
         ports[key] = port.health_check_node_port
         ips = local_ips.setdefault(key, set())
         ips.update(ep.ip for ep in state.endpoints if ep.ready and ep.is_local(node_name))
-    return {key: ServiceHealth(port, len(local_ips[key])) for key, port in ports.items()}
+    return {key: ServiceHealth(port, _per_family(local_ips[key])) for key, port in ports.items()}
+
+
+def _per_family(ips: set[IPAddress]) -> int:
+    """kube-proxy counts per IP family (each family's proxier its own endpoints): a dual-stack
+    pod is one endpoint, not two. One server answers for both families: the larger count."""
+    v4 = sum(1 for ip in ips if ip.version == 4)
+    return max(v4, len(ips) - v4)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,7 @@ VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"  # datapath.pipeline.VIRTUAL_MAC (the lab may 
 UNDERLAY_V4 = ipaddress.ip_network("192.168.50.0/24")
 UNDERLAY_V6 = ipaddress.ip_network("fd00:192:168:50::/64")
 EXTERNAL_HOST = 100  # the external client's host number on the underlay
+MAX_NODES = 50  # node N is host N of the underlay, below the external client
 SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/108")
 HTTP_PORT = 8080
 UDP_PORT = 5353
@@ -221,8 +222,8 @@ class Lab:
         source_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
     ) -> None:
-        if not 1 <= nodes <= 200:
-            raise LabError(f"nodes: {nodes} is not between 1 and 200")
+        if not 1 <= nodes <= MAX_NODES:
+            raise LabError(f"nodes: {nodes} is not between 1 and {MAX_NODES}")
         if not 1 <= zones <= nodes:
             raise LabError(f"zones: {zones} is not between 1 and the number of nodes ({nodes})")
         self.name = name or f"l{secrets.token_hex(3)}"
@@ -252,14 +253,6 @@ class Lab:
         return (UNDERLAY_V4[EXTERNAL_HOST], UNDERLAY_V6[EXTERNAL_HOST])
 
     # -- lifecycle ----------------------------------------------------------------------
-    @classmethod
-    def attach(cls, name: str) -> LabRecord:
-        """The record of a running lab (e.g. one started by `ovsproxy lab up`)."""
-        record = LabRecord.load(LAB_REGISTRY / f"{name}.json")
-        if record is None:
-            raise LabError(f"no lab named {name!r} (`ovsproxy lab up` starts one)")
-        return record
-
     def up(self) -> Self:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (network namespaces, OVS sandboxes)")
@@ -574,8 +567,8 @@ class Lab:
 
     def remove_node(self, node_name: str) -> None:
         """The node leaves: its agent stopped, its namespace (daemons, pods) gone."""
-        node = self.nodes.pop(node_name)
         self.stop_agent(node_name)
+        node = self.nodes.pop(node_name)
         node.sandbox.down()
         for other in self.nodes.values():
             for cidr in node.pod_cidrs:
@@ -658,9 +651,17 @@ class Lab:
             self.record.save()
 
 
+def lab_record(name: str) -> LabRecord:
+    """The record of a running lab (e.g. one started by `ovsproxy lab up`)."""
+    record = LabRecord.load(LAB_REGISTRY / f"{name}.json")
+    if record is None:
+        raise LabError(f"no lab named {name!r} (`ovsproxy lab up` starts one)")
+    return record
+
+
 def lab_status(name: str) -> dict[str, Any]:
     """The status of a running lab by name, with its agents' liveness checked now."""
-    record = Lab.attach(name)
+    record = lab_record(name)
     status = dict(record.status)
     status["leftover"] = record.is_leftover()
     for node in status.get("nodes", []):
@@ -691,6 +692,7 @@ __all__ = [
     "LabRecord",
     "cleanup_lab_record",
     "lab_down",
+    "lab_record",
     "lab_status",
     "sweep_lab_leftovers",
 ]

@@ -102,6 +102,8 @@ def udp_load(
     interval: float = 0.0,
     source_port: int = 0,
 ) -> dict[str, Any]:
+    """``source_port`` binds the socket to that port: runs with the same port share one
+    conntrack entry (a 5-tuple), as one long-lived socket would."""
     counts: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
     answers: list[str] = []
@@ -112,6 +114,9 @@ def udp_load(
             if sock is not None:
                 sock.close()
             sock = socket.socket(family, socket.SOCK_DGRAM)
+            if source_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("", source_port))
             sock.settimeout(timeout)
             if source_port:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

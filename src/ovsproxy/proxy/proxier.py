@@ -19,7 +19,8 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
   ``services.affinity_timeouts``); learned flows of a frontend are deleted after the commit
   that removes the frontend, its affinity, or changes its timeout.
 * UDP: after the commit that removed an endpoint from a frontend (or the frontend), the
-  conntrack entries of that pair are flushed (``datapath.conntrack``).
+  conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
+  revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
 
 ``InstalledService`` records all of it as plain data for ``ovsproxy status``.
 """
@@ -125,6 +126,9 @@ class FamilySelection:
     excluded: tuple[tuple[str, str], ...] = ()  # (endpoint, why it is not used)
     # The virtual NodePort IP of this family (matched with the nodePort), when the port has one
     node_port_frontends: tuple[IPAddress, ...] = ()
+    # This node's NodePort IPs of this family (matched with the nodePort): only local pods
+    # reach them through OVS, and they are in-cluster clients (the cluster endpoints)
+    node_ip_frontends: tuple[IPAddress, ...] = ()
     # externalTrafficPolicy Local (standalone): in-cluster clients of the external frontends
     # use the cluster endpoints (kube-proxy's short-circuit); None: no short-circuit
     in_cluster_endpoints: tuple[Endpoint, ...] | None = None
@@ -154,6 +158,7 @@ class FamilySelection:
             out["external"] = {
                 "frontends": [str(ip) for ip in self.external_frontends],
                 "node_port_frontends": [str(ip) for ip in self.node_port_frontends],
+                "node_ip_frontends": [str(ip) for ip in self.node_ip_frontends],
                 "endpoints": [str(ep) for ep in self.external_endpoints],
                 "action": self.external_action,
                 "reason": self.external_reason,
@@ -191,6 +196,7 @@ def select_endpoints(
     *,
     node_ports: bool = False,
     short_circuit: bool = False,
+    node_port_ips: Sequence[IPAddress] = (),
 ) -> FamilySelection:
     """kube-proxy's choice for one family of a Service port (see the module docstring)."""
     port = state.port
@@ -206,8 +212,10 @@ def select_endpoints(
             ip for ip in svc.service_frontend_ips(port, family) if ip not in frontends
         )
     node_port_frontends: tuple[IPAddress, ...] = ()
+    node_ip_frontends: tuple[IPAddress, ...] = ()
     if node_ports and port.node_port and frontends:
         node_port_frontends = (pl.VIRTUAL_NODEPORT_IP[family],)
+        node_ip_frontends = tuple(ip for ip in node_port_ips if ip.version == family)
     external: tuple[Endpoint, ...] = ()
     in_cluster: tuple[Endpoint, ...] | None = None
     if external_frontends or node_port_frontends:
@@ -254,6 +262,7 @@ def select_endpoints(
         external_reason=ext_reason,
         excluded=excluded,
         node_port_frontends=node_port_frontends,
+        node_ip_frontends=node_ip_frontends,
         in_cluster_endpoints=in_cluster,
     )
 
@@ -308,6 +317,13 @@ class InstalledService:
                 out[ip, port.port] = external
             for ip in sel.node_port_frontends:
                 out[ip, port.node_port] = external
+            in_cluster = sel.in_cluster_endpoints
+            for ip in sel.node_ip_frontends:
+                out[ip, port.node_port] = (
+                    external
+                    if in_cluster is None
+                    else frozenset((ep.ip, ep.port) for ep in in_cluster)
+                )
         return out
 
     def status(self) -> dict[str, Any]:
@@ -331,6 +347,25 @@ class SyncResult:
     full: bool = False
     commit: CommitStats = field(default_factory=CommitStats)
     seconds: float = 0.0
+
+
+def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
+    """The flush filters of (frontend, endpoint) pairs of a UDP port that ``new`` has and
+    ``old`` had not (a frontend new to it: its frontend-wide filter too)."""
+    port = new.state.port
+    if port.protocol != Protocol.UDP:
+        return []
+    old_map = old.frontend_endpoints() if old is not None else {}
+    if old is not None and old.state.port.protocol != port.protocol:
+        old_map = {}
+    back = []
+    for (ip, l4_port), endpoints in new.frontend_endpoints().items():
+        before = old_map.get((ip, l4_port))
+        if before is None:
+            back.append(FlushFilter(port.protocol, ip, l4_port))
+            before = frozenset()
+        back += [FlushFilter(port.protocol, ip, l4_port, *ep) for ep in endpoints - before]
+    return back
 
 
 class Proxier:
@@ -357,6 +392,7 @@ class Proxier:
         max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT,
         sweep_interval: float | None = 60.0,
         node_ports: bool = False,
+        node_port_ips: Sequence[IPAddress] = (),
         on_services: Callable[
             [Mapping[ServicePortName, ServiceState | None], bool], Awaitable[None]
         ]
@@ -374,6 +410,7 @@ class Proxier:
         self.sweep_interval = sweep_interval
         # NodePort frontends (the node captures NodePort traffic to the virtual NodePort IP)
         self.node_ports = node_ports
+        self.node_port_ips = tuple(node_port_ips)  # this node's IPs that accept NodePorts
         # After each commit: the Service ports it touched (None: removed) and whether it was
         # a full sync; the node-side capture and health checks follow them.
         self._on_services = on_services
@@ -416,6 +453,7 @@ class Proxier:
                 self.zone,
                 node_ports=self.node_ports,
                 short_circuit=self.ctx.standalone,
+                node_port_ips=self.node_port_ips if self.ctx.standalone else (),
             )
             for f in families
         }
@@ -431,10 +469,15 @@ class Proxier:
             reject = self._reject_action if sel.action == REJECT else ()
             frontends = sel.frontends
             node_port_frontends: tuple[IPAddress, ...] = ()
+            in_cluster = sel.in_cluster_endpoints
+            # Local pods to this node's IP:nodePort: the in-cluster endpoints' set.
+            node_ips = sel.node_ip_frontends
             if not sel.external_differs:
                 frontends += sel.external_frontends
-                node_port_frontends = sel.node_port_frontends
+                node_port_frontends = sel.node_port_frontends + node_ips
                 self.groups.release(port.name, family, EXTERNAL)
+            elif in_cluster is not None and in_cluster == sel.endpoints and frontends:
+                node_port_frontends = node_ips
             if frontends or node_port_frontends:
                 gid = group_ids[family] = self.groups.get(port.name, family)
                 sets.append(
@@ -449,7 +492,6 @@ class Proxier:
             else:
                 self.groups.release(port.name, family, "")
             in_cluster_gid = 0
-            in_cluster = sel.in_cluster_endpoints
             if sel.external_differs and in_cluster is not None:
                 if frontends and in_cluster == sel.endpoints:
                     in_cluster_gid = group_ids[family]  # the ClusterIPs' group: the same set
@@ -457,10 +499,20 @@ class Proxier:
                 else:
                     in_cluster_gid = self.groups.get(port.name, family, IN_CLUSTER)
                     sets.append(
-                        svc.FrontendSet((), in_cluster_gid, in_cluster, reject, group_only=True)
+                        svc.FrontendSet(
+                            (),
+                            in_cluster_gid,
+                            in_cluster,
+                            reject,
+                            node_port_frontends=node_ips,
+                            group_only=True,
+                        )
                     )
             else:
                 self.groups.release(port.name, family, IN_CLUSTER)
+            external_node_ports = sel.node_port_frontends
+            if sel.external_differs and in_cluster is None:
+                external_node_ports += node_ips  # eTP Cluster: the external set is the cluster's
             if sel.external_differs:
                 gid = external_ids[family] = self.groups.get(port.name, family, EXTERNAL)
                 ext_reject = self._reject_action if sel.external_action == REJECT else ()
@@ -470,7 +522,7 @@ class Proxier:
                         gid,
                         sel.external_endpoints,
                         ext_reject,
-                        node_port_frontends=sel.node_port_frontends,
+                        node_port_frontends=external_node_ports,
                         in_cluster_group=in_cluster_gid,
                         in_cluster_endpoints=in_cluster or (),
                         in_cluster_empty_actions=reject,
@@ -513,6 +565,8 @@ class Proxier:
     def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
         pairs that went away, and deletes of learned affinity flows that no longer apply."""
+        if new is not None and self.conntrack is not None and self.conntrack.pending:
+            self.conntrack.restored(_udp_pairs_back(old, new))
         if old is None:
             return
         old_port = old.state.port

@@ -11,6 +11,13 @@ Use as ``from ovsproxy.openflow import protocol as of``::
 Every value carries its canonical encoding (``value.wire``), computed once; values are
 frozen, hashable and compare by that encoding. ``decode`` and ``Parser`` read messages;
 ``to_text``/``format_flow``/``format_group`` print ``ovs-ofctl -O OpenFlow15`` syntax.
+
+Modules: ``fields`` (OXM fields, matches), ``actions`` (actions, instructions), one module per
+message family (``switch``: hello, error, echo, features, barrier, config; ``flows``;
+``groups``; ``packets``: packet-out and packet-in; ``bundles``; ``multipart``: dumps and
+stats; ``meters``; ``nicira`` and ``ct_flush``: Nicira extensions), ``message`` (the base and
+``encode``), ``decode`` (bytes to values), ``parser`` (the stream framer) and ``templates``
+(fast constructors for the shapes a full sync builds by the hundred thousand).
 """
 
 from .actions import (
@@ -39,6 +46,7 @@ from .actions import (
     SetField,
     format_actions,
 )
+from .bundles import BundleAdd, BundleCtrl, bundle_add, encode_bundle_add
 from .constants import (
     BUNDLE_ADD_HEADER_LEN,
     CT_DNAT,
@@ -89,54 +97,44 @@ from .constants import (
     MultipartType,
     PacketInReason,
 )
+from .decode import decode
 from .errors import MessageTooLarge, OpenFlowCodecError, OpenFlowDecodeError, OpenFlowEncodeError
 from .fields import FIELDS, Field, Match, Subfield, get_field
-from .messages import (
+from .flows import FlowMod, format_flow
+from .groups import (
+    Bucket,
+    GroupMod,
+    format_group,
+    group_mod_length,
+    group_mod_overhead,
+)
+from .message import Header, Message, encode, message_kind, to_text
+from .meters import MeterCommand, MeterFlags, MeterMod, meter_add
+from .multipart import (
+    FlowDesc,
+    FlowDescReply,
+    FlowDescRequest,
+    GroupDescReply,
+    GroupDescRequest,
+    GroupStats,
+    GroupStatsReply,
+    GroupStatsRequest,
+    MultipartReply,
+)
+from .nicira import MeteredController, SetPacketInFormat
+from .packets import PacketIn, PacketOut
+from .parser import Parser
+from .switch import (
     BarrierReply,
     BarrierRequest,
-    Bucket,
-    BundleAdd,
-    BundleCtrl,
     EchoReply,
     EchoRequest,
     Error,
     FeaturesReply,
     FeaturesRequest,
-    FlowDesc,
-    FlowDescReply,
-    FlowDescRequest,
-    FlowMod,
-    GroupDescReply,
-    GroupDescRequest,
-    GroupMod,
-    GroupStats,
-    GroupStatsReply,
-    GroupStatsRequest,
-    Header,
     Hello,
-    Message,
-    MultipartReply,
-    PacketIn,
-    PacketOut,
     SetConfig,
-    SetPacketInFormat,
-    bucket_length,
-    bundle_add,
-    decode,
-    decode_with_xid,
-    encode,
-    encode_bundle_add,
-    format_flow,
-    format_group,
-    group_mod_chunks,
-    group_mod_length,
-    group_mod_overhead,
-    message_kind,
-    parse_header,
-    split_group_mod,
-    to_text,
 )
-from .parser import Parser
 
 IN_PORT = OFPP_IN_PORT  # resubmit's default: keep the packet's in_port
 # Aliases matching the OpenFlow names.
@@ -149,7 +147,6 @@ __all__ = [
     "BarrierReply",
     "BarrierRequest",
     "Bucket",
-    "bucket_length",
     "bundle_add",
     "BUNDLE_ADD_HEADER_LEN",
     "BundleAdd",
@@ -169,7 +166,6 @@ __all__ = [
     "CT_TRK",
     "CTClear",
     "decode",
-    "decode_with_xid",
     "DecTTL",
     "EchoReply",
     "EchoRequest",
@@ -196,7 +192,6 @@ __all__ = [
     "get_field",
     "GotoTable",
     "Group",
-    "group_mod_chunks",
     "group_mod_length",
     "group_mod_overhead",
     "GroupAction",
@@ -228,6 +223,11 @@ __all__ = [
     "MAX_BUNDLED_MESSAGE_LEN",
     "Message",
     "message_kind",
+    "meter_add",
+    "MeterCommand",
+    "MeteredController",
+    "MeterFlags",
+    "MeterMod",
     "MessageTooLarge",
     "MsgType",
     "MultipartReply",
@@ -261,7 +261,6 @@ __all__ = [
     "PacketIn",
     "PacketInReason",
     "PacketOut",
-    "parse_header",
     "Parser",
     "RawAction",
     "RawInstruction",
@@ -269,7 +268,6 @@ __all__ = [
     "SetConfig",
     "SetField",
     "SetPacketInFormat",
-    "split_group_mod",
     "Subfield",
     "to_text",
 ]

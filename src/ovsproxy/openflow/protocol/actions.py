@@ -25,6 +25,7 @@ from .fields import (
     Subfield,
     decode_tlvs,
     field_by_nxm_header,
+    field_named,
     format_hex,
     format_ipv6,
     format_port,
@@ -145,7 +146,7 @@ class SetField(Action):
 
     @property
     def field(self) -> Field:
-        return _FIELDS[self[1]]
+        return field_named(self[1])
 
     def __new__(cls, field: str | Field, value: Any, mask: Any = None) -> SetField:
         f = _FIELDS.get(field) if type(field) is str else None
@@ -226,11 +227,11 @@ class CopyField(Action):
 
     @property
     def src(self) -> Field:
-        return _FIELDS[self[1]]
+        return field_named(self[1])
 
     @property
     def dst(self) -> Field:
-        return _FIELDS[self[2]]
+        return field_named(self[2])
 
     def to_text(self) -> str:
         src = Subfield(self[1], self[4], self[3])
@@ -533,6 +534,10 @@ class CT(Action):
             raise OpenFlowEncodeError("ct: exec actions require commit")
         if nat is not None and not isinstance(nat, NAT):
             raise OpenFlowEncodeError("ct: nat must be a NAT action")
+        if actions and _list_depth(actions) >= c.MAX_ACTION_DEPTH:
+            raise OpenFlowEncodeError(
+                f"ct: actions nested more than {c.MAX_ACTION_DEPTH} lists deep"
+            )
         flags = (_CT_COMMIT if commit else 0) | (_CT_FORCE if force else 0)
         if type(zone) is int or isinstance(zone, int):
             zone_src, zone_value = 0, zone
@@ -590,6 +595,16 @@ class CT(Action):
         if alg:
             parts.append({21: "alg=ftp", 69: "alg=tftp"}.get(alg, f"alg={alg}"))
         return f"ct({','.join(parts)})"
+
+
+def _list_depth(actions: tuple[Action, ...]) -> int:
+    """How many action lists deep ``actions`` is (1 without a nested ct). The recursion is
+    bounded: every nested ct was checked when it was built."""
+    depth = 1
+    for action in actions:
+        if type(action) is CT and action[6]:
+            depth = max(depth, 1 + _list_depth(action[6]))
+    return depth
 
 
 class CTClear(Action):
@@ -1122,8 +1137,11 @@ def format_instructions(instructions: Iterable[Instruction]) -> str:
 # -- decoding -----------------------------------------------------------------------------------
 
 
-def decode_actions(data: bytes, start: int, end: int) -> tuple[Action, ...]:
-    """Decodes the action list in ``data[start:end]``."""
+def decode_actions(data: bytes, start: int, end: int, depth: int = 1) -> tuple[Action, ...]:
+    """Decodes the action list in ``data[start:end]``; ``depth`` is how many lists deep it
+    is (a ct's exec actions are one deeper than the ct), bounded by ``MAX_ACTION_DEPTH``."""
+    if depth > c.MAX_ACTION_DEPTH and start < end:
+        raise OpenFlowDecodeError(f"actions nested more than {c.MAX_ACTION_DEPTH} lists deep")
     actions: list[Action] = []
     pos = start
     while pos < end:
@@ -1132,12 +1150,12 @@ def decode_actions(data: bytes, start: int, end: int) -> tuple[Action, ...]:
         atype, length = _HEADER.unpack_from(data, pos)
         if length < 8 or length % 8 or pos + length > end:
             raise OpenFlowDecodeError(f"bad action length {length} (type {atype})")
-        actions.append(_decode_action(data, pos, length, atype))
+        actions.append(_decode_action(data, pos, length, atype, depth))
         pos += length
     return tuple(actions)
 
 
-def _decode_action(data: bytes, pos: int, length: int, atype: int) -> Action:
+def _decode_action(data: bytes, pos: int, length: int, atype: int, depth: int) -> Action:
     raw = data[pos : pos + length]
     try:
         if atype == c.OFPAT_EXPERIMENTER:
@@ -1145,6 +1163,8 @@ def _decode_action(data: bytes, pos: int, length: int, atype: int) -> Action:
                 return RawAction(raw)
             vendor, subtype = struct.unpack_from("!IH", raw, 4)
             if vendor == c.NX_VENDOR_ID:
+                if subtype == c.NXAST_CT:
+                    return _dec_ct(raw, depth)
                 decoder = _NX_DECODERS.get(subtype)
                 if decoder is not None:
                     return decoder(raw)
@@ -1244,7 +1264,7 @@ def _dec_nat(raw: bytes) -> Action:
     )
 
 
-def _dec_ct(raw: bytes) -> Action:
+def _dec_ct(raw: bytes, depth: int) -> Action:
     _need(raw, 24, "ct")
     _, _, _, _, flags, zone_src, zone_value, table, alg = _CT.unpack_from(raw)
     if zone_src:
@@ -1252,7 +1272,7 @@ def _dec_ct(raw: bytes) -> Action:
         zone: int | Subfield = Subfield(field, zone_value >> 6, (zone_value & 0x3F) + 1)
     else:
         zone = zone_value
-    nested = list(decode_actions(raw, 24, len(raw)))
+    nested = list(decode_actions(raw, 24, len(raw), depth + 1))
     nat = nested.pop(0) if nested and isinstance(nested[0], NAT) else None
     return CT(
         commit=bool(flags & c.NX_CT_F_COMMIT),
@@ -1385,7 +1405,6 @@ _NX_DECODERS = {
     c.NXAST_RESUBMIT_TABLE: _dec_resubmit,
     c.NXAST_RESUBMIT_TABLE_CT: _dec_resubmit,
     c.NXAST_NAT: _dec_nat,
-    c.NXAST_CT: _dec_ct,
     c.NXAST_CT_CLEAR: _dec_ct_clear,
     c.NXAST_CONTROLLER: _dec_controller,
     c.NXAST_CONTROLLER2: _dec_controller2,

@@ -15,6 +15,9 @@ OFP_MAX_MESSAGE_LEN = 0xFFFF
 # goes into a bundle must leave room for it.
 BUNDLE_ADD_HEADER_LEN = 16
 MAX_BUNDLED_MESSAGE_LEN = OFP_MAX_MESSAGE_LEN - BUNDLE_ADD_HEADER_LEN
+# Action lists nest (ct's exec actions); at most this many lists deep, the top-level list
+# included. Open vSwitch's own bound on nested actions (MAX_OFPACT_PARSE_DEPTH).
+MAX_ACTION_DEPTH = 100
 
 VERSION_NAMES = {
     1: "OpenFlow10",

@@ -20,11 +20,9 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
-from typing import Any
 
 from . import constants as c
-from .errors import OpenFlowDecodeError
-from .messages import Message
+from .message import Message
 
 NXT_CT_FLUSH = 32
 NXT_CT_ORIG_TUPLE = 0
@@ -142,43 +140,3 @@ class CtFlush(Message):
             return f"{key}src={addr(src)},{key}dst={addr(dst)},ct_tp_src={sport},ct_tp_dst={dport}"
 
         return f" zone={self[1] or 0} '{tup(self[3])},ct_nw_proto={self[2]}' '{tup(self[4])}'"
-
-
-def _decode_tuple(data: bytes) -> Tuple:
-    values: list[Any] = [None, None, 0, 0]
-    pos = 0
-    while pos + 4 <= len(data):
-        ptype, length = _PROP.unpack_from(data, pos)
-        if length < 4 or pos + length > len(data):
-            raise OpenFlowDecodeError("bad ct_flush tuple property")
-        payload = data[pos + 4 : pos + length]
-        if ptype in (NXT_CT_TUPLE_SRC, NXT_CT_TUPLE_DST):
-            ip = ipaddress.IPv6Address(payload[:16])
-            mapped = ip.ipv4_mapped
-            values[ptype] = mapped if mapped is not None else ip
-        elif ptype in (NXT_CT_TUPLE_SRC_PORT, NXT_CT_TUPLE_DST_PORT):
-            values[ptype] = int.from_bytes(payload[:2], "big")
-        pos += (length + 7) // 8 * 8
-    return tuple(values)  # type: ignore[return-value]
-
-
-def decode_ct_flush(data: bytes) -> CtFlush:
-    """A whole NXT_CT_FLUSH message (header included) back into a value."""
-    if len(data) < 24 or _NX_MSG.unpack_from(data, 8) != (c.NX_VENDOR_ID, NXT_CT_FLUSH):
-        raise OpenFlowDecodeError("not an NXT_CT_FLUSH")
-    ip_proto = data[16]
-    values: dict[str, Any] = {"ip_proto": ip_proto}
-    pos = 24
-    while pos + 4 <= len(data):
-        ptype, length = _PROP.unpack_from(data, pos)
-        if length < 4 or pos + length > len(data):
-            raise OpenFlowDecodeError("bad ct_flush property")
-        payload = data[pos + 4 : pos + length]
-        if ptype == NXT_CT_ORIG_TUPLE:
-            values["orig"] = _decode_tuple(payload[4:])
-        elif ptype == NXT_CT_REPLY_TUPLE:
-            values["reply"] = _decode_tuple(payload[4:])
-        elif ptype == NXT_CT_ZONE_ID:
-            values["zone"] = int.from_bytes(payload[:2], "big")
-        pos += (length + 7) // 8 * 8
-    return CtFlush(**values)

@@ -16,8 +16,8 @@ class MessageTooLarge(OpenFlowEncodeError):
 
     OpenFlow messages are limited to 65,535 bytes (65,519 inside a bundle, whose
     BUNDLE_ADD header takes 16). Callers must split the content: for a select group,
-    ADD/MODIFY with the first buckets followed by INSERT_BUCKET messages (see
-    ``split_group_mod``).
+    ADD/MODIFY with the first buckets followed by INSERT_BUCKET messages (the datapath's
+    ``ovsproxy.datapath.groups.group_mod_chunks``).
     """
 
     def __init__(self, what: str, length: int, limit: int) -> None:

@@ -12,6 +12,7 @@ from a FLOW_DESC reply equals the flow we sent.
 from __future__ import annotations
 
 import ipaddress
+import re
 import struct
 from typing import Any
 
@@ -604,23 +605,29 @@ for _field, _eth, _proto in (
 
 
 def get_field(name: str | Field) -> Field:
-    """The field called ``name`` (our names, Open vSwitch names and aliases all work)."""
+    """The field called ``name`` (our names, Open vSwitch names and aliases all work, and the
+    ``oxm_CLASS_FIELD_BYTES`` names decoding gives fields we do not model)."""
     if isinstance(name, Field):
         return name
-    try:
-        return FIELDS[name]
-    except KeyError:
-        raise OpenFlowEncodeError(f"unknown field {name!r}") from None
+    field = FIELDS.get(name)
+    if field is None:
+        field = _unknown_field_named(name)
+        if field is None:
+            raise OpenFlowEncodeError(f"unknown field {name!r}")
+    return field
 
 
-def _unknown_field(header: int, header_bytes: bytes) -> Field:
-    """A stand-in for a field we do not model, so foreign flows still decode and re-encode."""
+def _unknown_field(header: int) -> Field:
+    """A stand-in for a field we do not model, so foreign flows still decode and re-encode.
+
+    Built afresh from the header every time and never registered: decoding must not grow
+    the field table, nor decode differently after it has seen some message. Values keep it
+    by its name, which gives the header back (``_unknown_field_named``).
+    """
     oxm_class, field_no = header >> 16, (header >> 9) & 0x7F
     n_bytes = header & 0xFF
     name = f"oxm_{oxm_class:04x}_{field_no}_{n_bytes}"
-    if name not in FIELDS and len(FIELDS) > 4096:
-        raise OpenFlowDecodeError("too many unknown OXM fields")
-    field = Field(
+    return Field(
         name,
         name,
         name.upper(),
@@ -631,27 +638,31 @@ def _unknown_field(header: int, header_bytes: bytes) -> Field:
         True,
         1000 + (oxm_class << 7) + field_no,  # after every known field, unique per header
     )
-    # Registered, so values can refer to it by name and the next decode finds it.
-    FIELDS.setdefault(name, field)
-    _BY_OXM_HEADER.setdefault(field.oxm_header, field)
-    return FIELDS[name]
+
+
+_UNKNOWN_NAME = re.compile(r"oxm_([0-9a-f]{4})_([0-9]{1,3})_([0-9]{1,3})")
+
+
+def _unknown_field_named(name: str) -> Field | None:
+    """The field an ``oxm_CLASS_FIELD_BYTES`` name stands for, or None for other names."""
+    parsed = _UNKNOWN_NAME.fullmatch(name)
+    if parsed is None:
+        return None
+    oxm_class, field_no, n_bytes = int(parsed[1], 16), int(parsed[2]), int(parsed[3])
+    if oxm_class == c.OFPXMC_EXPERIMENTER or field_no > 0x7F or not 0 < n_bytes <= 0xFF:
+        return None
+    header = _hdr(oxm_class, field_no, n_bytes)
+    known = _BY_OXM_HEADER.get(header)
+    return known if known is not None else _unknown_field(header)
+
+
+def field_named(name: str) -> Field:
+    """The field a value refers to by ``name`` (a known field, or one decoding made up)."""
+    field = FIELDS.get(name)
+    return field if field is not None else get_field(name)
 
 
 # -- OXM TLV encoding ------------------------------------------------------------------------
-
-_TLV_HEADERS: dict[tuple[int, bool], bytes] = {}
-
-
-def tlv_header(field: Field, masked: bool) -> bytes:
-    return field.hdr_masked if masked else field.hdr
-
-
-def encode_tlv(field: Field, value: int, mask: int | None) -> bytes:
-    n = field.n_bytes
-    if mask is None:
-        return tlv_header(field, False) + value.to_bytes(n, "big")
-    return tlv_header(field, True) + value.to_bytes(n, "big") + mask.to_bytes(n, "big")
-
 
 Entry = tuple[Field, int, "int | None"]
 
@@ -692,7 +703,7 @@ def decode_tlvs(data: bytes, start: int, end: int) -> list[Entry]:
         if field is None:
             if head_len == 8:
                 raise OpenFlowDecodeError("experimenter OXM fields are not supported")
-            field = _unknown_field(key, data[pos - length - 4 : pos - length])
+            field = _unknown_field(key)
         elif field.n_bytes != n_bytes:
             raise OpenFlowDecodeError(f"{field.name}: bad OXM length {length}")
         if mask is not None:
@@ -722,7 +733,7 @@ class Subfield(Value):
 
     @property
     def field(self) -> Field:
-        return FIELDS[self[1]]
+        return field_named(self[1])
 
     def __new__(cls, field: str | Field, offset: int = 0, n_bits: int | None = None) -> Subfield:
         f = get_field(field)
@@ -910,7 +921,7 @@ def _make_plan(names: tuple[str, ...]) -> tuple | bool:
     and the prerequisites folded into one check on the eth_type and ip_proto values.
     """
     fields = [FIELDS.get(name) for name in names]
-    if None in fields or len(_PLANS) > 4096:
+    if None in fields:
         return False
     seen = set()
     for field in fields:
@@ -1070,7 +1081,9 @@ class Match(Value):
         names = tuple(fields)
         plan = _PLANS.get(names)
         if plan is None:
-            plan = _PLANS[names] = _make_plan(names)
+            plan = _make_plan(names)
+            if len(_PLANS) < 4096:  # a few keyword sets in practice; never unbounded
+                _PLANS[names] = plan
         if plan:
             wire = _encode_with_plan(plan, tuple(fields.values()))
             if wire is not None:
@@ -1079,7 +1092,7 @@ class Match(Value):
         append = keyed.append
         get = FIELDS.get
         for name, raw in fields.items():
-            field = get(name)
+            field = get(name) or _unknown_field_named(name)
             if field is None:
                 raise OpenFlowEncodeError(f"unknown match field {name!r}")
             if raw is None:
@@ -1126,13 +1139,13 @@ class Match(Value):
 
     def get(self, name: str, default: Any = None) -> Any:
         """The value of a field: its natural form, or ``(value, mask)`` when masked."""
-        field = FIELDS.get(name)
+        field = FIELDS.get(name) or _unknown_field_named(name)
         if field is None:
             raise KeyError(name)
         if field.wide:
             return self._get_wide(field, default)
         for _, f, value, mask in self.items:
-            if f is field:
+            if f is field or (f.order >= 1000 and f.name == field.name):  # (made up: a copy)
                 py = field.python_value(value)
                 return py if mask is None else (py, field.python_value(mask))
         return default
@@ -1183,10 +1196,6 @@ class Match(Value):
     def to_text(self, priority: int | None = None) -> str:
         """``match_format``: the match as ``ovs-ofctl`` prints it (priority first)."""
         return format_match(self, priority)
-
-
-def _first(item: tuple) -> int:
-    return item[0]
 
 
 _EMPTY_MATCH = _build_match([])

@@ -4,7 +4,7 @@ A Service proxy builds the same few shapes over and over: per endpoint an Endpoi
 (match on the endpoint's address and port in registers, ``ct(commit, nat(dst=IP:PORT))``), a
 set_field of its address and a bucket; per frontend a ServiceLB flow (match on the address and
 port, ``group:G``). The generic constructors validate, canonicalise and encode every part of
-every value (13 us for one EndpointDNAT flow); here a shape is prepared once and each value
+every value (bench ``encode`` measures both paths); here a shape is prepared once and each value
 is then a few byte joins and ``tuple.__new__`` calls.
 
 How a template is made, so it cannot drift from the codec: it builds a *sample* value with the
@@ -30,8 +30,10 @@ from typing import Any
 
 from . import constants as c
 from .actions import CT, NAT, Action, ApplyActions, GroupAction, SetField
+from .errors import OpenFlowEncodeError
 from .fields import Match, get_field
-from .messages import Bucket, FlowMod, GroupMod, _selection_method_prop
+from .flows import FlowMod
+from .groups import Bucket, GroupMod, _selection_method_prop
 
 __all__ = [
     "EndpointDnatFlows",
@@ -525,6 +527,27 @@ _GROUP_MOD_HEAD = struct.Struct("!HBxIH2xI")
 _PROPERTY_COMMANDS = frozenset(
     {c.GroupModCommand.ADD, c.GroupModCommand.MODIFY, c.GroupModCommand.ADD_OR_MOD}
 )
+# (method, fields as given) -> (the property's bytes, the fields' canonical names); a few
+# selection methods in practice, so a small bounded cache.
+_SELECTION_PROPS: dict[tuple[str, tuple[str, ...]], tuple[bytes, tuple[str, ...]]] = {}
+
+
+def _selection_prop(method: str, fields: tuple[str, ...]) -> tuple[bytes, tuple[str, ...]] | None:
+    """The selection method property and the canonical field names, or None where the
+    generic constructor must decide (an unknown field, fields without "hash")."""
+    key = (method, fields)
+    found = _SELECTION_PROPS.get(key)
+    if found is None:
+        if fields and method != "hash":
+            return None
+        try:
+            resolved = tuple(get_field(f) for f in fields)
+        except (OpenFlowEncodeError, TypeError):  # the generic constructor raises it
+            return None
+        found = (_selection_method_prop(method, 0, resolved), tuple(f.name for f in resolved))
+        if len(_SELECTION_PROPS) < 64:
+            _SELECTION_PROPS[key] = found
+    return found
 
 
 def group_mod(
@@ -535,11 +558,14 @@ def group_mod(
     *,
     command_bucket_id: int | None = None,
     selection_method: str | None = None,
+    fields: Sequence[str] = (),
 ) -> GroupMod:
     """``GroupMod(command, group_id, group_type, buckets, command_bucket_id=...,
-    selection_method=...)`` (no selection method parameter or fields)."""
+    selection_method=..., fields=...)`` (no selection method parameter)."""
     if type(buckets) is not tuple:
         buckets = tuple(buckets)
+    if type(fields) is not tuple:
+        fields = tuple(fields)
     for b in buckets:
         if type(b) is not Bucket:
             break
@@ -552,10 +578,13 @@ def group_mod(
             )
         if selection_method == "":
             selection_method = None
+        names: tuple[str, ...] = ()
+        props: bytes | None
         if selection_method is None:
-            props = b""
+            props = None if fields else b""  # fields without a method: the generic error
         elif command in _PROPERTY_COMMANDS:
-            props = _selection_method_prop(selection_method, 0, ())
+            found = _selection_prop(selection_method, fields)
+            props, names = (None, ()) if found is None else found
         else:
             props = None  # refused: the generic constructor raises
         body = b"".join([b[0] for b in buckets])
@@ -582,7 +611,7 @@ def group_mod(
                     command_bucket_id,
                     selection_method,
                     0,
-                    (),
+                    names,
                 ),
             )
     return GroupMod(
@@ -592,6 +621,7 @@ def group_mod(
         buckets,
         command_bucket_id=command_bucket_id,
         selection_method=selection_method,
+        fields=fields,
     )
 
 
