@@ -210,7 +210,7 @@ def wait_node_port(lab: Lab, name: str, node_port: int, timeout: float = 30) -> 
 # un-DNAT). Upstream's checkNodePortServiceReachability does try every node from its exec pod.
 # Every NodePort test still checks all of it: other failures fail the test; this one alone
 # makes it xfail; when it is gone while this is True, the test fails so the flag gets cleared.
-POD_TO_OWN_NODE_GAP = True
+POD_TO_OWN_NODE_GAP = False
 GAP_REASON = "NodePort from a pod to its own node's IP times out (NodePort wiring, known gap)"
 
 
