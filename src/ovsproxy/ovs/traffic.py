@@ -4,8 +4,7 @@
 (so every request is a new conntrack entry and a new select-group choice) and prints one JSON
 object: counts per answering pod, failures by kind, and latencies. ``--duration`` sends
 continuously instead (for restart tests). ``udp HOST PORT`` does the same with datagrams, on one
-socket (one conntrack entry) unless ``--new-socket``; ``--source-port`` binds it to a fixed port,
-so that successive runs are one flow to conntrack (as ``nc -u -p PORT``).
+socket (one conntrack entry) unless ``--new-socket``.
 
 From Python, :func:`run_in_netns` runs it in a namespace and returns the parsed result.
 """
@@ -118,9 +117,6 @@ def udp_load(
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("", source_port))
             sock.settimeout(timeout)
-            if source_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", source_port))
             sock.connect((host, port))
         try:
             sock.send(b"ping")
