@@ -120,11 +120,21 @@ def dump(lab: Lab, node: str) -> str:
     return text
 
 
-def assert_not_programmed(lab: Lab, ip: str) -> None:
-    """No flow of any agent matches the address (a stale ServiceLB flow would)."""
-    for node in lab.nodes:
-        text = dump(lab, node)
-        assert f"={ip}," not in text and f"={ip} " not in text, (node, ip, text[:2000])
+def assert_not_programmed(lab: Lab, ip: str, timeout: float = 10) -> None:
+    """No flow of any agent matches the address (a stale ServiceLB flow would), within
+    ``timeout`` (/status drops a Service when the proxier does, the flows go with the commit
+    that follows)."""
+
+    def check() -> None:
+        for node in lab.nodes:
+            stale = [
+                line
+                for line in dump(lab, node).splitlines()
+                if f"={ip}," in line or f"={ip} " in line or line.endswith(f"={ip}")
+            ]
+            assert not stale, (node, ip, stale)
+
+    eventually(check, timeout)
 
 
 def assert_reaches(
