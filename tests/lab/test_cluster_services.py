@@ -88,15 +88,11 @@ def test_clusterip_udp_answers_from_every_node(
         assert set(out["counts"]) <= pods, (label, out["counts"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="UDP to a ClusterIP always reaches one endpoint (select groups hash without UDP "
-    "ports; issue 13, being fixed by helper c)",
-)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_clusterip_udp_spreads_over_every_endpoint(
     lab: Lab, everywhere: LabService, family: int
 ) -> None:
+    """Each datagram from its own socket (a new 5-tuple): every endpoint gets a share."""
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -254,6 +255,17 @@ def test_health_check_port_200_where_the_endpoint_is_503_elsewhere_and_moves(
     assert body["serviceProxyHealthy"] is True
     assert answers["node-2"]["headers"]["X-Load-Balancing-Endpoint-Weight"] == "1"
     assert answers["node-1"]["headers"]["X-Load-Balancing-Endpoint-Weight"] == "0"
+    # status, dump and metrics show the health-check port
+    checks = lab.agent_status("node-2")["node_ports"]["health_checks"]
+    assert {"service": "lab/lb-local", "port": 32100, "status": 200} in checks, checks
+    address = lab.nodes["node-2"].metrics_address
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
+        metrics = resp.read().decode()
+    assert "ovsproxy_health_check_servers 1.0" in metrics, metrics
+    with urllib.request.urlopen(f"http://{address}/dump", timeout=5) as resp:
+        dump = resp.read().decode()
+    assert "health-check lab/lb-local port 32100" in dump
+    assert "capture nodeports-v4 TCP 30090" in dump
     # The endpoint moves to node-3: the 200 moves with the sync that installs it.
     moved = lb_service(
         lab,

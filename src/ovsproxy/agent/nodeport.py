@@ -23,9 +23,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
+from ovsproxy.capture.table import load_binding
 from ovsproxy.config import AgentConfig
 from ovsproxy.healthcheck import ProxyHealth, ServiceHealthServers, desired_health_checks
 from ovsproxy.model import IPAddress, IPFamily, ServicePortName, ServiceState
+from ovsproxy.routes.backend import RouteBackendError
 from ovsproxy.routes.capture import CaptureRoutes
 
 log = logging.getLogger("ovsproxy.agent")
@@ -53,19 +55,20 @@ class NodeSide:
         self.last: SyncResult | None = None
         self.errors = 0  # failed capture syncs
         self.policy_routes: list[str] = []
+        self._routes_ok = False
 
     async def start(self) -> None:
+        try:
+            load_binding()  # fail at start-up, in one line, rather than in every sync
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc} (or run with --no-node-ports)") from None
         await self.routes.open()
         if not self.node_ips:
             self.node_ips = tuple(await self.routes.node_addresses())
             log.info("node IPs (from the node's devices): %s", _text(self.node_ips))
         if not self.node_ips:
             log.warning("no node IP found: NodePorts are not captured (give --node-ip)")
-        families = sorted({IPFamily.of(ip) for ip in self.node_ips}) or list(IPFamily)
-        changes = await self.routes.ensure(families)
-        for change in changes:
-            log.info("capture policy routing: %s", change)
-        self.policy_routes = await self.routes.installed()
+        await self._ensure_policy_routes()
         self.tracker.set_node_ips(self.node_ips, self.addresses)
         selected = self.addresses.select(self.node_ips)
         # kube-proxy: every address when nodePortAddresses is empty, else the selected IPs.
@@ -77,6 +80,19 @@ class NodeSide:
             "NodePorts on %s", _text(tuple(ip for ip in self.node_ips if ip in selected)) or "none"
         )
 
+    async def _ensure_policy_routes(self) -> None:
+        """The capture's rule and route per family; a missing gateway (the CNI has not made
+        it yet) is logged and retried after the next sync."""
+        families = sorted({IPFamily.of(ip) for ip in self.node_ips}) or list(IPFamily)
+        try:
+            for change in await self.routes.ensure(families):
+                log.info("capture policy routing: %s", change)
+            self.policy_routes = await self.routes.installed()
+            self._routes_ok = True
+        except RouteBackendError as exc:
+            log.warning("capture policy routing not in place yet: %s", exc)
+            self._routes_ok = False
+
     @property
     def node_port_ips(self) -> tuple[IPAddress, ...]:
         selected = self.addresses.select(self.node_ips)
@@ -86,6 +102,8 @@ class NodeSide:
         self, touched: Mapping[ServicePortName, ServiceState | None], full: bool
     ) -> None:
         """Follow one proxier commit (see the module docstring)."""
+        if not self._routes_ok:
+            await self._ensure_policy_routes()
         health_changed = False
         for name, state in touched.items():
             port = state.port if state is not None else None

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ovsproxy.lab.cluster import Lab, LabError, lab_down, lab_status, list_lab_records
-from ovsproxy.lab.manifests import write_service
+from ovsproxy.lab.manifests import endpoint_texts, write_service
 from ovsproxy.ovs.sandbox import SandboxError
 
 DEFAULT_NAME = "lab"
@@ -81,6 +81,12 @@ def up(nodes: int, zones: int, name: str, as_json: bool) -> None:
         cluster = Lab(nodes, zones=zones, name=name, persistent=True).up()
         service = cluster.web_service()
         write_service(cluster.manifests, service)
+        # Up means usable: every agent has programmed lab/web.
+        for port in service.ports:
+            cluster.wait_endpoints(
+                f"lab/web:{port.name}/{port.protocol}",
+                endpoint_texts(service.endpoints, port.target_port),
+            )
         status = cluster.status()
     except (LabError, SandboxError) as exc:
         raise click.ClickException(str(exc)) from exc
