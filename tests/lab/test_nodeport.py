@@ -292,8 +292,9 @@ def test_lb_ip_from_outside_and_in_cluster_short_circuit(
     lab: Lab, local_lb: LabService, family: int
 ) -> None:
     """The LB IP is routed via node-1, which has no local endpoint: eTP Local drops the
-    external client there; a pod on node-1 (in-cluster) is short-circuited to the Service's
-    cluster endpoints and reaches web-2."""
+    external client there; a pod on node-1 and node-1 itself (in-cluster) are short-circuited
+    to the Service's cluster endpoints and reach web-2, at the LB IP and at node-1's
+    NodePort."""
     lb = (LB_V4, LB_V6)[family]
     out = http(lab.external_netns, lb, 3, timeout=1)
     assert out["failed"] == 3, out
@@ -301,6 +302,9 @@ def test_lb_ip_from_outside_and_in_cluster_short_circuit(
     out = http(client_1, lb, REQUESTS)
     assert out["failed"] == 0 and out["counts"] == {"web-2": REQUESTS}, out
     out = http(client_1, node_ip(lab, "node-1", family), REQUESTS, port=30090)
+    assert out["failed"] == 0 and out["counts"] == {"web-2": REQUESTS}, out
+    # the node itself (its own IP as source) is in-cluster too
+    out = http(lab.nodes["node-1"].netns, node_ip(lab, "node-1", family), REQUESTS, port=30090)
     assert out["failed"] == 0 and out["counts"] == {"web-2": REQUESTS}, out
 
 

@@ -175,7 +175,7 @@ class NodeSide:
         return {
             "node_ips": [str(ip) for ip in self.node_ips],
             "node_port_ips": [str(ip) for ip in self.node_port_ips],
-            "node_port_addresses": list(self.config.node_port_addresses) or ["(all node IPs)"],
+            "node_port_addresses": list(self.config.node_port_addresses),  # empty: every node IP
             "table": "inet ovsproxy",
             "elements": self.element_count,
             "last_sync": None
