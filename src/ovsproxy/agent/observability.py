@@ -118,6 +118,19 @@ def register_metrics(
         lambda: {(): float(parts.node_side.errors)} if parts.node_side is not None else {},
     )
     health.connected = lambda: parts.channel is not None and parts.channel.connected
+    m.openflow_connected.set_function(lambda: float(health.connected()))
+    m.ovsdb_connected.set_function(lambda: float(parts.ovsdb is not None and parts.ovsdb.connected))
+
+    def registry_failures() -> Samples:
+        registry = getattr(parts.datapath, "registry", None)
+        return {(): float(getattr(registry, "failures", 0))}
+
+    m.add_counter(
+        "ovsproxy_ovsdb_registry_save_failures",
+        "Writes of the group-id registry to OVSDB that failed (each is retried).",
+        (),
+        registry_failures,
+    )
     m.not_pods.set_function(lambda: float(len(parts.pods.not_pods) if parts.pods else 0))
 
 
@@ -192,6 +205,7 @@ class StatusPages:
                 "connected": bool(channel and channel.connected),
                 "connections": channel.connections if channel else 0,
             },
+            "ovsdb": self._ovsdb_status(),
             "generation": dp.generation if dp else None,
             "groups": len(dp.installed_groups) if dp else 0,
             "flows": len(dp.installed_flows) if dp else 0,
@@ -212,6 +226,17 @@ class StatusPages:
                 for name, reason in (parts.proxier.refused.items() if parts.proxier else ())
             },
         }
+
+    def _ovsdb_status(self) -> dict[str, Any]:
+        parts = self.parts
+        out: dict[str, Any] = (
+            dict(parts.ovsdb_link.status(parts.ovsdb)) if parts.ovsdb_link is not None else {}
+        )
+        registry = getattr(parts.datapath, "registry", None)
+        status = getattr(registry, "status", None)
+        if status is not None:
+            out["group_ids"] = status()
+        return out
 
     def dump_text(self) -> str:
         dp = self.parts.datapath

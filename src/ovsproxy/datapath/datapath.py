@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.groups import GroupPlan, GroupSpec, InstalledGroup, delete_group, plan_group
+from ovsproxy.datapath.groups import (
+    GroupPlan,
+    GroupSpec,
+    InstalledGroup,
+    SelectionMethod,
+    delete_group,
+    plan_group,
+)
 from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
@@ -227,6 +234,8 @@ class GroupRegistry(Protocol):
 
 # A GROUP_STATS entry is 40 + 16 bytes per bucket, with a 16-bit length.
 STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16
+# GROUP_DESC entries overflow their 16-bit length above about 1,000 Service buckets.
+DESCRIBE_SAFE_BUCKETS = 1000
 
 
 class Datapath:
@@ -657,14 +666,52 @@ class Datapath:
             return await self._resync_locked()
 
     async def drifted(self) -> bool:
-        """Cheap drift check for the periodic full resync: does the switch still hold as many
-        flows of this generation as the cache says? (Groups are not listed: OpenFlow cannot
-        describe large ones; a lost group also loses the flows that use it.)"""
+        """Drift check for the periodic full resync: does the switch still hold as many flows
+        of this generation as the cache says, and our groups with their buckets? Groups are
+        read where the switch offers it (``group_stats``/``dump_groups``, the channel does):
+        ids and bucket counts from group statistics, and each bucket (id, weight, actions)
+        from the group descriptions when no group is too large for OpenFlow to describe
+        (GROUP_DESC over 64 KB); above the size statistics can carry, groups are not read."""
         cookie = (pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (
             self.generation << pl.COOKIE_GENERATION_SHIFT
         )
         cookies = await self.switch.flow_cookies(cookie, pl.COOKIE_APP_GENERATION_MASK)
-        return len(cookies) != len(self.installed_flows)
+        if len(cookies) != len(self.installed_flows):
+            return True
+        return await self._groups_drifted()
+
+    async def _groups_drifted(self) -> bool:
+        group_stats = getattr(self.switch, "group_stats", None)
+        dump_groups = getattr(self.switch, "dump_groups", None)
+        installed = self.installed_groups
+        if group_stats is None or dump_groups is None or self._unknown_groups:
+            return False
+        largest = max((g.endpoint_count for g in installed.values()), default=0)
+        if largest > STATS_SAFE_BUCKETS:
+            return False  # the statistics reply itself would overflow
+        counts = {s.group_id: s.n_buckets for s in await group_stats() if self._ours(s.group_id)}
+        if counts.keys() != installed.keys() or any(
+            counts[gid] != group.endpoint_count for gid, group in installed.items()
+        ):
+            return True
+        if largest > DESCRIBE_SAFE_BUCKETS:
+            return False
+        for group in await dump_groups(max_buckets=DESCRIBE_SAFE_BUCKETS):
+            have = installed.get(group.group_id)
+            if have is None:
+                continue
+            method = (
+                SelectionMethod(group.selection_method, tuple(f.name for f in group.fields))
+                if group.selection_method
+                else None
+            )
+            if method != have.selection_method:
+                return True
+            ids = have.ids
+            want = {(ids[k], spec.weight, spec.actions) for k, spec in have.buckets.items()}
+            if {(b.bucket_id, b.weight, b.actions) for b in group.buckets} != want:
+                return True
+        return False
 
     async def _group_ids_in_switch(self) -> set[int]:
         """Group ids the switch may hold that are ours (a superset is fine: deleting a missing

@@ -28,6 +28,8 @@ ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
+IPPROTO_TCP = 6
+TCP_RST, TCP_ACK = 0x004, 0x010  # tcp_flags bits
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -175,6 +177,28 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             ),
             (),
         )  # invalid: drop
+        # ...except an RST: the agent flushes its entry, the endpoint gets it (stale_reset)
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_INVALID_RST,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                # RST without ACK: how a TCP answers a segment no connection of its owns
+                # (RFC 9293 3.10.7.3), the stray ACK here; an abort of a live connection
+                # carries ACK and stays dropped when invalid.
+                tcp_flags=(TCP_RST, TCP_RST | TCP_ACK),
+            ),
+            _apply(
+                of.MeteredController(
+                    pl.INVALID_RST_MAX_LEN,
+                    userdata=pl.INVALID_RST_USERDATA,
+                    meter_id=pl.REJECT_METER_ID,
+                ),
+                of.Resubmit(t.forwarding),
+            ),
+        )
         # Established, related and reply packets skip Service selection.
         add(
             t.conntrack_state,

@@ -310,6 +310,24 @@ def format_flags_masked(value: int, mask: int, max_mask: int) -> str:
     return "".join(parts)
 
 
+TCP_FLAG_NAMES = ("fin", "syn", "rst", "psh", "ack", "urg", "ece", "cwr", "ns")
+TCP_FLAGS_MAX = 0x0FFF
+
+
+def format_tcp_flags_masked(value: int, mask: int | None) -> str:
+    """``format_flags_masked`` for tcp_flags: ``+rst``, ``+syn-ack`` (``ovs-ofctl``'s
+    ``packet_tcp_flag_to_string`` names; a full mask prints the flags joined by ``|``)."""
+    if mask is None or mask & TCP_FLAGS_MAX == TCP_FLAGS_MAX:
+        set_bits = [n for i, n in enumerate(TCP_FLAG_NAMES) if value & (1 << i)]
+        return "|".join(set_bits) if set_bits else "0"
+    parts = []
+    for i, name in enumerate(TCP_FLAG_NAMES):
+        bit = 1 << i
+        if mask & bit:
+            parts.append(("+" if value & bit else "-") + name)
+    return "".join(parts) if parts else "0/0"
+
+
 # -- the field table ----------------------------------------------------------------------
 
 
@@ -416,6 +434,10 @@ TCP_SRC = _define(
 )
 TCP_DST = _define(
     "tcp_dst", "tcp_dst", "NXM_OF_TCP_DST", 2, (_BASIC, 14), (_NXM0, 10), DEC, True, 42
+)
+# OpenFlow 1.5's OXM_OF_TCP_FLAGS (12 bits); Open vSwitch encodes it after the TCP ports.
+TCP_FLAGS = _define(
+    "tcp_flags", "tcp_flags", "NXM_NX_TCP_FLAGS", 2, (_BASIC, 42), (_NXM1, 34), HEX, True, 43
 )
 UDP_SRC = _define(
     "udp_src", "udp_src", "NXM_OF_UDP_SRC", 2, (_BASIC, 15), (_NXM0, 11), DEC, True, 44
@@ -1346,6 +1368,9 @@ def format_match(match: Match, priority: int | None = None) -> str:
         for proto in ("tcp", "udp", "sctp"):
             dec16("tp_src", f"{proto}_src")
             dec16("tp_dst", f"{proto}_dst")
+        item = values.get("tcp_flags")
+        if item is not None:
+            out.append(f"tcp_flags={format_tcp_flags_masked(item[0], item[1])}")
     for _, f, v, m in match.items:
         if f.order >= 1000:  # fields we do not model, printed raw
             out.append(f"{f.name}={format_hex(v)}" + ("" if m is None else f"/{format_hex(m)}"))
