@@ -21,7 +21,19 @@ from typing import Any
 import bench.scenarios as scenarios_pkg
 
 RESULTS = Path(__file__).parent / "results"
-ORDER = ["encode", "load", "full-sync", "incremental", "routes", "nodeport", "memory", "fuzz"]
+ORDER = [
+    "encode",
+    "load",
+    "full-sync",
+    "incremental",
+    "routes",
+    "nodeport",
+    "memory",
+    "fuzz",
+    "cold-start",
+    "churn",
+    "scale",
+]
 
 
 def available() -> dict[str, Any]:

@@ -219,6 +219,187 @@ def _memory(mem: dict[str, Any]) -> list[str]:
     ]
 
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+_PHASE_NAMES = {
+    "start_s": "interpreter start and imports",
+    "connect_s": "OVSDB, generation, metrics endpoint, OpenFlow handshake, informers started",
+    "list_s": "initial lists (wall), of which:",
+    "list_decode_s": "&nbsp;&nbsp;JSON decode of the list pages",
+    "list_parse_s": "&nbsp;&nbsp;YAML parse",
+    "list_convert_s": "&nbsp;&nbsp;convert (validate, model values)",
+    "list_track_s": "&nbsp;&nbsp;track (the change tracker's handlers)",
+    "list_http_and_informer_s": "&nbsp;&nbsp;HTTP, the informer, the event loop",
+    "list_read_and_deliver_s": "&nbsp;&nbsp;file reads, delivery, the event loop",
+    "wait_for_sync_s": "sources synced -> first sync starts",
+    "sync_s": "first full sync (wall), of which:",
+    "sync_track_s": "&nbsp;&nbsp;track (checkpoint + snapshot)",
+    "sync_proxier_s": "&nbsp;&nbsp;proxier (endpoint selection, group ids, status records)",
+    "sync_build_s": "&nbsp;&nbsp;build (groups and flows of every Service port)",
+    "sync_stage_s": "&nbsp;&nbsp;stage (the datapath's desired state)",
+    "sync_commit_s": "&nbsp;&nbsp;commit (plan, encode, stream the bundle, OVS's reply)",
+    "after_sync_s": "routes reconciled, healthy",
+    "total_s": "**total: spawn -> healthy**",
+    "gc_s": "cyclic GC inside all of the above",
+}
+
+
+def _cold_start(cs: dict[str, Any]) -> list[str]:
+    api, man = cs["phases_api"], cs["phases_manifests"]
+    rows = []
+    for key, label in _PHASE_NAMES.items():
+        a, m = api.get(key), man.get(key)
+        if a is None and m is None:
+            continue
+        rows.append(
+            f"| {label} | {'' if a is None else f'{a:.2f}'} | {'' if m is None else f'{m:.2f}'} |"
+        )
+    decoders = cs["decode_pages_s"]
+    e2e = cs["probe_ready_s_by_decoder"]
+    cpu = cs.get("probe_cpu_s_by_decoder", {})
+    used = cs.get("agent_decoder", "json")
+    return [
+        "### Cold start (`cold-start`)",
+        "",
+        f"{cs['services']:,} Services x {cs['endpoints_per_service']} endpoints"
+        f" ({cs['flows']:,} flows, {cs['groups']:,} groups) to the agent healthy with everything"
+        " committed to a fresh Open vSwitch: `ovsproxy run` started as a subprocess and timed"
+        ' from its spawn to its "first sync done" (every Service committed, routes'
+        " reconciled; /healthz then answers 200), reading the fake Kubernetes API over real"
+        f" HTTP ({cs['api_list_pages']} list pages of JSON as the API server sends them, 500"
+        f" objects a page, {cs['api_list_mb']} MB), or the same cluster as manifests"
+        f" ({cs['yaml_mb']} MB of YAML); against `ovs-ofctl --bundle` loading the same groups"
+        " and flows (same switch content: checked). Alternating rounds, medians.",
+        "",
+        "| from | ovsproxy | ovs-ofctl | ratio | goal | agent RSS |",
+        "|---|---|---|---|---|---|",
+        f"| Kubernetes API | **{_s(cs['from_api_s'])}** | {_s(cs['ofctl_s'])}"
+        f" | **{cs['ratio_api_vs_ofctl']:.2f}x** | <= {cs['goal_ratio_api_vs_ofctl']}x:"
+        f" {_met(cs['goal_met'])} | {cs['agent_rss_mb_api']} MB |",
+        f"| manifests | {_s(cs['from_manifests_s'])} | {_s(cs['ofctl_s'])}"
+        f" | {cs['ratio_manifests_vs_ofctl']:.2f}x | | {cs['agent_rss_mb_manifests']} MB |",
+        "",
+        "Where the time goes (the same agent with timers around the functions that own each"
+        " phase, `bench/agent_probe.py`; one run each, seconds):",
+        "",
+        "| phase | from the API | from manifests |",
+        "|---|---|---|",
+        *rows,
+        "",
+        *_cold_memory(cs),
+        "JSON decoders for the API's list pages, on the very pages served (best of 3): "
+        + ", ".join(f"`{k}` {_s(v)}" for k, v in decoders.items())
+        + f"; end to end (the probe, spawn -> healthy, median of {cs['probe_rounds']}): "
+        + ", ".join(
+            f"`{k}` {_s(v)}" + (f" ({_s(cpu[k])} of CPU)" if k in cpu else "")
+            for k, v in e2e.items()
+        )
+        + f". The agent decodes with `{used}`"
+        + (
+            " (the least CPU time end to end in this run)."
+            if cs.get("agent_decoder_wins")
+            else "; **in this run another decoder took less CPU time end to end**."
+        ),
+        "",
+    ]
+
+
+def _cold_memory(cs: dict[str, Any]) -> list[str]:
+    api, man = cs.get("memory_api_mb"), cs.get("memory_manifests_mb")
+    if not api or not man:
+        return []
+
+    def parts(m: dict[str, float], what: str) -> str:
+        return (
+            f"{m['total_mb']} MB: interpreter and imports {m['imports_mb']} MB, {what} and the"
+            f" tracker's model values {m['sources_and_model_mb']} MB, the first sync (desired"
+            f" and installed datapath state, the proxier's records) {m['first_sync_mb']} MB"
+        )
+
+    return [
+        "Where the memory goes (the probe's RSS when healthy): from the API "
+        + parts(api, "the informers' stores (the objects as listed)")
+        + "; from manifests "
+        + parts(man, "the manifest source's objects")
+        + ".",
+        "",
+    ]
+
+
+def _churn(ch: dict[str, Any]) -> list[str]:
+    rows = []
+    for w in ch["windows"].values():
+        goal = ""
+        if "goal_p99_met" in w:
+            goal = (
+                f"p99 <= {w['goal_p99_ms']:g} ms: {_met(w['goal_p99_met'])};"
+                f" CPU <= {w['goal_cpu_percent']:g}%: {_met(w['goal_cpu_met'])}"
+            )
+        rows.append(
+            f"| {w['rate_per_s']:,.0f}/s | {w['min_sync_interval_s']:g} s | {w['p50_ms']:.1f}"
+            f" / {w['p99_ms']:.1f} / {w['max_ms']:.1f} | {w['syncs_per_s']:g}"
+            f" | {w['messages_per_s']:,.0f} | {w['bytes_per_s'] / 1e3:,.1f} kB"
+            f" | {w['agent_cpu_percent']:.0f}% | {goal} |"
+        )
+    return [
+        "### Endpoint churn (`churn`)",
+        "",
+        f"{ch['services']:,} Services x {ch['endpoints_per_service']} endpoints installed"
+        " from the fake API, then a steady stream of EndpointSlice updates through its watch"
+        " (one endpoint change each, on a Service picked at random: a pod goes, or a new pod"
+        f" comes), {ch['seconds_per_window']:g} s a window. Latency: from the update's send"
+        " to the reply to the commit of the sync that consumed it. CPU: the agent's, all its"
+        f" threads, as a share of one core (idle: {ch['idle_cpu_percent']:.1f}%).",
+        "",
+        "| changes | min-sync-interval | p50 / p99 / max ms | syncs/s | OpenFlow msgs/s"
+        " | bytes/s | agent CPU | goal |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def _scale(sc: dict[str, Any], plot: str) -> list[str]:
+    rows = [
+        f"| {r['services']:,} | {r['flows']:,} | {_s(r['cold_start_s'])}"
+        f" | {_s(r['cold_start_cpu_s'])} | {_s(r['ofctl_s'])} | {r['ratio_vs_ofctl']:.2f}x"
+        f" | {r['rss_mb']} MB | {r['peak_rss_mb']} MB |"
+        for r in sc["sizes"]
+    ]
+    steps = [
+        f"{t['from']:,} -> {t['to']:,}: {t['per_service']} ms of CPU and {m['per_service']} kB"
+        f" per added Service ({t['vs_first_step']}x and {m['vs_first_step']}x the first step's)"
+        for t, m in zip(sc["cold_start_cpu_growth"], sc["rss_growth"], strict=True)
+    ]
+    own = ""
+    if sc.get("from_file"):
+        own = (
+            f" From `results/{sc['from_file']}` (its own run, commit `{str(sc['commit'])[:12]}`"
+            f"{'' if sc.get('clean') else ', tree not clean'}): in the `all` run the scenario"
+            f" failed ({sc.get('all_failed_with', 'error')})."
+        )
+    return [
+        "### Scale (`scale`)",
+        "",
+        "Cold start from the API (as above, one run a size) and the agent's memory as the"
+        " cluster grows (10 endpoints a Service)." + own,
+        "",
+        f"![cold start and RSS by cluster size](results/{Path(plot).name})",
+        "",
+        "| Services | flows | cold start | agent CPU | ovs-ofctl | ratio | RSS | peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "Marginal cost: "
+        + "; ".join(steps)
+        + ". "
+        + " ".join(note[0].upper() + note[1:] + "." for note in sc["not_linear"]),
+        "",
+    ]
+
+
 def _others(report: dict[str, Any]) -> list[str]:
     out = ["### The other scenarios", ""]
     enc = report.get("encode")
@@ -276,7 +457,9 @@ def _provenance(report: dict[str, Any]) -> str:
     commit = report.get("commit")
     if not commit:
         return ""
-    clean = {True: "clean tree", False: "with uncommitted changes"}.get(report.get("tree_clean"))
+    # ("clean": the key of result files written before "tree_clean")
+    tree_clean = report.get("tree_clean", report.get("clean"))
+    clean = {True: "clean tree", False: "with uncommitted changes"}.get(tree_clean)
     return f", commit `{commit[:12]}`" + (f" ({clean})" if clean else "")
 
 
@@ -286,6 +469,10 @@ def _wall(report: dict[str, Any]) -> float:
 
 def _minutes(report: dict[str, Any]) -> str:
     return f"{_wall(report) / 60:.1f} min here"
+
+
+def _ok(report: dict[str, Any], name: str) -> bool:
+    return name in report and "error" not in report[name]
 
 
 def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | None) -> str:
@@ -307,7 +494,8 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         "",
         "Root is needed for the private OVS sandbox and the network namespaces. Each run writes"
         " `bench/results/<date>-<scenario>[-quick].json` and `.md`, `all` also"
-        " `<date>-all[-quick].json`, and `incremental` the plot.",
+        " `<date>-all[-quick].json`, and `incremental` and `scale` their plots. Every result"
+        " file records the commit it measured and whether the tree was clean.",
         "",
         f"Figures below: `{source}`{' (quick sizes)' if quick else ''}, on {report['date']}"
         f"{_provenance(report)}: {_machine(report['machine'])}.",
@@ -316,6 +504,9 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *_where(fs, report.get("encode")),
         *_incremental(inc, inc["plot"]),
         *_memory(mem),
+        *(_cold_start(report["cold-start"]) if _ok(report, "cold-start") else []),
+        *(_churn(report["churn"]) if _ok(report, "churn") else []),
+        *(_scale(report["scale"], report["scale"]["plot"]) if _ok(report, "scale") else []),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"
@@ -341,8 +532,26 @@ def section_of(document: str) -> str:
     return document.partition(BEGIN)[2].partition(END)[0].strip()
 
 
+def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
+    """Where the ``all`` run's scenario failed, its own later result file of the same date
+    (``<date>-<name>.json``, with its own commit), if there is one."""
+    if name not in report or "error" not in report[name]:
+        return
+    own = result.with_name(f"{report['date']}-{name}.json")
+    if not own.exists():
+        return
+    payload = json.loads(own.read_text())
+    if "error" in payload.get(name, {"error": ""}):
+        return
+    failed = str(report[name]["error"]).split(":", 1)[0]
+    report[name] = {**payload[name], "from_file": own.name, "commit": payload.get("commit")}
+    report[name]["all_failed_with"] = failed
+    report[name]["clean"] = payload.get("tree_clean", payload.get("clean"))
+
+
 def render_files(result: Path, quick: Path | None = None) -> str:
     report = json.loads(result.read_text())
+    _own_result(report, result, "scale")
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:

@@ -23,6 +23,18 @@ from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
+# kube-proxy's buckets (pkg/proxy/metrics): sync durations 1 ms doubling to 16 s; network
+# programming 0, 0.25 s, 0.5 s, every second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
+KUBE_PROXY_SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+KUBE_PROXY_PROGRAMMING_BUCKETS = (
+    0.0,
+    0.25,
+    0.5,
+    *(float(s) for s in range(1, 60)),
+    *(float(s) for s in range(60, 120, 5)),
+    *(float(s) for s in range(120, 301, 30)),
+)
+
 # (metric name, help, label names, reader returning {label values tuple: value})
 CounterSource = tuple[str, str, tuple[str, ...], Callable[[], Mapping[tuple[str, ...], float]]]
 
@@ -106,6 +118,32 @@ class Metrics:
             "ovsproxy_last_sync_success_timestamp_seconds",
             "Unix time of the last successful sync.",
             registry=r,
+        )
+        self.not_pods = Gauge(
+            "ovsproxy_bridge_interfaces_not_pods",
+            "Interfaces on the bridge not read as pods (no external_ids:ip or attached-mac, "
+            "or a bad ip): they get no flows. The gateway is not counted.",
+            registry=r,
+        )
+        # kube-proxy's names (its kubeproxy_ prefix made ours), its buckets and semantics,
+        # for the dashboards and alerts operators already have.
+        self.sync_proxy_rules_duration = Histogram(
+            "ovsproxy_sync_proxy_rules_duration_seconds",
+            "Time of one sync, successful or not (kube-proxy's sync_proxy_rules_duration).",
+            registry=r,
+            buckets=KUBE_PROXY_SYNC_BUCKETS,
+        )
+        self.sync_proxy_rules_last_timestamp = Gauge(
+            "ovsproxy_sync_proxy_rules_last_timestamp_seconds",
+            "Unix time of the last successful sync.",
+            registry=r,
+        )
+        self.network_programming = Histogram(
+            "ovsproxy_network_programming_duration_seconds",
+            "From an EndpointSlice change's trigger time (the slice's "
+            "endpoints.kubernetes.io/last-change-trigger-time) to the commit carrying it.",
+            registry=r,
+            buckets=KUBE_PROXY_PROGRAMMING_BUCKETS,
         )
         self.dicts = DictCollector()
         r.register(self.dicts)

@@ -386,7 +386,8 @@ class FakeKubeApi:
         if end < len(items):
             self._snapshots[snapshot_id] = (snapshot_rv, items)
             metadata["continue"] = f"{snapshot_id}:{end}"
-            metadata["remainingItemCount"] = len(items) - end
+            if not selector:  # the API server counts only unfiltered lists
+                metadata["remainingItemCount"] = len(items) - end
         kind, _ = RESOURCES[(*_BY_PLURAL[plural], plural)]
         group, version = _BY_PLURAL[plural]
         body = {

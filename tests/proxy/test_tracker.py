@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -353,3 +355,45 @@ def test_cluster_ips_version_moves_only_when_an_address_comes_or_goes() -> None:
     assert tracker.cluster_ips_version == added
     tracker.on_service_delete("ns", "a")
     assert tracker.cluster_ips_version != added and tracker.cluster_ips() == frozenset()
+
+
+# --- trigger times (network programming latency, kube-proxy's semantics) ------------------
+
+
+def _triggered(endpoint_slice: EndpointSlice, at: float) -> EndpointSlice:
+    return dataclasses.replace(endpoint_slice, trigger_time=at)
+
+
+def test_trigger_times_of_changes_are_handed_out_once() -> None:
+    tracker = ChangeTracker()
+    now = time.time()
+    tracker.on_service_add(svc("a"))
+    tracker.on_endpoint_slice_add(_triggered(eps("a", "a-1", "10.0.0.1"), now + 1))
+    tracker.on_endpoint_slice_update(_triggered(eps("a", "a-1", "10.0.0.2"), now + 2))
+    tracker.on_endpoint_slice_add(_triggered(eps("b", "b-1", "10.0.0.3"), now + 3))
+    tracker.checkpoint()
+    assert sorted(tracker.take_trigger_times()) == [now + 1, now + 2, now + 3]
+    assert tracker.take_trigger_times() == []
+
+
+def test_trigger_times_not_recorded_for_no_change_or_times_before_the_tracker() -> None:
+    before = time.time() - 60
+    tracker = ChangeTracker()
+    now = time.time()
+    # From before the tracker existed (an initial list of old slices): not a latency of ours.
+    tracker.on_endpoint_slice_add(_triggered(eps("a", "a-1", "10.0.0.1"), before))
+    assert tracker.take_trigger_times() == []
+    # Only the annotation moved: nothing to program, nothing to measure (kube-proxy alike).
+    tracker.on_endpoint_slice_update(_triggered(eps("a", "a-1", "10.0.0.1"), now + 1))
+    assert tracker.take_trigger_times() == []
+    assert tracker.stats.events["EndpointSlice/update"] == 1  # still counted as a change seen
+
+
+def test_slice_delete_drops_the_services_pending_trigger_times() -> None:
+    tracker = ChangeTracker()
+    now = time.time()
+    tracker.on_endpoint_slice_add(_triggered(eps("a", "a-1", "10.0.0.1"), now + 1))
+    tracker.on_endpoint_slice_add(_triggered(eps("b", "b-1", "10.0.0.2"), now + 2))
+    # A deleted slice's annotation dates from its last update, not from the deletion.
+    tracker.on_endpoint_slice_delete("ns", "a-1")
+    assert tracker.take_trigger_times() == [now + 2]

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import ipaddress
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ovsproxy.model import Protocol, ServiceType, TrafficPolicy
 from ovsproxy.model.problems import InvalidObjectError, render_path
 from ovsproxy.sources.convert import (
+    TRIGGER_TIME_ANNOTATION,
     convert_endpoint_slice,
     convert_service,
     parse_ip,
+    parse_trigger_time,
     service_ignored_reason,
 )
 
@@ -452,3 +456,98 @@ def test_garbage_slice_fields_never_crash(garbage) -> None:
 def test_parse_ip_accepts_canonical_addresses(text: str) -> None:
     assert parse_ip(text) == ipaddress.ip_address(text)
     assert parse_ip(f" {text}") is None
+
+
+def _annotated(value: object) -> dict[str, Any]:
+    obj = endpoint_slice()
+    obj["metadata"]["annotations"] = {TRIGGER_TIME_ANNOTATION: value}
+    return obj
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("2024-05-01T10:00:00Z", 1714557600.0),
+        ("2024-05-01T10:00:00.25Z", 1714557600.25),
+        ("2024-05-01T10:00:00.123456789Z", 1714557600.123456),  # Go's RFC3339Nano
+        ("2024-05-01T12:00:00+02:00", 1714557600.0),
+    ],
+)
+def test_trigger_time_annotation_is_converted(text: str, expected: float) -> None:
+    converted = convert_endpoint_slice(_annotated(text))
+    assert converted.trigger_time == pytest.approx(expected, abs=1e-6)
+    assert parse_trigger_time(text) == converted.trigger_time
+
+
+def test_trigger_time_read_by_yaml_as_a_timestamp_is_taken() -> None:
+    # An unquoted time in a manifest: YAML makes it a datetime.
+    [obj] = yaml.safe_load_all("metadata: {annotations: {a: 2024-05-01T10:00:00.5Z}}")
+    value = obj["metadata"]["annotations"]["a"]
+    assert isinstance(value, datetime.datetime)
+    converted = convert_endpoint_slice(_annotated(value))
+    assert converted.trigger_time == 1714557600.5
+    assert parse_trigger_time(datetime.datetime(2024, 5, 1, 10)) is None  # no offset: unknown
+
+
+@pytest.mark.parametrize(
+    "value", ["2024-05-01 10:00:00Z", "2024-05-01T10:00:00", "2024-13-01T10:00:00Z", "", 17, None]
+)
+def test_malformed_trigger_time_is_ignored_with_a_warning_the_slice_is_used(
+    value: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    converted = convert_endpoint_slice(_annotated(value))
+    assert converted.trigger_time is None
+    assert converted.ports  # the slice's endpoints are used all the same
+    assert f"EndpointSlice demo/web-1: annotation {TRIGGER_TIME_ANNOTATION}" in caplog.text
+
+
+def test_trigger_time_is_left_out_of_comparisons() -> None:
+    plain = convert_endpoint_slice(endpoint_slice())
+    annotated = convert_endpoint_slice(_annotated("2024-05-01T10:00:00Z"))
+    assert plain.trigger_time is None and annotated.trigger_time is not None
+    assert plain == annotated  # only the annotation differs: nothing to program
+
+
+def _reference_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    if text != text.strip() or "%" in text:
+        return None
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+@given(
+    st.one_of(
+        st.text(alphabet="0123456789.", max_size=20),
+        st.text(max_size=16),
+        st.lists(st.integers(0, 300), min_size=1, max_size=5).map(
+            lambda octets: ".".join(map(str, octets))
+        ),
+        st.lists(
+            st.text(alphabet="0123456789", min_size=1, max_size=4), min_size=4, max_size=4
+        ).map(".".join),
+    )
+)
+def test_parse_ip_rejects_what_ipaddress_rejects(text: str) -> None:
+    """The IPv4 fast path (inet_pton) accepts and rejects exactly what ipaddress does."""
+    assert parse_ip(text) == _reference_ip(text)
+
+
+def test_parse_ip_edge_cases() -> None:
+    for text in (
+        "010.0.0.1",
+        "1.2.3",
+        "1.2.3.4.5",
+        "256.1.1.1",
+        "1.2.3.4\x00",
+        "\uff11.\uff12.\uff13.\uff14",  # fullwidth digits
+        "0x1.2.3.4",
+        "1.2.3.4 ",
+        "",
+        "1..2.3",
+        "+1.2.3.4",
+    ):
+        assert parse_ip(text) is None, text
+    assert parse_ip("0.0.0.0") == ipaddress.ip_address("0.0.0.0")
+    assert parse_ip("255.255.255.255") == ipaddress.ip_address("255.255.255.255")

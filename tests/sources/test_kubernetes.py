@@ -295,3 +295,43 @@ def test_backoff_is_capped_exponential_with_jitter(attempt: int, rand: float) ->
     delay = backoff.delay(attempt, rand)
     assert base * 0.5 <= delay <= base <= 30.0
     assert backoff.delay(attempt + 1, rand) >= delay
+
+
+MANAGED = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+
+
+async def test_the_store_keeps_objects_without_managed_fields(api, tmp_path) -> None:
+    for i in (1, 2):
+        obj = service(i)
+        obj["metadata"]["managedFields"] = MANAGED
+        api.apply("services", obj)
+    tracker, source = await started(api, tmp_path)
+    try:
+        await until(lambda: api.open_watches == 2)
+        changed = service(3)
+        changed["metadata"]["managedFields"] = MANAGED
+        api.apply("services", changed)  # through the watch
+        informer = source.services
+        await until(lambda: len(informer.store) == 3)
+        assert all("managedFields" not in o["metadata"] for o in informer.store.values())
+        assert all(o["metadata"]["resourceVersion"] for o in informer.store.values())
+        assert service_names(tracker) == {"svc-1", "svc-2", "svc-3"}
+    finally:
+        await source.stop()
+
+
+async def test_a_big_list_is_frozen_out_of_the_collectors_sight(api, tmp_path, monkeypatch) -> None:
+    import gc
+
+    from ovsproxy.sources import kubernetes
+
+    monkeypatch.setattr(kubernetes, "FREEZE_AFTER_LIST", 5)
+    populate(api, 6)
+    frozen = gc.get_freeze_count()
+    _tracker, source = await started(api, tmp_path)
+    try:
+        assert gc.get_freeze_count() > frozen
+        assert gc.isenabled()  # the list's pause is over
+    finally:
+        await source.stop()
+        gc.unfreeze()

@@ -36,10 +36,13 @@ from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPFamily
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.connection import Channel, describe_connect_error
 from ovsproxy.ovs.ovsdb import OVSDB
 from ovsproxy.proxy.runner import SyncRunner
 
 log = logging.getLogger("ovsproxy.agent")
+
+SWITCH_WAIT_LOG_EVERY = 30.0  # seconds between "still waiting for the switch" lines
 
 
 class Agent:
@@ -58,7 +61,7 @@ class Agent:
         self.health.progress = self._progress
         self.health.node_eligible = lambda: self.proxy_health.node_eligible
         self.metrics = Metrics()
-        self.pods = PodWatcher(config.bridge)
+        self.pods = self.parts.pods = PodWatcher(config.bridge, config.gateway)
         self.pages = StatusPages(self.parts, self.metrics, self.health)
         self.syncer = Syncer(
             self.parts, self.metrics, self.health, self._first_sync, self.proxy_health
@@ -101,7 +104,8 @@ class Agent:
 
             parts.tracker.set_notify(changed)
             await parts.channel.start(wait=False)
-            await parts.channel.wait_ready(timeout=30)
+            if not await wait_for_switch(parts.channel, stop):
+                return  # stopped while waiting
             if cfg.mode == pl.Mode.STANDALONE:
                 await self.pods.read(parts.ovsdb)
                 poll = self.pods.poll(parts.ovsdb, parts.runner.request)
@@ -159,6 +163,50 @@ class Agent:
     def _first_sync(self) -> None:
         if self.parts.sandbox is not None and self.pages.http is not None:
             embedded.log_banner(self.parts, self.pages.http.port)
+
+
+async def wait_for_switch(
+    channel: Channel, stop: asyncio.Event, log_every: float = SWITCH_WAIT_LOG_EVERY
+) -> bool:
+    """Wait, for as long as it takes, until the OpenFlow channel is connected (True) or
+    ``stop`` is set (False). The switch may start after the agent (a node booting, an OVS
+    upgrade): the channel retries with capped backoff and logs why each attempt fails; this
+    says what start-up waits for. /healthz answers 503 meanwhile (not connected, no sync).
+    A bridge that refuses OpenFlow 1.5 raises: that needs the operator, not time."""
+    if channel.connected:
+        return True
+    log.info(
+        "waiting for the switch at %s before the first sync (/healthz answers 503 until then)",
+        channel.endpoint,
+    )
+    started = asyncio.get_running_loop().time()
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            ready = asyncio.ensure_future(channel.wait_ready())
+            done, _ = await asyncio.wait(
+                {ready, stopping}, timeout=log_every, return_when=asyncio.FIRST_COMPLETED
+            )
+            if ready in done:
+                ready.result()  # raises VersionMismatch
+                waited = asyncio.get_running_loop().time() - started
+                log.info("the switch at %s is up after %.1fs", channel.endpoint, waited)
+                return True
+            ready.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ready
+            if stopping in done:
+                return False
+            last = channel.last_error
+            log.warning(
+                "still waiting for the switch at %s after %.0fs (%d attempts%s)",
+                channel.endpoint,
+                asyncio.get_running_loop().time() - started,
+                channel.failed_attempts,
+                f", last: {describe_connect_error(channel.endpoint, last)}" if last else "",
+            )
+    finally:
+        stopping.cancel()
 
 
 async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: StatusPages) -> None:

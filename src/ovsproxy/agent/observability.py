@@ -81,6 +81,24 @@ def register_metrics(
         ("event",),
         lambda: {(k,): float(v) for k, v in stats.events.items()},
     )
+
+    def changes_of(kind: str) -> Callable[[], Samples]:
+        """kube-proxy's change totals: every add, update and delete of that kind seen."""
+        prefix = kind + "/"
+        return lambda: {(): float(sum(v for k, v in stats.events.items() if k.startswith(prefix)))}
+
+    m.add_counter(
+        "ovsproxy_sync_proxy_rules_endpoint_changes",
+        "EndpointSlice adds, updates and deletes seen (kube-proxy's endpoint_changes_total).",
+        (),
+        changes_of("EndpointSlice"),
+    )
+    m.add_counter(
+        "ovsproxy_sync_proxy_rules_service_changes",
+        "Service adds, updates and deletes seen (kube-proxy's service_changes_total).",
+        (),
+        changes_of("Service"),
+    )
     m.add_counter(
         "ovsproxy_source_invalid_objects",
         "Objects rejected by validation.",
@@ -100,6 +118,7 @@ def register_metrics(
         lambda: {(): float(parts.node_side.errors)} if parts.node_side is not None else {},
     )
     health.connected = lambda: parts.channel is not None and parts.channel.connected
+    m.not_pods.set_function(lambda: float(len(parts.pods.not_pods) if parts.pods else 0))
 
 
 class StatusPages:
@@ -182,6 +201,11 @@ class StatusPages:
             "node_ports": parts.node_side.status() if parts.node_side is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            # Interfaces on the bridge that get no flows, and why (standalone mode)
+            "not_pods": [
+                {"interface": name, "reason": reason}
+                for name, reason in sorted(parts.pods.not_pods.items() if parts.pods else ())
+            ],
             # Service ports the switch refused: they keep their last good state
             "refused": {
                 str(name): reason

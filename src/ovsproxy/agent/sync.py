@@ -54,7 +54,7 @@ class Syncer:
             if full and datapath.commits and await datapath.drifted():
                 log.warning("switch lost flows or groups behind our back: rewriting all")
                 await datapath.resync_switch()
-            await proxier.sync(full)
+            result = await proxier.sync(full)
         except Exception as exc:
             # An OVS error, raised as is or as the cause of a datapath error: count its name.
             error = exc if isinstance(exc, OpenFlowError) else exc.__cause__
@@ -63,8 +63,13 @@ class Syncer:
             self.metrics.syncs.labels("error").inc()
             self.health.sync_result(False, str(exc))
             raise
+        finally:
+            if parts.tracker.synced:  # (kube-proxy times failed syncs too)
+                self.metrics.sync_proxy_rules_duration.observe(time.perf_counter() - started)
         if not parts.tracker.synced:
             return
+        for latency in result.programming_latencies:
+            self.metrics.network_programming.observe(latency)
         if parts.routes is not None and not self._routes_reconciled:
             # Start-up: converge the node's routes once, from the complete ClusterIP list,
             # before we call ourselves healthy.
@@ -74,7 +79,9 @@ class Syncer:
         m = self.metrics
         m.sync_duration.labels("full" if full else "partial").observe(time.perf_counter() - started)
         m.syncs.labels("ok").inc()
-        m.last_sync_success.set(time.time())
+        now = time.time()
+        m.last_sync_success.set(now)
+        m.sync_proxy_rules_last_timestamp.set(now)
         self.health.sync_result(True)
         if self.proxy_health is not None:
             for family in IPFamily:

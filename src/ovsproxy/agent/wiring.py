@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ovsproxy.agent.nodeport import NodeSide
+    from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.model.node import PodPort
     from ovsproxy.ovs.sandbox import Sandbox
@@ -60,6 +61,7 @@ class Components:
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
     node_side: NodeSide | None = None  # NodePort/external capture and health checks
+    pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
 
 
 # -- the source -------------------------------------------------------------------------------

@@ -143,6 +143,10 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         console.print("[bold red]refused by Open vSwitch (last good state kept)[/]")
         for name, reason in info["refused"].items():
             console.print(f"  {escape(name)}: {escape(reason)}")
+    if info.get("not_pods"):
+        console.print("[bold yellow]bridge interfaces not read as pods (no flows)[/]")
+        for port in info["not_pods"]:
+            console.print(f"  {escape(port['interface'])}: {escape(port['reason'])}")
     if info.get("problems"):
         console.print("[bold red]problems in the sources[/]")
         for problem in info["problems"]:

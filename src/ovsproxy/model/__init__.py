@@ -220,12 +220,19 @@ class EndpointSlice:
 
     A Service's endpoints are the merge of all its slices (``service`` names it), matched
     to its ports by port name and protocol. ``ports`` is empty for an FQDN slice.
+
+    ``trigger_time`` is the annotation ``endpoints.kubernetes.io/last-change-trigger-time``
+    (Unix seconds): when the change this slice carries began (a pod or Service change seen
+    by the EndpointSlice controller), for the network programming latency. It is left out
+    of comparisons, as kube-proxy leaves annotations out of its "did it change" test: a
+    slice whose only change is this annotation changes nothing to program.
     """
 
     namespace: str
     name: str
     service: str
     ports: tuple[SlicePort, ...] = ()
+    trigger_time: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

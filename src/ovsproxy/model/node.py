@@ -25,6 +25,15 @@ class PodPort:
     mac: str
 
 
+@dataclass(frozen=True, slots=True)
+class NotAPod:
+    """An Interface on the bridge that is not read as a pod, and why (for the log, the
+    metrics and ``ovsproxy status``): it lacks what a CNI records, or it is malformed."""
+
+    interface: str
+    reason: str
+
+
 # The node's virtual Service IP (Antrea's choice, kept so the pipeline and host look familiar):
 # an address nobody owns, resolved by a permanent neighbour entry to a MAC nobody owns, reached
 # through a host route on the gateway. It is the next hop of the Service routes (OVS matches the

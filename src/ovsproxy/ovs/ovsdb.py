@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Self
 
-from ovsproxy.model.node import PodPort
+from ovsproxy.model.node import NotAPod, PodPort
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +65,38 @@ class BridgeSpec:
     external_ids: dict[str, str] = field(default_factory=dict)
 
 
+def _private_api(impl_idl: Any) -> Any:
+    """ovsdbapp's Open_vSwitch API class, private to one connection, whose transactions do not
+    wait for ovs-vswitchd (``ovs-vsctl --no-wait``).
+
+    ovsdbapp keeps the connection in a class attribute (a process-wide singleton): a private
+    subclass per instance lets two sandboxes, or a sandbox and the agent, talk to different
+    ovsdb-servers from one process. Its transactions bump ``next_cfg`` and block until
+    ovs-vswitchd has applied it: with the switch down (started after the agent, restarting)
+    every write would time out. What we write is bookkeeping in external_ids, and where the
+    switch must have applied a change (a new port's number) the caller waits for that."""
+
+    class NoWaitTransaction(impl_idl.OvsVsctlTransaction):  # type: ignore[misc]
+        def pre_commit(self, txn: Any) -> None:
+            txn.expected_ifaces = set()  # (add_port records its interface here)
+
+        def do_post_commit(self, txn: Any) -> None:
+            pass
+
+    def create_transaction(
+        api: Any, check_error: bool = False, log_errors: bool = True, **_: Any
+    ) -> Any:
+        return NoWaitTransaction(
+            api, api.ovsdb_connection, check_error=check_error, log_errors=log_errors
+        )
+
+    return type(
+        "PrivateOvsdbIdl",
+        (impl_idl.OvsdbIdl,),
+        {"_ovsdb_connection": None, "create_transaction": create_transaction},
+    )
+
+
 class OVSDB:
     """A connection to ovsdb-server's Open_vSwitch database."""
 
@@ -75,11 +107,7 @@ class OVSDB:
         try:
             idl = connection.OvsdbIdl.from_server(endpoint, "Open_vSwitch")
             self._conn = connection.Connection(idl=idl, timeout=timeout)
-            # ovsdbapp keeps the connection in a class attribute (a process-wide singleton):
-            # a private subclass per instance lets two sandboxes, or a sandbox and the agent,
-            # talk to different ovsdb-servers from one process.
-            private_api = type("PrivateOvsdbIdl", (impl_idl.OvsdbIdl,), {"_ovsdb_connection": None})
-            self.api = private_api(self._conn)
+            self.api = _private_api(impl_idl)(self._conn)
         except Exception as exc:
             raise OVSDBError(f"cannot connect to OVSDB at {endpoint}: {exc}") from exc
 
@@ -141,33 +169,50 @@ class OVSDB:
 
     def pod_ports(self, bridge: str) -> list[PodPort]:
         """Interfaces on the bridge that a CNI recorded as pods (they carry ip + attached-mac)."""
-        on_bridge = set(self.bridge_ports(bridge))
+        return self.read_pods(bridge)[0]
+
+    def read_pods(
+        self, bridge: str, not_pods: Iterable[str] = ()
+    ) -> tuple[list[PodPort], list[NotAPod]]:
+        """The bridge's pod ports, and its other Interfaces with why each is not a pod.
+
+        ``not_pods`` names Interfaces known not to be pods (the gateway): they are neither.
+        An Interface still without an OpenFlow port number is neither too (it is being added).
+        """
+        on_bridge = set(self.bridge_ports(bridge)) - set(not_pods)
         pods = []
+        skipped = []
         for row in self.interfaces():
+            name = row["name"]
+            if name not in on_bridge:
+                continue
             ext = row.get("external_ids") or {}
             ofport = row.get("ofport")
             if isinstance(ofport, list):
                 ofport = ofport[0] if ofport else -1
-            if row["name"] not in on_bridge or EXT_POD_IPS not in ext or EXT_POD_MAC not in ext:
+            missing = [key for key in (EXT_POD_IPS, EXT_POD_MAC) if key not in ext]
+            if missing:
+                keys = " and ".join(f"external_ids:{key}" for key in missing)
+                skipped.append(NotAPod(name, f"no {keys}"))
                 continue
             if not isinstance(ofport, int) or ofport <= 0:
                 continue
             try:
                 ips = tuple(ipaddress.ip_address(s) for s in ext[EXT_POD_IPS].split(",") if s)
             except ValueError:
-                log.warning("interface %s: bad external_ids:ip %r", row["name"], ext[EXT_POD_IPS])
+                skipped.append(NotAPod(name, f"bad external_ids:ip {ext[EXT_POD_IPS]!r}"))
                 continue
             pods.append(
                 PodPort(
-                    interface=row["name"],
+                    interface=name,
                     ofport=ofport,
-                    name=ext.get(EXT_POD_NAME, row["name"]),
+                    name=ext.get(EXT_POD_NAME, name),
                     namespace=ext.get(EXT_POD_NAMESPACE, ""),
                     ips=ips,
                     mac=ext[EXT_POD_MAC],
                 )
             )
-        return sorted(pods, key=lambda p: p.ofport)
+        return sorted(pods, key=lambda p: p.ofport), sorted(skipped, key=lambda s: s.interface)
 
     def next_generation(self, bridge: str) -> int:
         """A new cookie generation for this agent run, recorded on the bridge (1..65535).

@@ -235,6 +235,8 @@ class Sandbox:
 
     # Namespaces this process created (node and pods): tests check none outlives them.
     created_netns: set[str] = set()
+    # Seconds each daemon (and the bridge) gets to answer at start-up.
+    start_timeout: float = 20.0
 
     def __init__(
         self,
@@ -347,7 +349,9 @@ class Sandbox:
                 "--no-chdir",
             ],
         )
-        self._wait_for((self.rundir / "db.sock").exists, "ovsdb-server socket")
+        self._wait_answering(
+            ["ovsdb-client", "--timeout=5", "list-dbs", self.ovsdb], f"ovsdb-server on {self.ovsdb}"
+        )
         _run(["ovs-vsctl", f"--db={self.ovsdb}", "--no-wait", "init"], env=self.env)
         self._start_vswitchd()
         with OVSDB(self.ovsdb) as db:
@@ -389,35 +393,66 @@ class Sandbox:
                 "--no-chdir",
             ],
         )
-        self._wait_for((self.rundir / "ovs-vswitchd.ctl").exists, "ovs-vswitchd")
+        ctl = self.rundir / "ovs-vswitchd.ctl"
+        self._wait_answering(
+            ["ovs-appctl", "--timeout=5", "-t", str(ctl), "version"], f"ovs-vswitchd on {ctl}"
+        )
 
-    def _wait_for_bridge(self, timeout: float = 20) -> None:
-        mgmt = self.rundir / f"{self.bridge}.mgmt"
+    def _wait_for_bridge(self) -> None:
+        timeout = self.start_timeout
+        self._wait_answering(
+            ["ovs-ofctl", "--timeout=5", "-O", "OpenFlow15", "probe", self.openflow],
+            f"bridge {self.bridge} on {self.openflow}",
+            timeout,
+        )
 
-        def ready() -> bool:
-            if not mgmt.exists():
-                return False
+        def gateway_up() -> bool:
             return (
                 _run(["ip", "link", "show", self.gateway], netns=self.netns, check=False).returncode
                 == 0
             )
 
-        self._wait_for(ready, f"bridge {self.bridge} and port {self.gateway}", timeout)
+        self._wait_for(gateway_up, f"port {self.gateway} of bridge {self.bridge}", timeout)
+
+    def _wait_answering(self, probe: list[str], what: str, timeout: float | None = None) -> None:
+        """Wait until probe, a cheap request to a daemon, succeeds. A socket file exists
+        before its server listens on it (bind, then listen), so existence is not readiness:
+        a client connecting in between gets "Connection refused"."""
+        timeout = self.start_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        last_error = "not tried"
+        while True:
+            try:
+                result = _run(probe, env=self.env, check=False, timeout=10)
+            except subprocess.TimeoutExpired:
+                last_error = "no answer within 10s"
+            else:
+                if result.returncode == 0:
+                    return
+                last_error = (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
+            self._raise_if_exited(what)
+            if time.monotonic() >= deadline:
+                raise SandboxError(
+                    f"{what} did not answer within {timeout}s; last `{' '.join(probe)}`: "
+                    f"{last_error}"
+                )
+            time.sleep(0.05)
 
     def _wait_for(self, predicate: Any, what: str, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if predicate():
                 return
-            for key, proc in self._procs.items():
-                if proc.poll() is not None:
-                    logfile = self.rundir / f"{key}.out"
-                    tail = logfile.read_text()[-2000:] if logfile.exists() else ""
-                    raise SandboxError(
-                        f"{key} exited ({proc.returncode}) waiting for {what}:\n{tail}"
-                    )
+            self._raise_if_exited(what)
             time.sleep(0.02)
         raise SandboxError(f"timed out after {timeout}s waiting for {what} in {self.rundir}")
+
+    def _raise_if_exited(self, what: str) -> None:
+        for key, proc in self._procs.items():
+            if proc.poll() is not None:
+                logfile = self.rundir / f"{key}.out"
+                tail = logfile.read_text()[-2000:] if logfile.exists() else ""
+                raise SandboxError(f"{key} exited ({proc.returncode}) waiting for {what}:\n{tail}")
 
     def _configure_gateway(self) -> None:
         ns, gw = self.netns, self.gateway

@@ -347,6 +347,9 @@ class SyncResult:
     full: bool = False
     commit: CommitStats = field(default_factory=CommitStats)
     seconds: float = 0.0
+    # Seconds from each slice change's trigger time to the commit that carried it (the
+    # network programming latency; kube-proxy's network_programming_duration_seconds).
+    programming_latencies: tuple[float, ...] = ()
 
 
 def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
@@ -437,6 +440,9 @@ class Proxier:
         self._flushes: dict[FlushFilter, None] = {}
         self._learned_deletes: dict[tuple[Any, ...], of.FlowMod] = {}
         self.post_commit_errors = 0
+        # Trigger times of slice changes taken from the tracker, until a commit carries them
+        # (a failed commit keeps them: its changes are retried, and land later).
+        self._trigger_times: list[float] = []
 
     # -- one Service port -------------------------------------------------------------------
     def _stage_service(self, state: ServiceState) -> None:
@@ -647,6 +653,7 @@ class Proxier:
             log.debug("sync skipped: sources have not delivered their initial lists")
             return SyncResult()
         changes = self.tracker.checkpoint()
+        self._trigger_times += self.tracker.take_trigger_times()
         full = full or not self._synced_once
         touched: dict[ServicePortName, ServiceState | None] = {}
         if full:
@@ -671,6 +678,9 @@ class Proxier:
             changed = len(changes)
         await self._stage_pods()
         commit = await self._commit_isolating(touched)
+        committed = time.time()
+        latencies = tuple(committed - t for t in self._trigger_times)
+        self._trigger_times.clear()
         self._synced_once = True
         await self._post_commit()
         if self._on_services is not None:
@@ -682,7 +692,11 @@ class Proxier:
             await self._on_cluster_ips(self.tracker.cluster_ips())
             self._cluster_ips_version = version
         result = SyncResult(
-            changed=changed, full=full, commit=commit, seconds=time.perf_counter() - started
+            changed=changed,
+            full=full,
+            commit=commit,
+            seconds=time.perf_counter() - started,
+            programming_latencies=latencies,
         )
         self.last_result = result
         if commit.messages:

@@ -16,6 +16,7 @@ Model values only: the sources convert Kubernetes objects before they get here.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -123,6 +124,10 @@ class ChangeTracker:
         self._wait_for = frozenset(wait_for)
         self._synced_kinds: set[str] = set()
         self.stats = TrackerStats()
+        # The trigger times of slice changes not yet handed out, per Service (kube-proxy's
+        # lastChangeTriggerTimes); times from before the tracker existed are not ours.
+        self._trigger_times: dict[ServiceKey, list[float]] = {}
+        self._started = time.time()
 
     # --- the handler interface -------------------------------------------------------
 
@@ -151,6 +156,9 @@ class ChangeTracker:
         owner = self._slice_owner.pop((namespace, name), None)
         if owner is not None:
             self._remove_slice(owner, name)
+            # A deleted slice's annotation dates from its last update, not from what caused
+            # the deletion: kube-proxy drops the Service's pending trigger times instead.
+            self._trigger_times.pop(owner, None)
             self._mark(owner)
 
     def on_synced(self, kind: str) -> None:
@@ -200,6 +208,14 @@ class ChangeTracker:
         self.stats.checkpoints += 1
         self.stats.changes += len(changes)
         return changes
+
+    def take_trigger_times(self) -> list[float]:
+        """The trigger times (Unix seconds) of the slice changes recorded since the last call,
+        consumed; the proxier takes them with the checkpoint and reports them once the
+        commit carrying those changes has succeeded."""
+        times = [t for per_service in self._trigger_times.values() for t in per_service]
+        self._trigger_times.clear()
+        return times
 
     def snapshot(self) -> dict[ServicePortName, ServiceState]:
         """The full current state, recorded changes included; consumes nothing."""
@@ -267,6 +283,9 @@ class ChangeTracker:
             return
         slices[endpoint_slice.name] = endpoint_slice
         self._slice_owner[slice_id] = owner
+        trigger = endpoint_slice.trigger_time
+        if trigger is not None and trigger > self._started:
+            self._trigger_times.setdefault(owner, []).append(trigger)
         self._mark(owner)
 
     def _remove_slice(self, owner: ServiceKey, slice_name: str) -> None:

@@ -1,0 +1,285 @@
+"""Cold start: 10,000 Services x 10 endpoints from the Kubernetes API (and from manifests) to
+the agent healthy with everything committed to a fresh OVS, against ovs-ofctl.
+
+In one private sandbox, alternating the contenders every round (medians; between runs the
+switch is emptied and the agent's marks on the bridge and its routes removed, outside the
+clock):
+
+* ``api``: ``ovsproxy run --kubeconfig`` (a subprocess, what a user starts) against the fake
+  Kubernetes API over real HTTP (``bench.kubeapi``: objects as the API server sends them,
+  paged lists of JSON, 500 a page), timed from the spawn to the agent's "first sync done"
+  (every Service committed, the node's routes reconciled; /healthz is then checked 200);
+* ``manifests``: the same with ``--manifests`` (the same cluster as YAML files);
+* ``ofctl``: ``ovs-ofctl --bundle add-groups`` + ``add-flows`` loading the same groups and
+  flows (``bench.dp``'s full-sync baseline; the switch content after ours and after ofctl
+  is compared, groups named by their ClusterIP since the proxier numbers them its own way).
+
+Where the time goes: the same agent in ``bench.agent_probe`` (timers around the functions
+that own each phase: list, decode, convert, track, proxier, build, stage, commit). Decoders
+for the API's JSON: ``msgspec`` (what the agent uses), ``json`` (what it used before) and
+``orjson``, first on the very list pages the fake serves, then end to end in the probe
+(spawn to healthy, wall and the agent's CPU time), alternating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import agentrun, dp, kubeapi
+
+NAME = "cold-start"
+DESCRIPTION = "10,000 Services x 10 endpoints from the API (and manifests) to a healthy agent"
+
+GOAL_RATIO_API = 1.5
+AGENT_DECODER = "msgspec"  # what ovsproxy.sources.kubernetes decodes with
+DECODERS = (AGENT_DECODER, "json", "orjson")
+
+
+def _available(decoder: str) -> bool:
+    try:
+        __import__(decoder)
+    except ImportError:
+        return False
+    return True
+
+
+def decode_pages(pages: list[bytes], rounds: int) -> dict[str, float]:
+    """Seconds to decode every list page, best of ``rounds``, per decoder."""
+    import json
+
+    loads: dict[str, Any] = {"json": json.loads}
+    if _available("orjson"):
+        import orjson
+
+        loads["orjson"] = orjson.loads
+    if _available("msgspec"):
+        import msgspec
+
+        loads["msgspec"] = msgspec.json.Decoder().decode
+    best = {name: float("inf") for name in loads}
+    for _ in range(rounds):
+        for name, decode in loads.items():
+            gc.collect()
+            gc.disable()  # as the informer decodes: no collector passes over the objects
+            try:
+                started = time.perf_counter()
+                for page in pages:
+                    decode(page)
+                best[name] = min(best[name], time.perf_counter() - started)
+            finally:
+                gc.enable()
+    return {name: round(s, 4) for name, s in best.items()}
+
+
+def phases(ready: dict[str, Any], source: str) -> dict[str, float]:
+    """The probe's report as consecutive phases (seconds after the spawn) and the work
+    inside them."""
+    marks, lists, sync = ready["marks"], ready["lists"], ready["first_sync"]
+    if source == "api":
+        listed = max(marks.get("listed_services", 0.0), marks.get("listed_endpointslices", 0.0))
+        listing = {
+            "decode_s": ready["decode_s"],
+            "convert_s": ready["convert_s"],
+            "track_s": ready["track_s"],
+        }
+        listing["http_and_informer_s"] = listed - marks["list_started"] - sum(listing.values())
+        pages = sum(int(v.get("pages", 0)) for v in lists.values())
+    else:
+        listed = marks["listed_manifests"]
+        listing = {
+            "parse_s": lists["manifests"]["parse_s"],
+            "convert_s": lists["manifests"]["convert_s"],
+            "track_s": lists["manifests"]["track_s"],
+        }
+        listing["read_and_deliver_s"] = listed - marks["list_started"] - sum(listing.values())
+        pages = 0
+    sync_wall = sync.get("wall", 0.0)
+    inside = {
+        "track_s": sync.get("sync_track", 0.0),
+        "build_s": sync.get("build", 0.0),
+        "stage_s": sync.get("stage", 0.0),
+        "commit_s": sync.get("commit", 0.0),
+    }
+    inside["proxier_s"] = sync_wall - sum(inside.values())
+    out = {
+        "start_s": marks["imported"],
+        "connect_s": marks["list_started"] - marks["imported"],
+        "list_s": listed - marks["list_started"],
+        **{f"list_{k}": v for k, v in listing.items()},
+        "wait_for_sync_s": marks["sync_started"] - listed,
+        "sync_s": sync_wall,
+        **{f"sync_{k}": v for k, v in inside.items()},
+        "after_sync_s": marks["ready"] - marks["sync_done"],
+        "total_s": marks["ready"],
+        "gc_s": ready["gc_s"],
+    }
+    result: dict[str, float] = {k: round(v, 3) for k, v in out.items()}
+    if pages:
+        result["pages"] = pages
+    return result
+
+
+def memory(ready: dict[str, Any], source: str) -> dict[str, float]:
+    """Where the agent's RSS goes: interpreter and imports, what the lists left (the
+    informer store or the manifest files' objects, the tracker's model values), and the
+    first sync (desired and installed state, the proxier's records)."""
+    at = ready.get("rss_kb_at", {})
+    if not at:
+        return {}
+    listed = max(
+        at.get(k, 0) for k in ("listed_services", "listed_endpointslices", "listed_manifests")
+    )
+    out = {
+        "imports_mb": at.get("imported", 0),
+        "sources_and_model_mb": listed - at.get("imported", 0),
+        "first_sync_mb": at["ready"] - listed,
+        "total_mb": at["ready"],
+    }
+    return {k: round(v / 1024, 1) for k, v in out.items()}
+
+
+async def _measure(
+    sb: Any, services: int, endpoints: int, rounds: int, probe_rounds: int, tmp: Path
+) -> dict[str, Any]:
+    api, page_bytes = await agentrun.serve_cluster(services, endpoints)
+    try:
+        kubeconfig = str(api.kubeconfig(tmp / "kubeconfig"))
+        manifest_dir = tmp / "manifests"
+        manifest_dir.mkdir()
+        files = kubeapi.manifest_files(manifest_dir, services, endpoints)
+        yaml_bytes = sum(p.stat().st_size for p in files)
+        groups_file, flows_file = tmp / "groups", tmp / "flows"
+        group_lines = groups_file.read_text().splitlines()
+        flow_lines = flows_file.read_text().splitlines()
+        contents: dict[str, tuple[int, int, str]] = {}
+
+        def check(who: str) -> None:
+            if who not in contents:
+                contents[who] = agentrun.switch_content(sb)
+            agentrun.reset(sb)
+
+        async def from_api() -> agentrun.AgentRun:
+            run = await agentrun.run_agent(agentrun.agent_flags(sb, ["--kubeconfig", kubeconfig]))
+            check("api")
+            return run
+
+        async def from_manifests() -> agentrun.AgentRun:
+            flags = agentrun.agent_flags(sb, ["--manifests", str(manifest_dir)])
+            run = await agentrun.run_agent(flags)
+            check("manifests")
+            return run
+
+        async def ofctl() -> dp.OfctlRun:
+            run = await asyncio.to_thread(dp.run_ofctl, sb, groups_file, flows_file)
+            check("ofctl")
+            return run
+
+        agentrun.reset(sb)
+        contenders = {"api": from_api, "manifests": from_manifests, "ofctl": ofctl}
+        runs: dict[str, list[Any]] = {name: [] for name in contenders}
+        names = list(contenders)
+        for r in range(rounds):
+            for name in names[r % 3 :] + names[: r % 3]:
+                runs[name].append(await contenders[name]())
+
+        # Where the time goes, and the decoders end to end (the probe, alternating).
+        # (--quick: the decoders on the pages only; end to end, the agent's alone)
+        decoders = [
+            d for d in DECODERS if d == AGENT_DECODER or (probe_rounds > 1 and _available(d))
+        ]
+        probe_runs: dict[str, list[dict[str, Any]]] = {d: [] for d in decoders}
+        config = agentrun.agent_config(sb, {"kubeconfig": kubeconfig})
+        for r in range(probe_rounds):
+            for decoder in decoders[r % len(decoders) :] + decoders[: r % len(decoders)]:
+                probe = await agentrun.start_probe(config, decoder)
+                await probe.stop()
+                agentrun.reset(sb)
+                probe_runs[decoder].append(probe.ready)
+        probe = await agentrun.start_probe(
+            agentrun.agent_config(sb, {"manifests": [str(manifest_dir)]})
+        )
+        await probe.stop()
+        agentrun.reset(sb)
+        manifest_ready = probe.ready
+        pages = api.pages()
+    finally:
+        await api.stop()
+
+    api_s = dp.median([r.ready_s for r in runs["api"]])
+    manifests_s = dp.median([r.ready_s for r in runs["manifests"]])
+    ofctl_s = dp.median([r.total_s for r in runs["ofctl"]])
+    decode = decode_pages(pages, 3)
+    end_to_end = {
+        d: round(dp.median([p["marks"]["ready"] for p in probe_runs[d]]), 3) for d in decoders
+    }
+    decode_in_agent = {
+        d: round(dp.median([p["decode_s"] for p in probe_runs[d]]), 3) for d in decoders
+    }
+    cpu_by_decoder = {d: round(dp.median([p["cpu_s"] for p in probe_runs[d]]), 3) for d in decoders}
+    first = runs["api"][0]
+    ratio = api_s / ofctl_s
+    return {
+        "services": services,
+        "endpoints_per_service": endpoints,
+        "flows": len(flow_lines),
+        "groups": len(group_lines),
+        "rounds": rounds,
+        "api_list_pages": len(pages),
+        "api_list_mb": round(page_bytes / 1e6, 1),
+        "yaml_mb": round(yaml_bytes / 1e6, 1),
+        "from_api_s": round(api_s, 3),
+        "from_api_runs_s": [round(r.ready_s, 3) for r in runs["api"]],
+        "from_manifests_s": round(manifests_s, 3),
+        "from_manifests_runs_s": [round(r.ready_s, 3) for r in runs["manifests"]],
+        "ofctl_s": round(ofctl_s, 3),
+        "ofctl_runs_s": [round(r.total_s, 3) for r in runs["ofctl"]],
+        "ratio_api_vs_ofctl": round(ratio, 2),
+        "goal_ratio_api_vs_ofctl": GOAL_RATIO_API,
+        "goal_met": ratio <= GOAL_RATIO_API,
+        "ratio_manifests_vs_ofctl": round(manifests_s / ofctl_s, 2),
+        "healthy": all(r.healthy for r in (*runs["api"], *runs["manifests"])),
+        "agent_cpu_s_api": round(dp.median([r.cpu_s for r in runs["api"]]), 2),
+        "agent_rss_mb_api": round(first.rss_kb / 1024, 1),
+        "agent_peak_rss_mb_api": round(first.hwm_kb / 1024, 1),
+        "agent_rss_mb_manifests": round(runs["manifests"][0].rss_kb / 1024, 1),
+        "same_content": len({c for c in contents.values()}) == 1,
+        "switch_content": {k: list(v) for k, v in contents.items()},
+        "phases_api": phases(probe_runs[AGENT_DECODER][0], "api"),
+        "phases_manifests": phases(manifest_ready, "manifests"),
+        "probe_rss_mb": round(probe_runs[AGENT_DECODER][0]["rss_kb"].get("VmRSS", 0) / 1024, 1),
+        "memory_api_mb": memory(probe_runs[AGENT_DECODER][0], "api"),
+        "memory_manifests_mb": memory(manifest_ready, "manifests"),
+        "decode_pages_s": decode,
+        "decode_in_agent_s": decode_in_agent,
+        "agent_decoder": AGENT_DECODER,
+        # the agent's decoder is the right one if nothing beats it end to end (CPU time to
+        # healthy: the wall time of a shared machine drifts with its load)
+        "agent_decoder_wins": cpu_by_decoder[AGENT_DECODER] <= min(cpu_by_decoder.values()),
+        "probe_ready_s_by_decoder": end_to_end,
+        "probe_cpu_s_by_decoder": cpu_by_decoder,
+        "probe_runs_by_decoder": {
+            d: [[p["marks"]["ready"], p["cpu_s"]] for p in probe_runs[d]] for d in decoders
+        },
+        "probe_rounds": probe_rounds,
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    services, rounds, probe_rounds = (1_000, 1, 1) if quick else (10_000, 3, 3)
+    with tempfile.TemporaryDirectory(prefix="ovsproxy-bench-cold-") as tmp, dp.sandbox() as sb:
+        write_ofctl_files(Path(tmp), services, 10)
+        return asyncio.run(_measure(sb, services, 10, rounds, probe_rounds, Path(tmp)))
+
+
+def write_ofctl_files(tmp: Path, services: int, endpoints: int) -> None:
+    """``tmp/groups`` and ``tmp/flows``: what the full sync of dp.cluster sends, as ovs-ofctl
+    input (call outside any running event loop)."""
+    messages = dp.full_sync_messages(dp.cluster(services, endpoints))
+    group_lines, flow_lines = dp.ofctl_text(messages)
+    (tmp / "groups").write_text("\n".join(group_lines) + "\n")
+    (tmp / "flows").write_text("\n".join(flow_lines) + "\n")

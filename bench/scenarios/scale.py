@@ -1,0 +1,143 @@
+"""Scale: cold start time and memory of the agent at 1,000 / 10,000 / 50,000 Services x 10
+endpoints (200 / 500 / 1,000 with ``--quick``), and how they grow.
+
+For each size, in one private sandbox: ``ovsproxy run --kubeconfig`` against the fake API
+(as in ``cold-start``: spawn to "first sync done"), its resident set size then (VmRSS) and
+at its peak (VmHWM), and ``ovs-ofctl`` loading the same groups and flows (the baseline, same
+run). Growth is judged on the marginal cost per Service between consecutive sizes, of the
+agent's CPU time up to healthy (the wall time on a shared machine drifts with its load) and
+of its RSS: where it is more than 25% above the first step's, growth is not linear there,
+and the output says so.
+The plot (``plot``) is committed with the results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import itertools
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import agentrun, dp
+from bench.scenarios.cold_start import write_ofctl_files
+
+NAME = "scale"
+DESCRIPTION = "cold start time and RSS at 1,000 / 10,000 / 50,000 Services x 10 endpoints"
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+SIZES = [1_000, 10_000, 50_000]
+QUICK_SIZES = [200, 500, 1_000]
+ENDPOINTS = 10
+NONLINEAR = 1.25  # marginal cost per Service above the first step's by this factor
+
+
+async def _one(sb: Any, services: int, tmp: Path) -> dict[str, Any]:
+    api, _ = await agentrun.serve_cluster(services, ENDPOINTS)
+    try:
+        kubeconfig = str(api.kubeconfig(tmp / f"kubeconfig-{services}"))
+        agentrun.reset(sb)
+        run = await agentrun.run_agent(agentrun.agent_flags(sb, ["--kubeconfig", kubeconfig]))
+        flows, groups, _ = agentrun.switch_content(sb)
+        agentrun.reset(sb)
+        ofctl = await asyncio.to_thread(
+            dp.run_ofctl, sb, tmp / f"groups-{services}", tmp / f"flows-{services}"
+        )
+        agentrun.reset(sb)
+    finally:
+        await api.stop()
+    return {
+        "services": services,
+        "flows": flows,
+        "groups": groups,
+        "cold_start_s": round(run.ready_s, 3),
+        "cold_start_cpu_s": round(run.cpu_s, 3),
+        "ofctl_s": round(ofctl.total_s, 3),
+        "ratio_vs_ofctl": round(run.ready_s / ofctl.total_s, 2),
+        "rss_mb": round(run.rss_kb / 1024, 1),
+        "peak_rss_mb": round(run.hwm_kb / 1024, 1),
+        "healthy": run.healthy,
+    }
+
+
+def growth(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """Marginal cost per Service between consecutive sizes, against the first step's."""
+    steps = []
+    for low, high in itertools.pairwise(rows):
+        per_service = (high[key] - low[key]) / (high["services"] - low["services"])
+        steps.append({"from": low["services"], "to": high["services"], "per_service": per_service})
+    first = steps[0]["per_service"] if steps else 0.0
+    for step in steps:
+        step["vs_first_step"] = round(step["per_service"] / first, 2) if first > 0 else None
+        step["linear"] = step["vs_first_step"] is None or step["vs_first_step"] <= NONLINEAR
+        step["per_service"] = round(step["per_service"] * (1e3 if key.endswith("_s") else 1024), 3)
+    return steps
+
+
+def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r["services"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=120)
+    left.plot(x, [r["cold_start_s"] for r in rows], "o-", label="ovsproxy: API -> healthy")
+    left.plot(x, [r["cold_start_cpu_s"] for r in rows], "^:", label="ovsproxy: its CPU time")
+    left.plot(x, [r["ofctl_s"] for r in rows], "s--", label="ovs-ofctl: same flows + groups")
+    left.set_xlabel(f"Services (x {ENDPOINTS} endpoints)")
+    left.set_ylabel("seconds")
+    left.set_title("Cold start")
+    right.plot(x, [r["rss_mb"] for r in rows], "o-", label="RSS when healthy")
+    right.plot(x, [r["peak_rss_mb"] for r in rows], "^--", label="peak RSS")
+    right.set_xlabel(f"Services (x {ENDPOINTS} endpoints)")
+    right.set_ylabel("MB")
+    right.set_title("Agent memory")
+    for ax in (left, right):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run(quick: bool) -> dict[str, Any]:
+    sizes = QUICK_SIZES if quick else SIZES
+    with tempfile.TemporaryDirectory(prefix="ovsproxy-bench-scale-") as tmp:
+        for services in sizes:  # outside any event loop (the baseline's capture runs one)
+            directory = Path(tmp)
+            write_ofctl_files(directory, services, ENDPOINTS)
+            (directory / "groups").rename(directory / f"groups-{services}")
+            (directory / "flows").rename(directory / f"flows-{services}")
+
+        async def measure(sb: Any) -> list[dict[str, Any]]:
+            return [await _one(sb, services, Path(tmp)) for services in sizes]
+
+        with dp.sandbox() as sb:
+            rows = asyncio.run(measure(sb))
+    time_growth, rss_growth = growth(rows, "cold_start_cpu_s"), growth(rows, "rss_mb")
+    notes = []
+    for name, steps, unit in (("cold start CPU", time_growth, "ms"), ("RSS", rss_growth, "kB")):
+        for step in steps:
+            if not step["linear"]:
+                notes.append(
+                    f"{name} is not linear from {step['from']:,} to {step['to']:,} Services: "
+                    f"{step['per_service']} {unit} per Service, {step['vs_first_step']}x the "
+                    "first step's"
+                )
+    RESULTS.mkdir(exist_ok=True)
+    suffix = "-quick" if quick else ""
+    path = RESULTS / f"{dt.date.today().isoformat()}-scale{suffix}.png"
+    _plot(rows, path, f"ovsproxy cold start from the Kubernetes API ({ENDPOINTS} endpoints each)")
+    return {
+        "sizes": rows,
+        "cold_start_cpu_growth": time_growth,  # per_service in ms of CPU
+        "rss_growth": rss_growth,  # per_service in kB
+        "linear": not notes,
+        "not_linear": notes or ["growth is linear at every step (within 25%)"],
+        "plot": str(path.relative_to(RESULTS.parent.parent)),
+    }
