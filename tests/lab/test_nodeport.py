@@ -581,7 +581,7 @@ def test_restart_under_nodeport_traffic_and_the_rest_of_the_ruleset_and_cleanup(
     finally:
         stdout, _ = load.communicate(timeout=60)
     out = json.loads(stdout)
-    assert out["sent"] > 20 and out["failed"] == 0, out
+    assert out["sent"] > 20 and out["failed"] == 0, (out["failures"], out["failure_times"], out)
     install(lab, nodeport_service(lab, "np-more", 44, 30104))  # a sync that patches the table
     assert foreign_ruleset(node.netns) == before
     assert capture_state(node.netns)[0]
