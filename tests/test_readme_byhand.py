@@ -170,9 +170,9 @@ def test_the_contract_states_the_agents_own_intervals() -> None:
     """The README's numbers are the code's constants, not typed-in guesses."""
     from ovsproxy.agent.pods import POD_POLL_INTERVAL
     from ovsproxy.config import AgentConfig
-    from ovsproxy.metrics import HealthState
+    from ovsproxy.healthcheck import ProxyHealth
 
     text = " ".join(README.read_text().split())
     assert f"Interfaces every {POD_POLL_INTERVAL:g} s" in text
     assert f"`--min-sync-interval`, {AgentConfig().min_sync_interval:g} s" in text
-    assert f"a sync older than {HealthState().max_sync_age:g} s" in text
+    assert f"longer than the health timeout ({ProxyHealth().health_timeout:g} s)" in text

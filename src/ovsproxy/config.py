@@ -15,7 +15,10 @@ from typing import Any
 
 import yaml
 
+from ovsproxy.capture.desired import NodePortAddresses
 from ovsproxy.datapath.pipeline import Mode, PipelineConfig
+from ovsproxy.model import IPAddress
+from ovsproxy.sources.convert import check_service_proxy_name
 
 
 class ConfigError(ValueError):
@@ -28,6 +31,9 @@ class AgentConfig:
     manifests: tuple[str, ...] = ()
     kubeconfig: str | None = None
     in_cluster: bool = False
+    # handle only Services labelled service.kubernetes.io/service-proxy-name=<this>; none:
+    # only Services without that label (kube-proxy's rule)
+    service_proxy_name: str | None = None
     # OVS; when none of these is given the agent runs its embedded private sandbox
     ovsdb: str | None = None
     openflow: str | None = None
@@ -45,6 +51,12 @@ class AgentConfig:
     # node
     node_name: str = field(default_factory=socket.gethostname)
     zone: str | None = None
+    # this node's IPs, primary of each family first (empty: read from the node's devices)
+    node_ip: tuple[str, ...] = ()
+    # NodePort, external IP and LB IP capture (standalone; needs the routes)
+    node_ports: bool = True
+    # kube-proxy's nodePortAddresses: CIDRs or "primary"; empty: every node IP
+    node_port_addresses: tuple[str, ...] = ()
     # routes
     service_cidr: tuple[str, ...] = ()
     manage_routes: bool = True
@@ -74,7 +86,17 @@ class AgentConfig:
             group_id_min=self.group_id_min,
             group_id_max=self.group_id_max,
             host_snat_ips=tuple(ipaddress.ip_address(ip) for ip in self.host_snat_ip),
+            node_ips=self.node_ips,
         )
+
+    @property
+    def node_ips(self) -> tuple[IPAddress, ...]:
+        return tuple(ipaddress.ip_address(ip) for ip in self.node_ip)
+
+    @property
+    def captures(self) -> bool:
+        """Node-side capture runs: asked for, standalone, and with the node's routes."""
+        return self.node_ports and self.mode == Mode.STANDALONE and self.manage_routes
 
     @property
     def metrics_host_port(self) -> tuple[str, int]:
@@ -85,7 +107,7 @@ class AgentConfig:
         return [ipaddress.ip_network(c, strict=False) for c in self.service_cidr]
 
 
-_TUPLE_FIELDS = {"manifests", "service_cidr", "host_snat_ip"}
+_TUPLE_FIELDS = {"manifests", "service_cidr", "host_snat_ip", "node_ip", "node_port_addresses"}
 # The route backends ``route_backend`` may name; ``auto`` picks by platform (agent.wiring).
 ROUTE_BACKENDS = ("auto", "linux", "windows")
 
@@ -120,6 +142,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
 
 
 def validate(config: AgentConfig) -> AgentConfig:
+    try:
+        check_service_proxy_name(config.service_proxy_name)
+    except ValueError as exc:
+        raise ConfigError(f"service_proxy_name: {exc}") from None
     for cidr in config.service_cidr:
         try:
             ipaddress.ip_network(cidr, strict=False)
@@ -130,6 +156,15 @@ def validate(config: AgentConfig) -> AgentConfig:
             ipaddress.ip_address(ip)
         except ValueError:
             raise ConfigError(f"host_snat_ip: {ip!r} is not an IP address") from None
+    for ip in config.node_ip:
+        try:
+            ipaddress.ip_address(ip)
+        except ValueError:
+            raise ConfigError(f"node_ip: {ip!r} is not an IP address") from None
+    try:
+        NodePortAddresses.parse(config.node_port_addresses)
+    except ValueError as exc:
+        raise ConfigError(str(exc).replace("nodePortAddresses", "node_port_addresses")) from None
     try:
         config.pipeline  # noqa: B018 - validates tables and group range
     except ValueError as exc:

@@ -1,4 +1,4 @@
-"""Prometheus metrics and the /healthz + /metrics HTTP endpoint.
+"""Prometheus metrics and the /healthz, /livez + /metrics HTTP endpoint.
 
 Counters that other packages keep as plain dicts (OpenFlow wire counters, route operations,
 source events) are read at scrape time by collectors, so those packages never import
@@ -93,6 +93,27 @@ class Metrics:
         self.openflow_connected = Gauge(
             "ovsproxy_openflow_connected", "1 while the OpenFlow channel is up.", registry=r
         )
+        self.node_ports = Gauge(
+            "ovsproxy_node_ports",
+            "Service ports with a NodePort captured on this node.",
+            registry=r,
+        )
+        self.capture_elements = Gauge(
+            "ovsproxy_capture_elements",
+            "Elements of the node's capture table's sets (NodePorts, external and LB IPs, "
+            "source ranges).",
+            registry=r,
+        )
+        self.health_check_servers = Gauge(
+            "ovsproxy_health_check_servers",
+            "healthCheckNodePort servers running on this node.",
+            registry=r,
+        )
+        self.source_ranges = Gauge(
+            "ovsproxy_load_balancer_source_ranges",
+            "loadBalancerSourceRanges entries of the Service ports installed.",
+            registry=r,
+        )
         self.ovsdb_connected = Gauge(
             "ovsproxy_ovsdb_connected", "1 while the OVSDB session is up.", registry=r
         )
@@ -144,13 +165,20 @@ class Metrics:
 
 
 class HealthState:
-    """What /healthz answers: 200 when the last sync succeeded recently and OVS is connected."""
+    """What /healthz and /livez answer, kube-proxy's way (``ovsproxy.healthcheck.ProxyHealth``
+    decides ``progress`` and ``node_eligible``; this module imports nothing of ours).
 
-    def __init__(self, max_sync_age: float = 120.0) -> None:
-        self.max_sync_age = max_sync_age
+    Healthy: OVS is connected, a first sync has succeeded, and the proxy makes progress (no
+    change has waited longer than the health timeout for a sync: an idle agent stays healthy).
+    /livez is that; /healthz is also 503 while the node is going away (``node_eligible``).
+    """
+
+    def __init__(self) -> None:
         self.last_sync_ok: float | None = None  # time.monotonic()
         self.last_sync_error: str | None = None
         self.connected: Callable[[], bool] = lambda: False
+        self.progress: Callable[[], tuple[bool, dict[str, Any]]] = lambda: (True, {})
+        self.node_eligible: Callable[[], bool] = lambda: True
 
     def sync_result(self, ok: bool, error: str | None = None) -> None:
         if ok:
@@ -159,17 +187,25 @@ class HealthState:
         else:
             self.last_sync_error = error
 
-    def check(self) -> tuple[bool, dict[str, Any]]:
+    def check(self, *, node: bool = False) -> tuple[bool, dict[str, Any]]:
+        """(healthy, body): /livez; with ``node``, /healthz (the node's eligibility too)."""
         now = time.monotonic()
         age = None if self.last_sync_ok is None else now - self.last_sync_ok
         connected = self.connected()
-        healthy = connected and age is not None and age <= self.max_sync_age
-        return healthy, {
+        progress, body = self.progress()
+        healthy = connected and age is not None and progress
+        out = {
             "healthy": healthy,
             "openflow_connected": connected,
             "last_sync_age_s": None if age is None else round(age, 3),
             "last_sync_error": self.last_sync_error,
+            **body,
         }
+        if node:
+            eligible = self.node_eligible()
+            out["nodeEligible"] = eligible
+            out["healthy"] = healthy = healthy and eligible
+        return healthy, out
 
 
 class HTTPEndpoint:
@@ -206,7 +242,7 @@ class HTTPEndpoint:
             path = parts[1] if len(parts) >= 2 else "/"
             path = path.split("?", 1)[0]
             if path in ("/healthz", "/livez", "/readyz"):
-                healthy, body = self.health.check()
+                healthy, body = self.health.check(node=path != "/livez")
                 status = "200 OK" if healthy else "503 Service Unavailable"
                 payload = json.dumps(body).encode()
                 ctype = "application/json"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import ipaddress
 
 from rich.console import Console
 
@@ -14,7 +15,7 @@ from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.metrics import HealthState, Metrics
-from ovsproxy.model import TrafficPolicy
+from ovsproxy.model import ServiceType, TrafficPolicy
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.proxy.proxier import Proxier
 from tests.proxy.test_proxier_semantics import NODE, REJECT_MARK, Recorder, apply, ep, port
@@ -65,3 +66,38 @@ async def test_status_text_says_dropping_rejecting_or_forwarding_to_n_endpoints(
     dual = _line(text, "dual")
     assert "IPv4: forwarding to 1 endpoint;" in dual
     assert "IPv6: rejecting (no usable endpoints)" in dual
+
+
+async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges() -> None:
+    parts = Components(AgentConfig(node_name=NODE))
+    parts.tracker.on_synced(SYNC_SERVICES)
+    parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    parts.datapath = Datapath(Recorder(), pl.PipelineConfig(), 1)
+    parts.proxier = Proxier(parts.tracker, parts.datapath, node_name=NODE, node_ports=True)
+    apply(
+        parts.tracker,
+        port(
+            "10.96.0.5",
+            name="lb",
+            type=ServiceType.LOAD_BALANCER,
+            node_port=30080,
+            load_balancer_ips=(ipaddress.ip_address("203.0.113.5"),),
+            external_traffic_policy=TrafficPolicy.LOCAL,
+            health_check_node_port=32000,
+            load_balancer_source_ranges=(ipaddress.ip_network("192.0.2.0/24"),),
+        ),
+        [ep("10.0.0.1")],
+    )
+    await parts.proxier.sync()
+    info = StatusPages(parts, Metrics(), HealthState()).status_json()
+    lb = next(s for s in info["services"] if s["name"] == "ns/lb:p/TCP")
+    assert lb["node_port"] == 30080 and lb["health_check_node_port"] == 32000
+    assert lb["load_balancer_source_ranges"] == ["192.0.2.0/24"]
+    assert lb["families"]["IPv4"]["external"]["node_port_frontends"] == ["169.254.0.252"]
+    out = io.StringIO()
+    render_status(info, Console(file=out, width=250, color_system=None))
+    text = out.getvalue()
+    assert "NodePort 30080" in text
+    assert "health check :32000" in text
+    assert "source ranges 192.0.2.0/24" in text
+    assert "external/LB IPs 203.0.113.5" in text

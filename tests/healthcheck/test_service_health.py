@@ -165,6 +165,15 @@ def test_local_endpoints_count_ready_local_ips_across_ports() -> None:
     }
     assert desired_health_checks(states, "b")[("ns", "web")] == ServiceHealth(32000, 1)
     assert desired_health_checks(states, "")[("ns", "web")].local_endpoints == 0
+    # A dual-stack pod (one IPv4 and one IPv6 address) is one endpoint, as each of
+    # kube-proxy's per-family proxiers counts it.
+    dual = [ep("10.0.0.7", 80, "c"), ep("fd00::7", 80, "c"), ep("fd00::8", 80, "c")]
+    assert (
+        desired_health_checks([_state("dual", "", 32002, dual)], "c")[
+            ("ns", "dual")
+        ].local_endpoints
+        == 2
+    )
 
 
 async def test_listens_on_every_given_address() -> None:

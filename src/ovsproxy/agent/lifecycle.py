@@ -4,13 +4,15 @@ sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event lo
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
 adopts them hitlessly) unless ``cleanup`` is set; even then the virtual next hop's host route
-and permanent neighbour entry stay (see ``RouteManager.uninstall``).
+and permanent neighbour entry stay (see ``RouteManager.uninstall``). The capture table, its
+policy routes and the health-check servers are the node side's (``agent.nodeport``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from typing import Any
 
@@ -23,6 +25,7 @@ from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
     Components,
+    build_node_side,
     build_openflow,
     build_proxier,
     build_routes,
@@ -31,7 +34,9 @@ from ovsproxy.agent.wiring import (
 )
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
+from ovsproxy.model import IPFamily
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel, describe_connect_error
 from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
@@ -53,10 +58,16 @@ class Agent:
         self.config = config
         self.parts = Components(config)
         self.health = HealthState()
+        # kube-proxy's proxy health: /healthz and /livez, and the health checks' view of us
+        self.proxy_health = ProxyHealth()
+        self.health.progress = self._progress
+        self.health.node_eligible = lambda: self.proxy_health.node_eligible
         self.metrics = Metrics()
         self.pods = self.parts.pods = PodWatcher(config.bridge, config.gateway)
         self.pages = StatusPages(self.parts, self.metrics, self.health)
-        self.syncer = Syncer(self.parts, self.metrics, self.health, self._first_sync)
+        self.syncer = Syncer(
+            self.parts, self.metrics, self.health, self._first_sync, self.proxy_health
+        )
         self.ready = self.syncer.ready
         self.tasks: list[asyncio.Task[Any]] = []
 
@@ -65,6 +76,8 @@ class Agent:
         log.info("ovsproxy %s starting (mode %s)", __version__, cfg.mode)
         try:
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
+            if cfg.captures:
+                cfg = await self._start_node_side()
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
             register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
@@ -87,7 +100,15 @@ class Agent:
                 min_interval=cfg.min_sync_interval,
                 full_resync_interval=cfg.full_resync_interval,
             )
-            parts.tracker.set_notify(parts.runner.request)
+            runner = parts.runner
+
+            def changed() -> None:
+                # kube-proxy's per-family proxiers each queue every change
+                for family in IPFamily:
+                    self.proxy_health.queued_update(family)
+                runner.request()
+
+            parts.tracker.set_notify(changed)
             await parts.channel.start(wait=False)
             if not await wait_for_switch(parts.channel, stop):
                 return  # stopped while waiting
@@ -112,6 +133,23 @@ class Agent:
         parts.sandbox = await embedded.start_sandbox(cfg)
         parts.netns = parts.sandbox.netns
         return parts.sandbox.ovsdb, parts.sandbox.openflow
+
+    async def _start_node_side(self) -> AgentConfig:
+        """The capture's policy routes and node IPs, before the datapath: the pipeline marks
+        the node's own packets by its IPs (discovered ones included)."""
+        parts = self.parts
+        node_side = parts.node_side = build_node_side(self.config, parts.netns, self.proxy_health)
+        await node_side.start()
+        if not self.config.node_ip:
+            self.config = dataclasses.replace(
+                self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
+            )
+            parts.config = self.config
+        return self.config
+
+    def _progress(self) -> tuple[bool, dict[str, Any]]:
+        status, body = self.proxy_health.livez()
+        return status == 200, body
 
     async def _start_source(self) -> None:
         parts = self.parts
@@ -198,6 +236,9 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
     if parts.routes is not None:
         with contextlib.suppress(Exception):
             await parts.routes.stop()
+    if parts.node_side is not None:
+        with contextlib.suppress(Exception):
+            await parts.node_side.close()
     await pages.stop_http()
     if parts.channel is not None:
         await parts.channel.close()
@@ -218,7 +259,8 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
 
 
 async def cleanup(parts: Components) -> None:
-    """--cleanup: remove every flow and group we own, and our Service routes."""
+    """--cleanup: remove every flow and group we own, our Service routes, the capture table
+    and its policy routes."""
     if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
         for owner in parts.datapath.owners():
             parts.datapath.unstage(owner)
@@ -231,3 +273,5 @@ async def cleanup(parts: Components) -> None:
             await parts.routes.uninstall()
         except Exception as exc:
             log.error("cleanup of routes failed: %s", exc)
+    if parts.node_side is not None:
+        await parts.node_side.cleanup()

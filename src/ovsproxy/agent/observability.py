@@ -111,6 +111,12 @@ def register_metrics(
         ("source",),
         lambda: {(k,): float(v) for k, v in stats.errors.items()},
     )
+    m.add_counter(
+        "ovsproxy_capture_sync_errors",
+        "Failed syncs of the node's capture table.",
+        (),
+        lambda: {(): float(parts.node_side.errors)} if parts.node_side is not None else {},
+    )
     health.connected = lambda: parts.channel is not None and parts.channel.connected
     m.openflow_connected.set_function(lambda: float(health.connected()))
     m.ovsdb_connected.set_function(lambda: float(parts.ovsdb is not None and parts.ovsdb.connected))
@@ -174,6 +180,14 @@ class StatusPages:
                     "rejecting": inst.rejecting,
                     "session_affinity_s": port.affinity_timeout,
                     "internal_traffic_policy": str(port.internal_traffic_policy),
+                    "type": str(port.type),
+                    "node_port": port.node_port,
+                    "health_check_node_port": port.health_check_node_port,
+                    "external_ips": [str(ip) for ip in port.external_ips],
+                    "load_balancer_ips": [str(ip) for ip in port.load_balancer_ips],
+                    "load_balancer_source_ranges": [
+                        str(r) for r in port.load_balancer_source_ranges
+                    ],
                 }
                 entry.update(inst.status())
                 services.append(entry)
@@ -211,6 +225,7 @@ class StatusPages:
             "healthy": healthy,
             "last_sync": last_sync,
             "routes": routes,
+            "node_ports": parts.node_side.status() if parts.node_side is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
             # Interfaces on the bridge that get no flows, and why (standalone mode)
@@ -238,4 +253,8 @@ class StatusPages:
 
     def dump_text(self) -> str:
         dp = self.parts.datapath
-        return "\n".join(dp.dump()) + "\n" if dp else ""
+        text = "\n".join(dp.dump()) + "\n" if dp else ""
+        node_side = self.parts.node_side
+        if node_side is not None:
+            text += "".join(f"{line}\n" for line in node_side.dump())
+        return text

@@ -3,7 +3,8 @@
 Around ``Proxier.sync``: on a periodic full sync, a switch that lost flows behind our back is
 rewritten first (``Datapath.drifted``); a failure counts the OVS error by name and marks the
 agent unhealthy; once the sources have synced, the node's routes are converged once from the
-complete ClusterIP list before the agent calls itself healthy and ready, and the gauges are set.
+complete ClusterIP list before the agent calls itself healthy and ready, the gauges are set, and
+the proxy health learns that every queued change is in (kube-proxy's ``Updated``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from collections import Counter
 from collections.abc import Callable
 
 from ovsproxy.agent.wiring import Components
+from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
+from ovsproxy.model import IPFamily
 from ovsproxy.openflow.errors import OpenFlowError
 
 log = logging.getLogger("ovsproxy.agent")
@@ -31,8 +34,10 @@ class Syncer:
         metrics: Metrics,
         health: HealthState,
         on_first_sync: Callable[[], None] = lambda: None,
+        proxy_health: ProxyHealth | None = None,
     ) -> None:
         self.parts = parts
+        self.proxy_health = proxy_health
         self.metrics = metrics
         self.health = health
         self.on_first_sync = on_first_sync
@@ -78,11 +83,20 @@ class Syncer:
         m.last_sync_success.set(now)
         m.sync_proxy_rules_last_timestamp.set(now)
         self.health.sync_result(True)
+        if self.proxy_health is not None:
+            for family in IPFamily:
+                self.proxy_health.updated(family)
         m.services.set(len(proxier.services))
         m.refused.set(len(proxier.refused))
         m.endpoints.set(proxier.endpoint_count())
         m.groups.set(len(datapath.installed_groups))
         m.flows.set(len(datapath.installed_flows))
+        node_side = parts.node_side
+        if node_side is not None:
+            m.node_ports.set(node_side.node_port_count)
+            m.source_ranges.set(node_side.source_range_count)
+            m.capture_elements.set(node_side.element_count)
+            m.health_check_servers.set(len(node_side.servers.running) if node_side.servers else 0)
         if not self.ready.is_set():
             self.ready.set()
             log.info(

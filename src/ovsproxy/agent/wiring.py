@@ -1,9 +1,9 @@
 """Building the agent's components from its configuration; nothing here starts anything.
 
 Which source (manifests or the Kubernetes API), which route backend (by platform, or forced
-with ``route_backend``), the OpenFlow channel and the datapath over it, the Service semantics
-and the proxier. ``Components`` holds what one run has built so far: the other agent modules
-(sync, observability, lifecycle) read it.
+with ``route_backend``), the node side of NodePorts (``build_node_side``), the OpenFlow channel
+and the datapath over it, the Service semantics and the proxier. ``Components`` holds what one
+run has built so far: the other agent modules (sync, observability, lifecycle) read it.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from ovsproxy.servicecidr.feed import ClusterIPFeed
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
+    from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.model.node import PodPort
     from ovsproxy.ovs.sandbox import Sandbox
     from ovsproxy.proxy.runner import SyncRunner
@@ -60,6 +62,7 @@ class Components:
     source: ManifestSource | KubernetesSource | None = None
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
+    node_side: NodeSide | None = None  # NodePort/external capture and health checks
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
 
 
@@ -83,11 +86,15 @@ def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource 
         from ovsproxy.sources.manifests import ManifestSource
 
         log.info("source: manifests %s (watched for changes)", ", ".join(paths))
-        return ManifestSource([Path(p) for p in paths], tracker)
+        return ManifestSource(
+            [Path(p) for p in paths], tracker, service_proxy_name=config.service_proxy_name
+        )
     from ovsproxy.sources.kubernetes import KubernetesSource
 
     log.info("source: Kubernetes API (%s)", config.kubeconfig or "in-cluster / default kubeconfig")
-    return KubernetesSource(tracker, kubeconfig=config.kubeconfig)
+    return KubernetesSource(
+        tracker, kubeconfig=config.kubeconfig, service_proxy_name=config.service_proxy_name
+    )
 
 
 # -- routes -----------------------------------------------------------------------------------
@@ -132,6 +139,13 @@ def build_routes(
     return routes, discoverer
 
 
+def build_node_side(config: AgentConfig, netns: str | None, health: ProxyHealth) -> NodeSide:
+    """NodePort, external IP and LB IP capture with its health checks (``config.captures``)."""
+    from ovsproxy.agent.nodeport import NodeSide
+
+    return NodeSide(config, netns, health)
+
+
 # -- OpenFlow, datapath, proxier --------------------------------------------------------------
 
 
@@ -161,7 +175,8 @@ def build_proxier(
     parts: Components, pods: Callable[[], Awaitable[list[PodPort]]]
 ) -> tuple[Proxier, ServiceSemantics]:
     """The proxier over the datapath, with the Service semantics (reject, conntrack flush,
-    affinity sweep) wired to the channel and the ClusterIPs fed to the route discoverer."""
+    affinity sweep) wired to the channel, the ClusterIPs fed to the route discoverer and, with
+    node-side capture, its NodePort frontends and the capture table following each sync."""
     assert parts.channel is not None and parts.datapath is not None
     config = parts.config
     semantics = ServiceSemantics.wired(parts.channel, parts.datapath)
@@ -173,6 +188,9 @@ def build_proxier(
         zone=config.zone,
         pods=pods,
         on_cluster_ips=feed,
+        node_ports=parts.node_side is not None,
+        node_port_ips=parts.node_side.node_port_ips if parts.node_side is not None else (),
+        on_services=parts.node_side.after_sync if parts.node_side is not None else None,
         **semantics.proxier_kwargs(),
     )
     return proxier, semantics

@@ -25,8 +25,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ovsproxy.capture.desired import CaptureDiff, CaptureSet, CaptureState, Element, SetKey
-from ovsproxy.datapath.pipeline import NODE_CAPTURE_MARK, VIRTUAL_NODEPORT_IP
 from ovsproxy.model import IPFamily, Protocol
+from ovsproxy.model.node import NODE_CAPTURE_MARK, VIRTUAL_NODEPORT_IP
 
 TABLE = "ovsproxy"
 FAMILY = "inet"

@@ -30,11 +30,8 @@ also keeps blocking calls off the event loop.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import importlib.util
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -53,9 +50,9 @@ from ovsproxy.capture.desired import (
     diff,
 )
 from ovsproxy.model import IPFamily
+from ovsproxy.netns import enter_netns
 
 DEBIAN_MODULE = Path("/usr/lib/python3/dist-packages/nftables/__init__.py")
-CLONE_NEWNET = 0x40000000
 
 
 class NftablesError(RuntimeError):
@@ -91,17 +88,6 @@ def load_binding() -> Any:
     return module
 
 
-def _enter_netns(netns: str) -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into network namespace {netns}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
-
-
 @dataclass(frozen=True, slots=True)
 class SyncResult:
     """What one sync sent: ``kind`` is "rebuild", "patch" or "none"."""
@@ -134,7 +120,7 @@ class CaptureTable:
         failure, such as a missing namespace, is raised to the caller and retried next time)."""
         if self._nft is None:
             if self.netns and not self._joined:
-                _enter_netns(self.netns)
+                enter_netns(self.netns)
                 self._joined = True
             nft = load_binding().Nftables()
             nft.set_json_output(True)
@@ -223,6 +209,11 @@ class CaptureTable:
     def installed(self) -> CaptureState | None:
         """What the kernel holds as far as we know (None: unknown; O(elements))."""
         return None if self._installed is None else self._installed_state()
+
+    @property
+    def installed_size(self) -> int:
+        """How many elements the kernel holds as far as we know (0: unknown; O(sets))."""
+        return 0 if self._installed is None else sum(len(v) for v in self._installed.values())
 
     async def sync(self, desired: CaptureState) -> SyncResult:
         """One transaction making the table hold ``desired`` (diffed against what is

@@ -30,6 +30,11 @@ def _options(func: Any) -> Any:
             default=None,
             help="read the Kubernetes API with the pod's service account",
         ),
+        click.option(
+            "--service-proxy-name",
+            help="handle only Services labelled service.kubernetes.io/service-proxy-name=NAME "
+            "[none: only Services without that label]",
+        ),
         click.option("--ovsdb", help="OVSDB endpoint, e.g. unix:/var/run/openvswitch/db.sock"),
         click.option(
             "--openflow", help="OpenFlow endpoint, e.g. unix:/var/run/openvswitch/br-int.mgmt"
@@ -57,6 +62,23 @@ def _options(func: Any) -> Any:
             help="this node's name, for traffic policies Local [the host name]",
         ),
         click.option("--zone", help="this node's topology zone"),
+        click.option(
+            "--node-ip",
+            multiple=True,
+            help="this node's IP (repeat; primary of each family first); default: the global "
+            "addresses of the node namespace's devices other than the gateway",
+        ),
+        click.option(
+            "--node-port-addresses",
+            multiple=True,
+            help="node IPs that accept NodePorts: CIDRs (repeat) or 'primary' [all node IPs]",
+        ),
+        click.option(
+            "--node-ports/--no-node-ports",
+            default=None,
+            help="standalone: capture NodePort, external IP and LB IP traffic into OVS "
+            "(nftables table, policy routes, health-check servers) [capture]",
+        ),
         click.option(
             "--service-cidr",
             multiple=True,
@@ -88,7 +110,8 @@ def _options(func: Any) -> Any:
             "--cleanup",
             is_flag=True,
             default=None,
-            help="on exit, remove our flows, groups and Service routes",
+            help="on exit, remove our flows, groups, Service routes, capture table and its "
+            "policy routes",
         ),
     ]
     for option in reversed(options):

@@ -91,6 +91,24 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         f"{info['groups']} groups, {info['flows']} flows, cookie generation {info['generation']}",
     )
     head.add_row("Service routes", ", ".join(info["routes"]) or "-")
+    node_ports = info.get("node_ports")
+    if node_ports:
+        head.add_row("NodePort IPs", ", ".join(node_ports["node_port_ips"]) or "-")
+        last_capture = node_ports.get("last_sync") or {}
+        head.add_row(
+            "capture table",
+            f"{node_ports['table']}: {node_ports['elements']} elements"
+            + (f", last sync {last_capture['kind']}" if last_capture else "")
+            + (f", {node_ports['errors']} failed syncs" if node_ports["errors"] else ""),
+        )
+        head.add_row("capture routes", "; ".join(node_ports["policy_routes"]) or "-")
+        checks = [
+            f"{c['service']} :{c['port']} {c['status']}"
+            if "port" in c
+            else f"{c['service']} FAILED {c['failed']}"
+            for c in node_ports["health_checks"]
+        ]
+        head.add_row("health checks", ", ".join(checks) or "-")
     last = info.get("last_sync", {})
     head.add_row(
         "last sync",
@@ -117,6 +135,19 @@ def render_status(info: dict[str, Any], console: Console) -> None:
             f"    affinity {_affinity(svc)}, internal traffic policy "
             f"{svc['internal_traffic_policy']}"
         )
+        external = [*svc.get("external_ips", []), *svc.get("load_balancer_ips", [])]
+        if svc.get("node_port") or external:
+            line = f"    {svc.get('type', '')}"
+            if svc.get("node_port"):
+                line += f", NodePort {svc['node_port']}"
+            if external:
+                line += f", external/LB IPs {', '.join(external)}"
+            line += f", external traffic policy {svc.get('external_traffic_policy', '')}"
+            if svc.get("health_check_node_port"):
+                line += f", health check :{svc['health_check_node_port']}"
+            if svc.get("load_balancer_source_ranges"):
+                line += f", source ranges {', '.join(svc['load_balancer_source_ranges'])}"
+            console.print(escape(line))
     if info.get("refused"):
         console.print("[bold red]refused by Open vSwitch (last good state kept)[/]")
         for name, reason in info["refused"].items():

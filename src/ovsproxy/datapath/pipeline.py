@@ -6,10 +6,11 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
     table  name              what it does
     -----  ----------------  ----------------------------------------------------------------
       0    Classifier        ARP and IPv6 neighbour discovery -> NORMAL (200); a local pod's
-                             port -> mark FROM_POD (reg0 bit 0) and go on (LOW); a local
-                             pod's address from any other port -> drop (SPOOFED: a node kernel
-                             routing one of our packets back in); everything else ->
-                             ConntrackZone
+                             port -> mark FROM_POD (reg0 bit 0) and go on (LOW); a source
+                             that is one of the node's IPs -> mark FROM_NODE (reg0 bit 1) and
+                             go on (LOW); a local pod's address from any other port -> drop
+                             (SPOOFED: a node kernel routing one of our packets back in);
+                             everything else -> ConntrackZone
      10    ConntrackZone     IP: ct(zone=Z, nat, table=ConntrackState) — un-NATs replies and
                              re-applies DNAT to established Service connections; a hairpin
                              reply (to the virtual Service IP) is first un-SNATed in zone H, a
@@ -21,9 +22,13 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
                              it used last (reg3/xxreg3, reg4), idle timeout = the affinity
                              timeout (refreshed by each new connection); miss: "to select"
-     13    ServiceLB         per frontend (ClusterIP/external IP, protocol, port), priority
+     13    ServiceLB         per frontend (ClusterIP/external IP/LB IP, protocol, port; a
+                             NodePort is the virtual NodePort IP, protocol, nodePort), priority
                              LOW: -> group:G, or with no usable endpoint the reject action
-                             (metered controller) / drop; with affinity, NORMAL: "selected,
+                             (metered controller) / drop; externalTrafficPolicy Local, priority
+                             SHORT_CIRCUIT: an external frontend's in-cluster clients (reg0:
+                             from a pod or from the node) -> the cluster endpoints' group;
+                             with affinity, NORMAL: "selected,
                              learn it" -> learn + EndpointDNAT, and one flow per endpoint
                              accepting a learned choice that is still valid -> EndpointDNAT
                              (a stale one falls to LOW: the group picks and learns anew);
@@ -42,7 +47,9 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
 Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT (and the commits of non-Service
 connections crossing the gateway), H = 0xfff1 / 0xffe7 for hairpin SNAT, S = 0xfff2 / 0xffe8
 for host SNAT. The virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC
-aa:bb:cc:dd:ee:ff) is the next hop of the node's Service routes and the hairpin SNAT source.
+aa:bb:cc:dd:ee:ff) is the next hop of the node's Service routes and of the capture's policy
+route, and the hairpin SNAT source. NodePort traffic arrives DNATed by the node's capture table
+to the virtual NodePort IP 169.254.0.252 / fc01::aabb:ccdd:eefe, its port kept.
 
 Packet paths in standalone mode, on a node whose pods share its pod CIDR, other nodes' pod
 CIDRs routed by the node's kernel via their node IPs (host-gw; the lab, ``ovsproxy.lab.cluster``,
@@ -80,6 +87,20 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
                                      un-SNATs it (zone S), un-DNATs it (zone Z) -> L3Forwarding:
                                      to the virtual MAC, +rpl, Service ct_mark -> TO_NODE: back
                                      out the gateway to the node's MAC.
+    outside         any              the node's capture table (``ovsproxy.capture``) marks it and,
+      (NodePort,                     for a NodePort, DNATs it to the virtual NodePort IP; the
+      LB IP,                         mark's policy route sends it to the virtual next hop through
+      external IP)                   the gateway: it arrives as the node's own traffic does
+                                     (eth_dst = virtual MAC) and takes the rows "the node ...":
+                                     a local endpoint sees the client's address; one on another
+                                     node gets the host SNAT (externalTrafficPolicy Cluster).
+                                     Reply: un-DNATed in OVS, out the gateway, un-DNATed by the
+                                     node's kernel, back to the client. externalTrafficPolicy
+                                     Local: the external set has this node's endpoints only
+                                     (none: drop), but FROM_POD / FROM_NODE clients are
+                                     short-circuited to the cluster endpoints (SHORT_CIRCUIT).
+    local pod       any              to this node's IP:nodePort: matched in ServiceLB as a
+      (NodePort)                     frontend of the cluster endpoints (it never leaves OVS).
     pod itself      the same pod     hairpin: after DNAT, HAIRPIN_SNAT ct(commit, H,
       (hairpin)                      nat(src=virtual Service IP)) -> HAIRPIN_OUT: out its own
                                      port. The reply (to the virtual Service IP) is un-SNATed in
@@ -105,6 +126,7 @@ only groups in ``[group_id_min, group_id_max]`` are ours.
 Registers (Antrea's layout)::
 
     reg0 bit 0    standalone: the packet came from a local pod's port (FROM_POD)
+    reg0 bit 1    standalone: its source is one of the node's IPs (FROM_NODE)
     reg3          endpoint IPv4 address
     xxreg3        endpoint IPv6 address (= reg12..reg15)
     reg4[0..15]   endpoint port
@@ -120,7 +142,6 @@ learned flows, which must survive an agent restart (session affinity state).
 from __future__ import annotations
 
 import enum
-import ipaddress
 from dataclasses import dataclass
 
 from ovsproxy.model import IPAddress, IPFamily, node
@@ -155,20 +176,14 @@ VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_SERVICE_IP
 VIRTUAL_MAC: str = node.VIRTUAL_MAC
 
 # -- node-side capture (NodePort, external IPs, LB IPs; ovsproxy.capture) -------------------
-# Constants only so far: the ServiceLB flows that match them come with the NodePort wiring.
-# The node's nftables table DNATs NodePort traffic (dst = an allowed node IP:nodePort) to this
-# virtual address, keeping the port; OVS then matches (this address, protocol, nodePort).
-# Antrea's VirtualNodePortDNATIP values.
-VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = {
-    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.252"),
-    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eefe"),
-}
-# Packet mark bit the table ORs into every captured packet (NodePort, external IP, LB IP) so
-# that one policy rule (``ip rule fwmark MARK/MARK lookup NODE_CAPTURE_ROUTE_TABLE``) routes
-# all of them to gw0; other bits of the mark are left alone. Clear of kube-proxy's 0x4000
-# and 0x8000 and of Antrea's host marks.
-NODE_CAPTURE_MARK = 0x0200_0000
-NODE_CAPTURE_ROUTE_TABLE = 155  # the rule's routing table: default via VIRTUAL_SERVICE_IP, gw0
+# The node's nftables table DNATs NodePort traffic (dst = an allowed node IP:nodePort) to the
+# virtual NodePort address, keeping the port; OVS then matches (that address, protocol,
+# nodePort) in ServiceLB. The mark and route table are the policy routing that takes every
+# captured packet to gw0 (routes layer). Defined in ovsproxy.model.node, below their three
+# users (this pipeline, the capture table, the route backends).
+VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_NODEPORT_IP
+NODE_CAPTURE_MARK: int = node.NODE_CAPTURE_MARK
+NODE_CAPTURE_ROUTE_TABLE: int = node.NODE_CAPTURE_ROUTE_TABLE
 
 
 # Host SNAT (standalone): a connection the node itself sent to a Service and that was DNATed to
@@ -203,6 +218,12 @@ SELECTION_MASK = 0x7 << SELECTION_SHIFT
 # gateway or the bridge's own port).
 FROM_POD_REG = "reg0"
 FROM_POD = 0x1
+# Standalone: set by the Classifier on packets whose source is one of the node's IPs (the node
+# itself, through the gateway). With FROM_POD it makes a client "in-cluster": such clients of
+# an external frontend with externalTrafficPolicy Local are short-circuited to the cluster
+# endpoints (kube-proxy's), not held to this node's.
+FROM_NODE_REG = FROM_POD_REG
+FROM_NODE = 0x2
 
 
 class Selection(enum.IntEnum):
@@ -231,6 +252,7 @@ PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200
 PRIORITY_HOST_SNAT_OUT = 197
 PRIORITY_TO_NODE = 195
+PRIORITY_SHORT_CIRCUIT = 192  # ServiceLB: in-cluster clients of eTP Local external frontends
 PRIORITY_LOW = 190
 PRIORITY_SPOOFED = 185
 PRIORITY_HOST_SNAT = PRIORITY_LOW
@@ -315,6 +337,8 @@ class PipelineConfig:
     group_id_max: int = 0xFFFFFF00 - 1  # OFPG_MAX
     # Standalone: the host-SNAT address per family (at most one each; see HOST_SNAT_CT_ZONE_V4)
     host_snat_ips: tuple[IPAddress, ...] = ()
+    # Standalone: the node's own IPs (the Classifier marks their packets "from the node")
+    node_ips: tuple[IPAddress, ...] = ()
 
     def __post_init__(self) -> None:
         families = [IPFamily.of(ip) for ip in self.host_snat_ips]

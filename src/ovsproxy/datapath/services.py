@@ -47,6 +47,10 @@ def _dst_field(family: IPFamily) -> str:
     return "ipv4_dst" if family == IPFamily.IPv4 else "ipv6_dst"
 
 
+def _src_field(family: IPFamily) -> str:
+    return "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
+
+
 def _ip_value(ip: IPAddress) -> int:
     return int(ip)
 
@@ -63,6 +67,8 @@ class Context:
     max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT
     # Standalone: the node's host-SNAT address per family (see pipeline.py), if configured.
     host_snat: tuple[IPAddress, ...] = ()
+    # Standalone: the node's own IPs; packets from them are marked "from the node" (in-cluster).
+    node_ips: tuple[IPAddress, ...] = ()
 
     def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
         return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)
@@ -112,6 +118,19 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
                 pl.PRIORITY_NORMAL,
                 of.Match(eth_type=ETH_IPV6, ip_proto=IPPROTO_ICMPV6, icmpv6_type=nd_type),
                 _apply(of.Output(of.OFPP_NORMAL)),
+            )
+        for ip in ctx.node_ips:
+            # The node itself (through the gateway): an in-cluster client (see ServiceLB's
+            # short-circuit for externalTrafficPolicy Local).
+            family = IPFamily.of(ip)
+            add(
+                t.classifier,
+                pl.PRIORITY_LOW,
+                of.Match(**{"eth_type": eth_type(family), _src_field(family): ip}),
+                (
+                    of.ApplyActions((of.SetField(pl.FROM_NODE_REG, pl.FROM_NODE, pl.FROM_NODE),)),
+                    of.GotoTable(t.conntrack_zone),
+                ),
             )
         add(t.classifier, pl.PRIORITY_MISS, of.Match(), _goto(t.conntrack_zone))
     for family in IPFamily:
@@ -636,25 +655,30 @@ def _learn_affinity(ctx: Context, port: ServicePort, family: IPFamily) -> of.Lea
     )
 
 
-def frontend_match(port: ServicePort, ip: IPAddress, **extra: object) -> of.Match:
-    """ServiceLB's match for one frontend (ClusterIP, external or load-balancer IP)."""
+def frontend_match(
+    port: ServicePort, ip: IPAddress, l4_port: int | None = None, **extra: object
+) -> of.Match:
+    """ServiceLB's match for one frontend (ClusterIP, external or load-balancer IP: the
+    Service's port; the virtual NodePort IP: ``l4_port``, the nodePort)."""
     family = IPFamily.of(ip)
     return of.Match(
         **{
             "eth_type": eth_type(family),
             "ip_proto": port.protocol.ip_proto,
             _dst_field(family): ip,
-            _PORT_FIELD[port.protocol]: port.port,
+            _PORT_FIELD[port.protocol]: port.port if l4_port is None else l4_port,
             **extra,
         }
     )
 
 
-def learned_flows_delete(ctx: Context, port: ServicePort, ip: IPAddress) -> of.FlowMod:
+def learned_flows_delete(
+    ctx: Context, port: ServicePort, ip: IPAddress, l4_port: int | None = None
+) -> of.FlowMod:
     """Delete every learned affinity flow of one frontend (non-strict: any client)."""
     return of.FlowMod.delete(
         ctx.tables.session_affinity,
-        frontend_match(port, ip),
+        frontend_match(port, ip, l4_port),
         cookie=pl.learned_cookie(),
         cookie_mask=pl.LEARNED_CATEGORY_MASK,
     )
@@ -689,14 +713,31 @@ GROUP_SELECTION_METHOD = SelectionMethod("hash", CONNECTION_HASH_FIELDS)
 @dataclass(frozen=True, slots=True)
 class FrontendSet:
     """Frontends of one family that share one endpoint set and one select group: the
-    ClusterIPs (internal traffic policy), or external and load-balancer IPs (external)."""
+    ClusterIPs (internal traffic policy), or external and load-balancer IPs and the NodePort
+    (external traffic policy)."""
 
-    frontends: tuple[IPAddress, ...]
+    frontends: tuple[IPAddress, ...]  # matched with the Service's port
     group_id: int
     endpoints: tuple[Endpoint, ...]
     # What the frontends do while `endpoints` is empty: reject (the agent's controller action)
     # or, when empty, drop.
     empty_actions: tuple[of.Action, ...] = ()
+    # The virtual NodePort IP of this family, matched with the Service's nodePort (at most one).
+    node_port_frontends: tuple[IPAddress, ...] = ()
+    # externalTrafficPolicy Local: in-cluster clients (from a local pod or the node) of these
+    # frontends go to this group instead, with its endpoints (kube-proxy's short-circuit);
+    # 0: no short-circuit.
+    in_cluster_group: int = 0
+    in_cluster_endpoints: tuple[Endpoint, ...] = ()
+    in_cluster_empty_actions: tuple[of.Action, ...] = ()
+    # Only the group (for another set's short-circuit), no frontends of its own.
+    group_only: bool = False
+
+    def frontend_ports(self, port: ServicePort) -> list[tuple[IPAddress, int]]:
+        """(address, L4 port) of every frontend."""
+        out = [(ip, port.port) for ip in self.frontends]
+        out += [(ip, port.node_port) for ip in self.node_port_frontends]
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -733,7 +774,7 @@ def frontend_objects(
     # The EndpointDNAT flows of the port's endpoints, each once.
     dnat: dict[EndpointKey, of.FlowMod] = {}
     for fset in sets:
-        if not fset.frontends:
+        if not (fset.frontends or fset.node_port_frontends or fset.group_only):
             continue
         buckets: list[BucketSpec] = []
         append = buckets.append
@@ -768,10 +809,19 @@ def frontend_objects(
         )
         # To the group; with no endpoints, the reject action or (empty) drop.
         actions = (of.GroupAction(fset.group_id),) if fset.endpoints else tuple(fset.empty_actions)
-        for ip in fset.frontends:
+        short_circuit: tuple[of.Action, ...] = ()
+        if fset.in_cluster_group:
+            short_circuit = (
+                (of.GroupAction(fset.in_cluster_group),)
+                if fset.in_cluster_endpoints
+                else tuple(fset.in_cluster_empty_actions)
+            )
+        for ip, l4_port in fset.frontend_ports(port):
             address = ip._ip  # type: ignore[union-attr]  # hot path: see _endpoint_key
-            flows.append(frontend_templates[ip.version].flow(address, port.port, actions))
-            if not (affinity and fset.endpoints):
+            flows.append(frontend_templates[ip.version].flow(address, l4_port, actions))
+            if fset.in_cluster_group:
+                flows.extend(_short_circuit_flows(ctx, port, ip, l4_port, short_circuit))
+            if not (affinity and (fset.endpoints or fset.in_cluster_endpoints)):
                 continue
             family = IPFamily.of(ip)
             selection = pl.SELECTION_REG
@@ -782,6 +832,7 @@ def frontend_objects(
                     match=frontend_match(
                         port,
                         ip,
+                        l4_port,
                         **{selection: (pl.Selection.TO_LEARN.value_bits, pl.SELECTION_MASK)},
                     ),
                     instructions=_apply(
@@ -793,27 +844,71 @@ def frontend_objects(
                 )
             )
             for ep in fset.endpoints:
-                flows.append(
-                    of.FlowMod(
-                        table_id=t.service_lb,
-                        priority=pl.PRIORITY_NORMAL,
-                        match=frontend_match(
-                            port,
-                            ip,
-                            **{
-                                pl.endpoint_ip_reg(family): _ip_value(ep.ip),
-                                pl.ENDPOINT_PORT_REG: (
-                                    ep.port | pl.Selection.SELECTED.value_bits,
-                                    pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK,
-                                ),
-                            },
-                        ),
-                        instructions=_apply(of.Resubmit(t.endpoint_dnat)),
-                        cookie=svc_cookie,
+                flows.append(_accept_learned(ctx, port, ip, l4_port, ep))
+            # A learned choice of an in-cluster client among the cluster endpoints that are
+            # not this set's (externalTrafficPolicy Local: those are the local ones).
+            own = {(e.ip, e.port) for e in fset.endpoints}
+            for ep in fset.in_cluster_endpoints:
+                if (ep.ip, ep.port) in own:
+                    continue
+                for bit in (pl.FROM_POD, pl.FROM_NODE):
+                    flows.append(
+                        _accept_learned(ctx, port, ip, l4_port, ep, **{pl.FROM_POD_REG: (bit, bit)})
                     )
-                )
     flows.extend(dnat.values())
     return ServiceObjects(tuple(groups), tuple(flows))
+
+
+def _accept_learned(
+    ctx: Context,
+    port: ServicePort,
+    ip: IPAddress,
+    l4_port: int,
+    ep: Endpoint,
+    **extra: object,
+) -> of.FlowMod:
+    """ServiceLB: a learned choice of ``ep`` for this frontend is still valid: EndpointDNAT."""
+    family = IPFamily.of(ip)
+    return of.FlowMod(
+        table_id=ctx.tables.service_lb,
+        priority=pl.PRIORITY_NORMAL,
+        match=frontend_match(
+            port,
+            ip,
+            l4_port,
+            **{
+                pl.endpoint_ip_reg(family): _ip_value(ep.ip),
+                pl.ENDPOINT_PORT_REG: (
+                    ep.port | pl.Selection.SELECTED.value_bits,
+                    pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK,
+                ),
+                **extra,
+            },
+        ),
+        instructions=_apply(of.Resubmit(ctx.tables.endpoint_dnat)),
+        cookie=ctx.cookie(pl.Category.SERVICE),
+    )
+
+
+def _short_circuit_flows(
+    ctx: Context,
+    port: ServicePort,
+    ip: IPAddress,
+    l4_port: int,
+    actions: tuple[of.Action, ...],
+) -> list[of.FlowMod]:
+    """ServiceLB: an in-cluster client (a local pod, or the node) of an external frontend
+    with externalTrafficPolicy Local -> the cluster endpoints' group (one flow per reg0 bit)."""
+    return [
+        of.FlowMod(
+            table_id=ctx.tables.service_lb,
+            priority=pl.PRIORITY_SHORT_CIRCUIT,
+            match=frontend_match(port, ip, l4_port, **{pl.FROM_POD_REG: (bit, bit)}),
+            instructions=_apply(*actions) if actions else (),
+            cookie=ctx.cookie(pl.Category.SERVICE),
+        )
+        for bit in (pl.FROM_POD, pl.FROM_NODE)
+    ]
 
 
 def service_objects(

@@ -8,9 +8,10 @@ the node's addresses. Any path answers JSON::
 
 with status 200 when N > 0 and the proxy is healthy, else 503, and the header
 ``X-Load-Balancing-Endpoint-Weight: N`` on both (kube-proxy sets it on every answer). N counts
-the distinct IPs of this node's *ready* endpoints across the Service's ports (terminating
-endpoints do not count: a node with only terminating endpoints fails its check, so the load
-balancer drains it).
+the distinct IPs of this node's *ready* endpoints across the Service's ports, per IP family as
+kube-proxy's per-family proxiers do (a dual-stack pod counts once; the larger family count is
+served), and terminating endpoints do not count: a node with only terminating endpoints fails
+its check, so the load balancer drains it.
 
 ``ServiceHealthServers.update(mapping)`` makes the running servers match a desired mapping:
 a new Service starts its server, a removed one stops, a changed port restarts, a changed
@@ -25,10 +26,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
-from ovsproxy.model import ServiceState
+from ovsproxy.model import IPAddress, ServiceState
+from ovsproxy.netns import enter_netns
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +54,7 @@ def desired_health_checks(
 ) -> dict[ServiceKey, ServiceHealth]:
     """The servers this node must run, from all Service ports and their endpoints (pure)."""
     ports: dict[ServiceKey, int] = {}
-    local_ips: dict[ServiceKey, set[object]] = {}
+    local_ips: dict[ServiceKey, set[IPAddress]] = {}
     for state in states:
         port = state.port
         if not port.health_check_node_port:
@@ -58,7 +63,14 @@ def desired_health_checks(
         ports[key] = port.health_check_node_port
         ips = local_ips.setdefault(key, set())
         ips.update(ep.ip for ep in state.endpoints if ep.ready and ep.is_local(node_name))
-    return {key: ServiceHealth(port, len(local_ips[key])) for key, port in ports.items()}
+    return {key: ServiceHealth(port, _per_family(local_ips[key])) for key, port in ports.items()}
+
+
+def _per_family(ips: set[IPAddress]) -> int:
+    """kube-proxy counts per IP family (each family's proxier its own endpoints): a dual-stack
+    pod is one endpoint, not two. One server answers for both families: the larger count."""
+    v4 = sum(1 for ip in ips if ip.version == 4)
+    return max(v4, len(ips) - v4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +95,17 @@ class ServiceHealthServers:
         self,
         proxy_healthy: Callable[[], bool],
         addresses: Sequence[str] | None = None,  # None: every address, both families
+        netns: str | None = None,  # the node's network namespace (None: ours)
     ) -> None:
         self.proxy_healthy = proxy_healthy
         self.addresses = list(addresses) if addresses is not None else None
+        self.netns = netns
         self._instances: dict[ServiceKey, _Instance] = {}
         self.failed: dict[ServiceKey, str] = {}
+        # Listening sockets are made on one worker thread inside ``netns`` (a socket keeps the
+        # namespace it was created in); serving them stays on the event loop.
+        self._executor: ThreadPoolExecutor | None = None
+        self._joined = False
 
     @property
     def running(self) -> dict[ServiceKey, int]:
@@ -126,6 +144,28 @@ class ServiceHealthServers:
         for inst in self._instances.values():
             await _close(inst.servers)
         self._instances.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    def _socket_blocking(self, host: str | None, port: int) -> socket.socket:
+        if self.netns is not None and not self._joined:
+            enter_netns(self.netns)
+            self._joined = True
+        return listening_socket(host, port)
+
+    async def _start(self, handler: Any, host: str | None, port: int) -> asyncio.Server:
+        if self.netns is None:
+            return await asyncio.start_server(handler, host, port)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="healthcheck")
+        loop = asyncio.get_running_loop()
+        sock = await loop.run_in_executor(self._executor, self._socket_blocking, host, port)
+        try:
+            return await asyncio.start_server(handler, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
 
     async def _listen(self, key: ServiceKey, port: int) -> list[asyncio.Server]:
         async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -135,7 +175,7 @@ class ServiceHealthServers:
         hosts: list[str | None] = [None] if self.addresses is None else list(self.addresses)
         try:
             for host in hosts:
-                servers.append(await asyncio.start_server(handler, host, port))
+                servers.append(await self._start(handler, host, port))
         except OSError:
             await _close(servers)  # all addresses or none, so a retry can take the port
             raise
@@ -183,6 +223,31 @@ class ServiceHealthServers:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+
+def listening_socket(host: str | None, port: int) -> socket.socket:
+    """A TCP listening socket on ``host`` (None: every address; both families where the
+    kernel has IPv6), as asyncio's start_server would open it."""
+    if host is None:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            host = "::"
+        except OSError:  # no IPv6 in this kernel
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            host = "0.0.0.0"
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 async def _close(servers: list[asyncio.Server]) -> None:

@@ -466,6 +466,8 @@ class Lab:
             cmd += ["--service-cidr", cidr]
         for ip in node.host_snat_ips:
             cmd += ["--host-snat-ip", str(ip)]
+        for ip in node.node_ips:
+            cmd += ["--node-ip", str(ip)]
         return cmd + list(self.agent_args)
 
     def start_agent(self, node_name: str, *, wait: bool = True) -> None:

@@ -39,6 +39,7 @@ class LabPort:
     port: int
     target_port: int
     protocol: str = "TCP"
+    node_port: int = 0  # with a Service type NodePort or LoadBalancer
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +53,14 @@ class LabService:
     traffic_distribution: str | None = None  # e.g. "PreferSameZone"
     session_affinity_timeout: int | None = None  # seconds: ClientIP affinity
     extra_spec: dict[str, Any] = field(default_factory=dict)
+    type: str = "ClusterIP"  # NodePort, LoadBalancer
+    # status.loadBalancer.ingress: (ip, ipMode or None)
+    load_balancer_ingress: tuple[tuple[str, str | None], ...] = ()
 
     def documents(self) -> list[dict[str, Any]]:
         families = [IPFamily.of(ip) for ip in self.cluster_ips]
         spec: dict[str, Any] = {
-            "type": "ClusterIP",
+            "type": self.type,
             "clusterIP": str(self.cluster_ips[0]),
             "clusterIPs": [str(ip) for ip in self.cluster_ips],
             "ipFamilies": [f"IPv{int(f)}" for f in families],
@@ -67,6 +71,7 @@ class LabService:
                     "port": p.port,
                     "targetPort": p.target_port,
                     "protocol": p.protocol,
+                    **({"nodePort": p.node_port} if p.node_port else {}),
                 }
                 for p in self.ports
             ],
@@ -81,14 +86,19 @@ class LabService:
                 "clientIP": {"timeoutSeconds": self.session_affinity_timeout}
             }
         spec.update(self.extra_spec)
-        docs: list[dict[str, Any]] = [
-            {
-                "apiVersion": "v1",
-                "kind": "Service",
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": spec,
-            }
-        ]
+        service: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": spec,
+        }
+        if self.load_balancer_ingress:
+            ingress = [
+                {"ip": ip, **({"ipMode": mode} if mode else {})}
+                for ip, mode in self.load_balancer_ingress
+            ]
+            service["status"] = {"loadBalancer": {"ingress": ingress}}
+        docs: list[dict[str, Any]] = [service]
         for family in families:
             docs.append(self._slice(family))
         return docs

@@ -1,4 +1,4 @@
-"""What the proxy knows about its own node: the pods on the bridge and the virtual Service address.
+"""What the proxy knows about its own node: the pods on the bridge, the virtual addresses.
 
 Values shared by the layers that read them (``ovs.ovsdb`` reads pod ports, ``proxy`` programs
 them) and by the two users of the virtual Service address (the pipeline's hairpin SNAT and the
@@ -43,3 +43,17 @@ VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = {
     IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eeff"),
 }
 VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
+
+# Node-side capture (NodePort, external IPs, LB IPs): the nftables table (ovsproxy.capture)
+# DNATs NodePort traffic to this virtual address, keeping the port, and OVS matches (this
+# address, protocol, nodePort). Antrea's VirtualNodePortDNATIP values.
+VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = {
+    IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.252"),
+    IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eefe"),
+}
+# Packet mark bit the table ORs into every captured packet so that one policy rule per family
+# (``fwmark MARK/MARK lookup NODE_CAPTURE_ROUTE_TABLE``, the routes layer's) routes all of them
+# to gw0; other bits of the mark are left alone. Clear of kube-proxy's 0x4000 and 0x8000 and of
+# Antrea's host marks.
+NODE_CAPTURE_MARK = 0x0200_0000
+NODE_CAPTURE_ROUTE_TABLE = 155  # the rule's routing table: default via VIRTUAL_SERVICE_IP, gw0

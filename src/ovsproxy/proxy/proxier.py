@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +59,11 @@ MAX_ISOLATION_ROUNDS = 4
 PIPELINE_OWNER = ("pipeline",)
 
 
-GroupKey = tuple[ServicePortName, IPFamily, str]  # role: "" (ClusterIPs) or "external"
+# role: "" (ClusterIPs), "external" (external/LB IPs and the NodePort, when their endpoints
+# differ), "in-cluster" (the cluster endpoints for the short-circuit, when neither has them)
+GroupKey = tuple[ServicePortName, IPFamily, str]
 EXTERNAL = "external"
+IN_CLUSTER = "in-cluster"
 
 
 class GroupIDAllocator:
@@ -91,7 +94,7 @@ class GroupIDAllocator:
         self, name: ServicePortName, family: IPFamily | None = None, role: str | None = None
     ) -> None:
         for each in [family] if family is not None else list(IPFamily):
-            for r in [role] if role is not None else ["", EXTERNAL]:
+            for r in [role] if role is not None else ["", EXTERNAL, IN_CLUSTER]:
                 gid = self._ids.pop((name, each, r), None)
                 if gid is not None:
                     self._free.append(gid)
@@ -121,11 +124,25 @@ class FamilySelection:
     external_action: str = FORWARD
     external_reason: str = ""
     excluded: tuple[tuple[str, str], ...] = ()  # (endpoint, why it is not used)
+    # The virtual NodePort IP of this family (matched with the nodePort), when the port has one
+    node_port_frontends: tuple[IPAddress, ...] = ()
+    # This node's NodePort IPs of this family (matched with the nodePort): only local pods
+    # reach them through OVS, and they are in-cluster clients (the cluster endpoints)
+    node_ip_frontends: tuple[IPAddress, ...] = ()
+    # externalTrafficPolicy Local (standalone): in-cluster clients of the external frontends
+    # use the cluster endpoints (kube-proxy's short-circuit); None: no short-circuit
+    in_cluster_endpoints: tuple[Endpoint, ...] | None = None
+
+    @property
+    def has_external(self) -> bool:
+        return bool(self.external_frontends or self.node_port_frontends)
 
     @property
     def external_differs(self) -> bool:
-        return bool(self.external_frontends) and (
-            self.external_endpoints != self.endpoints or self.external_action != self.action
+        return self.has_external and (
+            self.external_endpoints != self.endpoints
+            or self.external_action != self.action
+            or self.in_cluster_endpoints is not None
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -137,13 +154,19 @@ class FamilySelection:
             "topology": self.topology or "none",
             "terminating_fallback": self.terminating,
         }
-        if self.external_frontends:
+        if self.has_external:
             out["external"] = {
                 "frontends": [str(ip) for ip in self.external_frontends],
+                "node_port_frontends": [str(ip) for ip in self.node_port_frontends],
+                "node_ip_frontends": [str(ip) for ip in self.node_ip_frontends],
                 "endpoints": [str(ep) for ep in self.external_endpoints],
                 "action": self.external_action,
                 "reason": self.external_reason,
             }
+            if self.in_cluster_endpoints is not None:
+                out["external"]["in_cluster_endpoints"] = [
+                    str(ep) for ep in self.in_cluster_endpoints
+                ]
         if self.excluded:
             out["excluded"] = dict(self.excluded)
         return out
@@ -166,7 +189,14 @@ def _why_excluded(
 
 
 def select_endpoints(
-    state: ServiceState, family: IPFamily, node_name: str, zone: str | None
+    state: ServiceState,
+    family: IPFamily,
+    node_name: str,
+    zone: str | None,
+    *,
+    node_ports: bool = False,
+    short_circuit: bool = False,
+    node_port_ips: Sequence[IPAddress] = (),
 ) -> FamilySelection:
     """kube-proxy's choice for one family of a Service port (see the module docstring)."""
     port = state.port
@@ -181,10 +211,19 @@ def select_endpoints(
         external_frontends = tuple(
             ip for ip in svc.service_frontend_ips(port, family) if ip not in frontends
         )
+    node_port_frontends: tuple[IPAddress, ...] = ()
+    node_ip_frontends: tuple[IPAddress, ...] = ()
+    if node_ports and port.node_port and frontends:
+        node_port_frontends = (pl.VIRTUAL_NODEPORT_IP[family],)
+        node_ip_frontends = tuple(ip for ip in node_port_ips if ip.version == family)
     external: tuple[Endpoint, ...] = ()
-    if external_frontends:
+    in_cluster: tuple[Endpoint, ...] | None = None
+    if external_frontends or node_port_frontends:
         chosen = cats.local if port.external_policy_local else cats.cluster
         external = chosen if chosen is not None else cats.all_reachable
+        if short_circuit and port.external_policy_local:
+            cluster = cats.cluster if cats.cluster is not None else cats.all_reachable
+            in_cluster = tuple(cluster)
 
     def decide(used: tuple[Endpoint, ...], policy: str) -> tuple[str, str]:
         if not cats.has_any:
@@ -195,7 +234,7 @@ def select_endpoints(
 
     action, reason = decide(internal, "internalTrafficPolicy")
     ext_action, ext_reason = FORWARD, ""
-    if external_frontends:
+    if external_frontends or node_port_frontends:
         ext_action, ext_reason = decide(external, "externalTrafficPolicy")
     mode = TopologyMode.NONE
     if port.uses_cluster_endpoints and any(ep.hint_zones or ep.hint_nodes for ep in candidates):
@@ -222,6 +261,9 @@ def select_endpoints(
         external_action=ext_action,
         external_reason=ext_reason,
         excluded=excluded,
+        node_port_frontends=node_port_frontends,
+        node_ip_frontends=node_ip_frontends,
+        in_cluster_endpoints=in_cluster,
     )
 
 
@@ -254,20 +296,34 @@ class InstalledService:
     @property
     def dropping(self) -> bool:
         return any(
-            DROP in (f.action, f.external_action if f.external_frontends else FORWARD)
+            DROP in (f.action, f.external_action if f.has_external else FORWARD)
             for f in self.families.values()
         )
 
-    def frontend_endpoints(self) -> dict[IPAddress, frozenset[tuple[IPAddress, int]]]:
-        """Every frontend IP and the endpoints its traffic goes to."""
-        out: dict[IPAddress, frozenset[tuple[IPAddress, int]]] = {}
+    def frontend_endpoints(
+        self,
+    ) -> dict[tuple[IPAddress, int], frozenset[tuple[IPAddress, int]]]:
+        """Every frontend (address, L4 port) and the endpoints its traffic goes to."""
+        out: dict[tuple[IPAddress, int], frozenset[tuple[IPAddress, int]]] = {}
+        port = self.state.port
         for sel in self.families.values():
             internal = frozenset((ep.ip, ep.port) for ep in sel.endpoints)
             external = frozenset((ep.ip, ep.port) for ep in sel.external_endpoints)
+            if sel.in_cluster_endpoints is not None:
+                external |= {(ep.ip, ep.port) for ep in sel.in_cluster_endpoints}
             for ip in sel.frontends:
-                out[ip] = internal
+                out[ip, port.port] = internal
             for ip in sel.external_frontends:
-                out[ip] = external
+                out[ip, port.port] = external
+            for ip in sel.node_port_frontends:
+                out[ip, port.node_port] = external
+            in_cluster = sel.in_cluster_endpoints
+            for ip in sel.node_ip_frontends:
+                out[ip, port.node_port] = (
+                    external
+                    if in_cluster is None
+                    else frozenset((ep.ip, ep.port) for ep in in_cluster)
+                )
         return out
 
     def status(self) -> dict[str, Any]:
@@ -303,18 +359,15 @@ def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list
     if port.protocol != Protocol.UDP:
         return []
     old_map = old.frontend_endpoints() if old is not None else {}
-    if old is not None and (old.state.port.port, old.state.port.protocol) != (
-        port.port,
-        port.protocol,
-    ):
+    if old is not None and old.state.port.protocol != port.protocol:
         old_map = {}
     back = []
-    for ip, endpoints in new.frontend_endpoints().items():
-        before = old_map.get(ip)
+    for (ip, l4_port), endpoints in new.frontend_endpoints().items():
+        before = old_map.get((ip, l4_port))
         if before is None:
-            back.append(FlushFilter(port.protocol, ip, port.port))
+            back.append(FlushFilter(port.protocol, ip, l4_port))
             before = frozenset()
-        back += [FlushFilter(port.protocol, ip, port.port, *ep) for ep in endpoints - before]
+        back += [FlushFilter(port.protocol, ip, l4_port, *ep) for ep in endpoints - before]
     return back
 
 
@@ -341,6 +394,12 @@ class Proxier:
         send: Callable[[Sequence[of.Message]], Awaitable[None]] | None = None,
         max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT,
         sweep_interval: float | None = 60.0,
+        node_ports: bool = False,
+        node_port_ips: Sequence[IPAddress] = (),
+        on_services: Callable[
+            [Mapping[ServicePortName, ServiceState | None], bool], Awaitable[None]
+        ]
+        | None = None,
     ) -> None:
         self.tracker = tracker
         self.datapath = datapath
@@ -352,6 +411,12 @@ class Proxier:
         self.conntrack = conntrack
         self._send = send
         self.sweep_interval = sweep_interval
+        # NodePort frontends (the node captures NodePort traffic to the virtual NodePort IP)
+        self.node_ports = node_ports
+        self.node_port_ips = tuple(node_port_ips)  # this node's IPs that accept NodePorts
+        # After each commit: the Service ports it touched (None: removed) and whether it was
+        # a full sync; the node-side capture and health checks follow them.
+        self._on_services = on_services
         config = datapath.config
         self.ctx = svc.Context(
             tables=datapath.tables,
@@ -359,6 +424,7 @@ class Proxier:
             standalone=config.mode == pl.Mode.STANDALONE,
             max_ovs_timeout=max_ovs_timeout,
             host_snat=config.host_snat_ips,
+            node_ips=config.node_ips if config.mode == pl.Mode.STANDALONE else (),
         )
         self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
         self.services: dict[ServicePortName, InstalledService] = {}
@@ -385,7 +451,18 @@ class Proxier:
         if not families:  # nothing to program (e.g. a port with no ClusterIP)
             self._remove_service(port.name)
             return
-        selections = {f: select_endpoints(state, f, self.node_name, self.zone) for f in families}
+        selections = {
+            f: select_endpoints(
+                state,
+                f,
+                self.node_name,
+                self.zone,
+                node_ports=self.node_ports,
+                short_circuit=self.ctx.standalone,
+                node_port_ips=self.node_port_ips if self.ctx.standalone else (),
+            )
+            for f in families
+        }
         sets: list[svc.FrontendSet] = []
         group_ids: dict[IPFamily, int] = {}
         external_ids: dict[IPFamily, int] = {}
@@ -397,21 +474,67 @@ class Proxier:
                 continue
             reject = self._reject_action if sel.action == REJECT else ()
             frontends = sel.frontends
+            node_port_frontends: tuple[IPAddress, ...] = ()
+            in_cluster = sel.in_cluster_endpoints
+            # Local pods to this node's IP:nodePort: the in-cluster endpoints' set.
+            node_ips = sel.node_ip_frontends
             if not sel.external_differs:
                 frontends += sel.external_frontends
+                node_port_frontends = sel.node_port_frontends + node_ips
                 self.groups.release(port.name, family, EXTERNAL)
-            if frontends:
+            elif in_cluster is not None and in_cluster == sel.endpoints and frontends:
+                node_port_frontends = node_ips
+            if frontends or node_port_frontends:
                 gid = group_ids[family] = self.groups.get(port.name, family)
-                sets.append(svc.FrontendSet(frontends, gid, sel.endpoints, reject))
+                sets.append(
+                    svc.FrontendSet(
+                        frontends,
+                        gid,
+                        sel.endpoints,
+                        reject,
+                        node_port_frontends=node_port_frontends,
+                    )
+                )
             else:
                 self.groups.release(port.name, family, "")
+            in_cluster_gid = 0
+            if sel.external_differs and in_cluster is not None:
+                if frontends and in_cluster == sel.endpoints:
+                    in_cluster_gid = group_ids[family]  # the ClusterIPs' group: the same set
+                    self.groups.release(port.name, family, IN_CLUSTER)
+                else:
+                    in_cluster_gid = self.groups.get(port.name, family, IN_CLUSTER)
+                    sets.append(
+                        svc.FrontendSet(
+                            (),
+                            in_cluster_gid,
+                            in_cluster,
+                            reject,
+                            node_port_frontends=node_ips,
+                            group_only=True,
+                        )
+                    )
+            else:
+                self.groups.release(port.name, family, IN_CLUSTER)
+            external_node_ports = sel.node_port_frontends
+            if sel.external_differs and in_cluster is None:
+                external_node_ports += node_ips  # eTP Cluster: the external set is the cluster's
             if sel.external_differs:
                 gid = external_ids[family] = self.groups.get(port.name, family, EXTERNAL)
                 ext_reject = self._reject_action if sel.external_action == REJECT else ()
                 sets.append(
-                    svc.FrontendSet(sel.external_frontends, gid, sel.external_endpoints, ext_reject)
+                    svc.FrontendSet(
+                        sel.external_frontends,
+                        gid,
+                        sel.external_endpoints,
+                        ext_reject,
+                        node_port_frontends=external_node_ports,
+                        in_cluster_group=in_cluster_gid,
+                        in_cluster_endpoints=in_cluster or (),
+                        in_cluster_empty_actions=reject,
+                    )
                 )
-            for ep in (*sel.endpoints, *sel.external_endpoints):
+            for ep in (*sel.endpoints, *sel.external_endpoints, *(in_cluster or ())):
                 used.setdefault((ep.ip, ep.port), ep)
         objects = self._objects_for(port, sets)
         self.datapath.stage(port.name, objects.groups, objects.flows)
@@ -421,7 +544,7 @@ class Proxier:
             tuple(used.values()),
             group_ids,
             rejecting=any(
-                REJECT in (s.action, s.external_action if s.external_frontends else FORWARD)
+                REJECT in (s.action, s.external_action if s.has_external else FORWARD)
                 for s in selections.values()
             ),
             families=selections,
@@ -456,21 +579,18 @@ class Proxier:
         if old_port.protocol != Protocol.UDP and not old_port.session_affinity:
             return  # (most ports: nothing to do, and nothing to compute)
         new_port = new.state.port if new is not None else None
-        same_l4 = new_port is not None and (new_port.port, new_port.protocol) == (
-            old_port.port,
-            old_port.protocol,
-        )
+        same_l4 = new_port is not None and new_port.protocol == old_port.protocol
         old_map = old.frontend_endpoints()
         new_map = new.frontend_endpoints() if new is not None and same_l4 else {}
         if old_port.protocol == Protocol.UDP:
             count = 0
-            for ip, endpoints in old_map.items():
-                if ip not in new_map:
-                    self._flushes[FlushFilter(old_port.protocol, ip, old_port.port)] = None
+            for (ip, l4_port), endpoints in old_map.items():
+                if (ip, l4_port) not in new_map:
+                    self._flushes[FlushFilter(old_port.protocol, ip, l4_port)] = None
                     count += 1
                     continue
-                for ep_ip, ep_port in sorted(endpoints - new_map[ip], key=str):
-                    f = FlushFilter(old_port.protocol, ip, old_port.port, ep_ip, ep_port)
+                for ep_ip, ep_port in sorted(endpoints - new_map[ip, l4_port], key=str):
+                    f = FlushFilter(old_port.protocol, ip, l4_port, ep_ip, ep_port)
                     self._flushes[f] = None
                     count += 1
             if new is not None:
@@ -481,10 +601,12 @@ class Proxier:
                 and same_l4
                 and new_port.affinity_timeout == old_port.affinity_timeout
             )
-            for ip in old_map:
-                if not keep or ip not in new_map:
-                    key = (old_port.protocol, old_port.port, ip)
-                    self._learned_deletes[key] = svc.learned_flows_delete(self.ctx, old_port, ip)
+            for ip, l4_port in old_map:
+                if not keep or (ip, l4_port) not in new_map:
+                    key = (old_port.protocol, l4_port, ip)
+                    self._learned_deletes[key] = svc.learned_flows_delete(
+                        self.ctx, old_port, ip, l4_port
+                    )
 
     async def _post_commit(self) -> None:
         if self._learned_deletes and self._send is not None:
@@ -561,6 +683,8 @@ class Proxier:
         self._trigger_times.clear()
         self._synced_once = True
         await self._post_commit()
+        if self._on_services is not None:
+            await self._on_services(touched, full)
         version = self.tracker.cluster_ips_version
         if self._on_cluster_ips is not None and version != self._cluster_ips_version:
             # Only when an address came or went: rebuilding the set of every ClusterIP on each

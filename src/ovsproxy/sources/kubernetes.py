@@ -14,15 +14,16 @@ without re-listing, which would lose the deletes that happened in the gap; so:
 
 ``Informer`` is generic over resources and delivers raw objects (dicts) to an
 ``ObjectHandler``; ``KubernetesSource`` runs one for Services and one for EndpointSlices,
-converts their objects and delivers model values to a ``SourceHandler``. Both ignore objects
-labelled ``service.kubernetes.io/service-proxy-name`` (and headless slices) through the same
-label selector kube-proxy uses.
+converts their objects and delivers model values to a ``SourceHandler``. Both select objects
+with kube-proxy's label selector (``convert.proxy_label_selector``): those meant for this proxy
+by ``service.kubernetes.io/service-proxy-name`` (none: unlabelled ones), never headless ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -43,10 +44,11 @@ from ovsproxy.model.handler import (
 )
 from ovsproxy.model.problems import InvalidObject, InvalidObjectError, SourceError
 from ovsproxy.sources.convert import (
-    PROXY_LABEL_SELECTOR,
+    check_service_proxy_name,
     convert_endpoint_slice,
     convert_service,
     object_key,
+    proxy_label_selector,
 )
 from ovsproxy.sources.servicecidrs import ServiceCIDREvents
 
@@ -447,8 +449,10 @@ class KubernetesSource:
         page_size: int = 500,
         watch_timeout: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff = Backoff(),
+        service_proxy_name: str | None = None,
     ) -> None:
         self.handler = handler
+        self.service_proxy_name = check_service_proxy_name(service_proxy_name)
         self._client = client
         self._owns_client = client is None
         self._kubeconfig = kubeconfig
@@ -484,7 +488,7 @@ class KubernetesSource:
         services = _ModelEvents(
             handler,
             SYNC_SERVICES,
-            convert_service,
+            functools.partial(convert_service, service_proxy_name=self.service_proxy_name),
             handler.on_service_add,
             handler.on_service_update,
             handler.on_service_delete,
@@ -497,10 +501,9 @@ class KubernetesSource:
             handler.on_endpoint_slice_update,
             handler.on_endpoint_slice_delete,
         )
-        self.services = self.informer(SERVICES, services, label_selector=PROXY_LABEL_SELECTOR)
-        self.endpoint_slices = self.informer(
-            ENDPOINT_SLICES, slices, label_selector=PROXY_LABEL_SELECTOR
-        )
+        selector = proxy_label_selector(self.service_proxy_name)
+        self.services = self.informer(SERVICES, services, label_selector=selector)
+        self.endpoint_slices = self.informer(ENDPOINT_SLICES, slices, label_selector=selector)
 
     def informer(
         self, resource: Resource, handler: ObjectHandler, *, label_selector: str | None = None

@@ -44,6 +44,7 @@ from ovsproxy.model.problems import (
     ValidationError,
 )
 from ovsproxy.sources.convert import (
+    check_service_proxy_name,
     convert_endpoint_slice,
     convert_service,
     object_key,
@@ -95,8 +96,11 @@ class ParsedManifest:
     other_documents: int = 0  # documents of kinds the proxy does not use
 
 
-def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
-    """Parse and validate one file's content (pure: no file system access)."""
+def parse_manifest(
+    data: bytes | str, path: str, *, service_proxy_name: str | None = None
+) -> ParsedManifest:
+    """Parse and validate one file's content (pure: no file system access). Services are
+    ignored as a proxy named ``service_proxy_name`` ignores them (``service_ignored_reason``)."""
     objects: list[ManifestObject] = []
     problems: list[Problem] = []
     other = 0
@@ -121,9 +125,18 @@ def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
                     item_where = SourceLocation(
                         path, item_node.start_mark.line + 1, document, item=index
                     )
-                    other += _add_object(item, item_node, item_where, objects, problems)
+                    other += _add_object(
+                        item,
+                        item_node,
+                        item_where,
+                        objects,
+                        problems,
+                        service_proxy_name=service_proxy_name,
+                    )
             else:
-                other += _add_object(obj, node, where, objects, problems)
+                other += _add_object(
+                    obj, node, where, objects, problems, service_proxy_name=service_proxy_name
+                )
     except yaml.YAMLError as exc:
         # Where the parser stopped, and what it was in the middle of (often the real typo).
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -152,6 +165,8 @@ def _add_object(
     where: SourceLocation,
     objects: list[ManifestObject],
     problems: list[Problem],
+    *,
+    service_proxy_name: str | None = None,
 ) -> int:
     """Convert one object into ``objects``; returns 1 for an object of another kind."""
     kind = obj.get("kind") if isinstance(obj, dict) else None
@@ -165,7 +180,10 @@ def _add_object(
     errors: list[ValidationError] = []
     value: Service | EndpointSlice | None = None
     try:
-        value = _CONVERTERS[kind](obj, location=where)
+        if kind == "Service":
+            value = convert_service(obj, location=where, service_proxy_name=service_proxy_name)
+        else:
+            value = _CONVERTERS[kind](obj, location=where)
     except InvalidObjectError as exc:
         errors.extend(exc.errors)
     if api_version != _API_VERSIONS[kind]:
@@ -181,7 +199,11 @@ def _add_object(
     # Point each error at the line of its own field, not just the object's first line.
     errors = [_at_field_line(error, node) for error in errors]
     problems.extend(errors)
-    ignored = service_ignored_reason(obj) if kind == "Service" and value is not None else None
+    ignored = (
+        service_ignored_reason(obj, service_proxy_name)
+        if kind == "Service" and value is not None
+        else None
+    )
     objects.append(ManifestObject(kind, full_key, where, value, tuple(errors), ignored))
     return 0
 
@@ -309,8 +331,10 @@ class ManifestSource:
         handler: SourceHandler,
         *,
         poll_interval: float = 0.5,
+        service_proxy_name: str | None = None,
     ) -> None:
         self.paths = [Path(p) for p in paths]
+        self.service_proxy_name = check_service_proxy_name(service_proxy_name)
         self.handler = handler
         self.poll_interval = poll_interval
         self._files: dict[Path, _FileState] = {}
@@ -408,9 +432,8 @@ class ManifestSource:
             if state is not None and state.digest == digest:
                 updates.append(_FileUpdate(path, signature, digest))  # touched, not changed
             else:
-                updates.append(
-                    _FileUpdate(path, signature, digest, parse_manifest(data, str(path)))
-                )
+                parsed = parse_manifest(data, str(path), service_proxy_name=self.service_proxy_name)
+                updates.append(_FileUpdate(path, signature, digest, parsed))
         listed = set(files)
         updates.extend(_FileUpdate(path, None) for path in self._files if path not in listed)
         return files, missing, updates

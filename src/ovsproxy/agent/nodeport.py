@@ -1,0 +1,222 @@
+"""The node side of NodePorts, external IPs and load-balancer IPs, following the proxier.
+
+After every proxier commit (``Proxier(on_services=...)``) ``NodeSide.after_sync`` gets the
+Service ports that sync touched and:
+
+* updates the ``CaptureTracker`` for each of them and sends its pending change to the
+  ``inet ovsproxy`` nftables table in one transaction (work proportional to the change; the
+  first sync, or one after drift, rebuilds the table whole); a full sync also verifies the
+  table against what we installed;
+* makes the healthCheckNodePort servers match the Services that have one, with this node's
+  ready local endpoint counts.
+
+``start`` installs the policy routing that takes captured packets to the gateway
+(``routes.capture``) and decides the node's IPs (configured, else read from the node's
+devices) and, from ``node_port_addresses``, which of them accept NodePorts. ``cleanup``
+(``--cleanup``) deletes the table and the policy routes. See docs/nodeport.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
+from ovsproxy.capture.table import load_binding
+from ovsproxy.config import AgentConfig
+from ovsproxy.healthcheck import ProxyHealth, ServiceHealthServers, desired_health_checks
+from ovsproxy.model import IPAddress, IPFamily, ServicePortName, ServiceState
+from ovsproxy.routes.backend import RouteBackendError
+from ovsproxy.routes.capture import CaptureRoutes
+
+log = logging.getLogger("ovsproxy.agent")
+
+
+class NodeSide:
+    """The capture table, its policy routes and the health-check servers of one agent."""
+
+    def __init__(self, config: AgentConfig, netns: str | None, health: ProxyHealth) -> None:
+        self.config = config
+        self.netns = netns
+        self.addresses = NodePortAddresses.parse(config.node_port_addresses)
+        self.node_ips: tuple[IPAddress, ...] = config.node_ips
+        self.tracker = CaptureTracker()
+        self.table = CaptureTable(netns)
+        self.routes = CaptureRoutes(config.gateway, netns)
+        self.health = health
+        self.servers: ServiceHealthServers | None = None
+        # Service ports with a healthCheckNodePort: what the servers are computed from.
+        self._checked: dict[ServicePortName, ServiceState] = {}
+        # Counts for metrics and status, kept per touched port (not recounted per sync).
+        self._node_ports: set[ServicePortName] = set()
+        self._source_ranges: dict[ServicePortName, int] = {}
+        self.element_count = 0  # elements of the table's sets
+        self.last: SyncResult | None = None
+        self.errors = 0  # failed capture syncs
+        self.policy_routes: list[str] = []
+        self._routes_ok = False
+
+    async def start(self) -> None:
+        try:
+            load_binding()  # fail at start-up, in one line, rather than in every sync
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc} (or run with --no-node-ports)") from None
+        await self.routes.open()
+        if not self.node_ips:
+            self.node_ips = tuple(await self.routes.node_addresses())
+            log.info("node IPs (from the node's devices): %s", _text(self.node_ips))
+        if not self.node_ips:
+            log.warning("no node IP found: NodePorts are not captured (give --node-ip)")
+        await self._ensure_policy_routes()
+        self.tracker.set_node_ips(self.node_ips, self.addresses)
+        selected = self.addresses.select(self.node_ips)
+        # kube-proxy: every address when nodePortAddresses is empty, else the selected IPs.
+        listen = None if not self.config.node_port_addresses else [str(ip) for ip in selected]
+        self.servers = ServiceHealthServers(
+            self.health.is_healthy, addresses=listen, netns=self.netns
+        )
+        log.info(
+            "NodePorts on %s", _text(tuple(ip for ip in self.node_ips if ip in selected)) or "none"
+        )
+
+    async def _ensure_policy_routes(self) -> None:
+        """The capture's rule and route per family; a missing gateway (the CNI has not made
+        it yet) is logged and retried after the next sync."""
+        families = sorted({IPFamily.of(ip) for ip in self.node_ips}) or list(IPFamily)
+        try:
+            for change in await self.routes.ensure(families):
+                log.info("capture policy routing: %s", change)
+            self.policy_routes = await self.routes.installed()
+            self._routes_ok = True
+        except RouteBackendError as exc:
+            log.warning("capture policy routing not in place yet: %s", exc)
+            self._routes_ok = False
+
+    @property
+    def node_port_ips(self) -> tuple[IPAddress, ...]:
+        selected = self.addresses.select(self.node_ips)
+        return tuple(ip for ip in self.node_ips if ip in selected)
+
+    async def after_sync(
+        self, touched: Mapping[ServicePortName, ServiceState | None], full: bool
+    ) -> None:
+        """Follow one proxier commit (see the module docstring)."""
+        if not self._routes_ok:
+            await self._ensure_policy_routes()
+        health_changed = False
+        for name, state in touched.items():
+            port = state.port if state is not None else None
+            self.tracker.update(port, name=name)
+            if port is not None and port.node_port:
+                self._node_ports.add(name)
+            else:
+                self._node_ports.discard(name)
+            if port is not None and port.load_balancer_source_ranges:
+                self._source_ranges[name] = len(port.load_balancer_source_ranges)
+            else:
+                self._source_ranges.pop(name, None)
+            if state is not None and state.port.health_check_node_port:
+                self._checked[name] = state
+                health_changed = True
+            elif self._checked.pop(name, None) is not None:
+                health_changed = True
+        try:
+            if full and self.table.installed is not None and not await self.table.verify():
+                log.warning("capture table differs from what we installed: rebuilding it")
+            self.last = await self.table.sync_changes(
+                self.tracker.take_changes(), self.tracker.state
+            )
+            if self.last.error:
+                log.warning("capture table patch refused (%s): rebuilt", self.last.error)
+        except Exception:
+            # The table forgets what it held on any failure: the next sync rebuilds it whole
+            # from the tracker's state, so the change taken here is not lost.
+            self.errors += 1
+            raise
+        self.element_count = self.table.installed_size
+        if self.last.kind != "none":
+            log.info(
+                "capture table: %s, %d element(s), %d byte(s) in %.3fs",
+                self.last.kind,
+                self.last.elements,
+                self.last.bytes,
+                self.last.seconds,
+            )
+        if (health_changed or full) and self.servers is not None:
+            result = await self.servers.update(
+                desired_health_checks(self._checked.values(), self.config.node_name)
+            )
+            for key in result.started:
+                log.info("health check of %s/%s: serving", *key)
+            for key in result.stopped:
+                log.info("health check of %s/%s: stopped", *key)
+
+    @property
+    def node_port_count(self) -> int:
+        return len(self._node_ports)
+
+    @property
+    def source_range_count(self) -> int:
+        return sum(self._source_ranges.values())
+
+    def status(self) -> dict[str, Any]:
+        servers = self.servers
+        health_checks = []
+        if servers is not None:
+            for key, port in sorted(servers.running.items()):
+                status, _headers, _body = servers.answer(key)
+                health_checks.append(
+                    {"service": f"{key[0]}/{key[1]}", "port": port, "status": status}
+                )
+            for key, why in sorted(servers.failed.items()):
+                health_checks.append({"service": f"{key[0]}/{key[1]}", "failed": why})
+        last = self.last
+        return {
+            "node_ips": [str(ip) for ip in self.node_ips],
+            "node_port_ips": [str(ip) for ip in self.node_port_ips],
+            "node_port_addresses": list(self.config.node_port_addresses),  # empty: every node IP
+            "table": "inet ovsproxy",
+            "elements": self.element_count,
+            "last_sync": None
+            if last is None
+            else {"kind": last.kind, "elements": last.elements, "bytes": last.bytes},
+            "errors": self.errors,
+            "policy_routes": self.policy_routes,
+            "health_checks": health_checks,
+        }
+
+    def dump(self) -> list[str]:
+        """The capture table's elements as we installed them, one per line (for /dump)."""
+        state = self.table.installed
+        if state is None:
+            return ["# capture table inet ovsproxy: not installed"]
+        lines = [f"# capture table inet ovsproxy: {state.size} element(s)"]
+        for (name, family), elements in sorted(state.sets.items(), key=lambda kv: str(kv[0])):
+            for element in sorted(elements, key=str):
+                lines.append(f"capture {name.value}-v{int(family)} " + " ".join(map(str, element)))
+        for key, port in sorted((self.servers.running if self.servers else {}).items()):
+            lines.append(f"health-check {key[0]}/{key[1]} port {port}")
+        return lines
+
+    async def cleanup(self) -> None:
+        """--cleanup: our table and our policy routes go; nothing else is touched."""
+        try:
+            await self.table.cleanup()
+        except Exception as exc:
+            log.error("cleanup of the capture table failed: %s", exc)
+        try:
+            for change in await self.routes.remove():
+                log.info("capture policy routing: %s", change)
+        except Exception as exc:
+            log.error("cleanup of the capture policy routes failed: %s", exc)
+
+    async def close(self) -> None:
+        if self.servers is not None:
+            await self.servers.close()
+        await self.table.close()
+        await self.routes.close()
+
+
+def _text(ips: tuple[IPAddress, ...]) -> str:
+    return ", ".join(str(ip) for ip in ips)
