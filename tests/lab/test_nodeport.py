@@ -578,6 +578,10 @@ def test_restart_under_nodeport_traffic_and_the_rest_of_the_ruleset_and_cleanup(
         assert foreign_ruleset(node.netns) == before
         lab.start_agent("node-2")
         assert foreign_ruleset(node.netns) == before
+        # The new agent adopted the table (a rebuild would replace the NAT chains under
+        # the connections in flight): its first sync patched it, or had nothing to do.
+        last = lab.agent_status("node-2")["node_ports"]["last_sync"]
+        assert last is not None and last["kind"] != "rebuild", last
     finally:
         stdout, _ = load.communicate(timeout=60)
     out = json.loads(stdout)
