@@ -59,6 +59,7 @@ min-sync-interval: 2
         ({"route_backend": "bsd"}, "route_backend: 'bsd' is not one of auto, linux, windows"),
         ({"route_backend": "windows", "netns": "node"}, "network namespaces are Linux only"),
         ({"route_sync_interval": -1}, "route_sync_interval must be >= 0"),
+        ({"service_proxy_name": "not/a-label"}, "service_proxy_name: 'not/a-label' is not a"),
     ],
 )
 def test_bad_values_name_the_key(values: dict[str, object], message: str) -> None:

@@ -1,4 +1,5 @@
-"""The code base stays ruff-clean: a lint regression fails the suite, not just a pre-commit hook."""
+"""The code base stays ruff-clean and strictly typed: a lint or type regression fails the suite
+(and so CI), not just a pre-commit hook."""
 
 from __future__ import annotations
 
@@ -18,5 +19,14 @@ def _ruff() -> list[str]:
 def test_ruff_check_is_clean() -> None:
     result = subprocess.run(
         [*_ruff(), "check", "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_is_clean() -> None:
+    # Files, strictness and the few untyped third-party modules: [tool.mypy] in pyproject.toml.
+    # The cache (.mypy_cache) makes reruns fast; a clean checkout pays for one full check.
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -18,6 +18,7 @@ import yaml
 from ovsproxy.capture.desired import NodePortAddresses
 from ovsproxy.datapath.pipeline import Mode, PipelineConfig
 from ovsproxy.model import IPAddress
+from ovsproxy.sources.convert import check_service_proxy_name
 
 
 class ConfigError(ValueError):
@@ -30,6 +31,9 @@ class AgentConfig:
     manifests: tuple[str, ...] = ()
     kubeconfig: str | None = None
     in_cluster: bool = False
+    # handle only Services labelled service.kubernetes.io/service-proxy-name=<this>; none:
+    # only Services without that label (kube-proxy's rule)
+    service_proxy_name: str | None = None
     # OVS; when none of these is given the agent runs its embedded private sandbox
     ovsdb: str | None = None
     openflow: str | None = None
@@ -138,6 +142,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
 
 
 def validate(config: AgentConfig) -> AgentConfig:
+    try:
+        check_service_proxy_name(config.service_proxy_name)
+    except ValueError as exc:
+        raise ConfigError(f"service_proxy_name: {exc}") from None
     for cidr in config.service_cidr:
         try:
             ipaddress.ip_network(cidr, strict=False)

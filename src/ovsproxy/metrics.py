@@ -114,6 +114,9 @@ class Metrics:
             "loadBalancerSourceRanges entries of the Service ports installed.",
             registry=r,
         )
+        self.ovsdb_connected = Gauge(
+            "ovsproxy_ovsdb_connected", "1 while the OVSDB session is up.", registry=r
+        )
         self.last_sync_success = Gauge(
             "ovsproxy_last_sync_success_timestamp_seconds",
             "Unix time of the last successful sync.",

@@ -218,6 +218,27 @@ async def test_drift_check_sees_flows_deleted_behind_our_back(rig: Rig) -> None:
     assert not await rig.datapath.drifted()
 
 
+async def test_drift_check_sees_a_bucket_changed_or_removed_behind_our_back(rig: Rig) -> None:
+    """Same flow count, but a group's bucket rewritten (or one removed) by hand -> drifted;
+    a resync writes the group back whole."""
+    rig.stage_service("web", "10.96.0.10", eps(3), gid=1)
+    await rig.datapath.commit()
+    assert not await rig.datapath.drifted()
+    (group,) = rig.groups()
+    first_ip = group.split("set_field:")[1].split("->reg3")[0]
+    changed = group.replace(f"set_field:{first_ip}->reg3", "set_field:0xaf4ff63->reg3", 1)
+    rig.sandbox.ofctl("mod-group", changed.strip())
+    assert rig.groups() != [group]
+    assert await rig.datapath.drifted()
+    await rig.datapath.resync_switch()
+    assert [g.split(",bucket=")[1:] for g in rig.groups()] == [group.split(",bucket=")[1:]]
+    assert not await rig.datapath.drifted()
+    rig.sandbox.ofctl("remove-buckets", "group_id=1,command_bucket_id=2")
+    assert await rig.datapath.drifted()
+    await rig.datapath.resync_switch()
+    assert not await rig.datapath.drifted()
+
+
 async def test_vswitchd_restart_replays_everything_without_an_event(rig: Rig) -> None:
     rig.stage_service("web", "10.96.0.10", eps(3), gid=1)
     rig.stage_service("v6", "fd00:10:96::12", eps(2, base="fd00:10:244::"), gid=2)

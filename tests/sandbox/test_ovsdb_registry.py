@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -59,3 +62,35 @@ def test_cookie_generation_counts_up_on_the_bridge_and_wraps(sandbox: Sandbox) -
         set_generation(db, "garbage")
         assert db.next_generation("br0") == 1
     assert f'{GENERATION_KEY}="1"' in sandbox.vsctl("get", "bridge", "br0", "external_ids")
+
+
+@pytest.mark.ovs
+async def test_registry_save_while_ovsdb_server_is_away_is_kept_and_written_after(
+    sandbox: Sandbox,
+) -> None:
+    """A save never fails nor waits for a missing ovsdb-server: the ids are kept (and loaded
+    back by this agent) and written once it answers again; the newest ids win."""
+    with sandbox.ovsdb_client() as db:
+        registry = OVSDBGroupRegistry(db, "br0", retry_initial=0.05, retry_max=0.2)
+        await registry.save({1, 2})
+        assert db.connected and registry.status()["saved"]
+        await asyncio.to_thread(sandbox.stop_ovsdb_server)
+        for _ in range(100):  # the IDL notices the closed socket at once
+            if not db.connected:
+                break
+            await asyncio.sleep(0.02)
+        started = time.monotonic()
+        await registry.save({1, 2, 3})
+        await registry.save({1, 2, 3, 4})
+        assert time.monotonic() - started < 1  # not OVSDB's 10 s transaction timeout
+        assert registry.status()["saved"] is False
+        assert await registry.load() == {1, 2, 3, 4}  # what this agent installed meanwhile
+        await asyncio.to_thread(sandbox.start_ovsdb_server)
+        for _ in range(200):
+            if registry.status()["saved"]:
+                break
+            await asyncio.sleep(0.05)
+        assert registry.status()["saved"], registry.status()
+        await registry.close()
+    with sandbox.ovsdb_client() as db:
+        assert await OVSDBGroupRegistry(db, "br0").load() == {1, 2, 3, 4}

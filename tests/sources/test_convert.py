@@ -15,11 +15,15 @@ from hypothesis import strategies as st
 from ovsproxy.model import Protocol, ServiceType, TrafficPolicy
 from ovsproxy.model.problems import InvalidObjectError, render_path
 from ovsproxy.sources.convert import (
+    HEADLESS_LABEL,
+    SERVICE_PROXY_NAME_LABEL,
     TRIGGER_TIME_ANNOTATION,
+    check_service_proxy_name,
     convert_endpoint_slice,
     convert_service,
     parse_ip,
     parse_trigger_time,
+    proxy_label_selector,
     service_ignored_reason,
 )
 
@@ -277,6 +281,59 @@ def test_dual_stack_keeps_the_primary_family_first() -> None:
 def test_ignored_services_convert_to_no_ports(obj: dict, reason: str) -> None:
     assert service_ignored_reason(obj) == reason
     assert convert_service(obj).ports == ()
+
+
+def labelled(labels: dict[str, str]) -> dict[str, Any]:
+    obj = service()
+    obj["metadata"]["labels"] = labels
+    return obj
+
+
+@pytest.mark.parametrize(
+    "labels,proxy_name,reason",
+    [
+        # kube-proxy's rule with no name: only unlabelled Services
+        ({}, None, None),
+        ({SERVICE_PROXY_NAME_LABEL: "foo-bar"}, None, "handled by proxy 'foo-bar'"),
+        ({SERVICE_PROXY_NAME_LABEL: ""}, None, "handled by proxy ''"),  # present is present
+        # with a name: only Services labelled with exactly that name
+        ({}, "ovsproxy", f"not labelled {SERVICE_PROXY_NAME_LABEL}=ovsproxy"),
+        ({SERVICE_PROXY_NAME_LABEL: "ovsproxy"}, "ovsproxy", None),
+        ({SERVICE_PROXY_NAME_LABEL: "foo-bar"}, "ovsproxy", "handled by proxy 'foo-bar'"),
+        # the headless label hides a Service whatever its proxy label says
+        ({HEADLESS_LABEL: ""}, None, f"labelled {HEADLESS_LABEL}"),
+        (
+            {SERVICE_PROXY_NAME_LABEL: "ovsproxy", HEADLESS_LABEL: ""},
+            "ovsproxy",
+            f"labelled {HEADLESS_LABEL}",
+        ),
+    ],
+)
+def test_service_proxy_name_selects_services_as_kube_proxy(
+    labels: dict[str, str], proxy_name: str | None, reason: str | None
+) -> None:
+    obj = labelled(labels)
+    assert service_ignored_reason(obj, proxy_name) == reason
+    ports = convert_service(obj, service_proxy_name=proxy_name).ports
+    assert (ports == ()) == (reason is not None)
+
+
+def test_proxy_label_selector_is_kube_proxys_with_and_without_a_name() -> None:
+    assert proxy_label_selector() == f"!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"
+    assert proxy_label_selector("ovsproxy") == (
+        f"{SERVICE_PROXY_NAME_LABEL}=ovsproxy,!{HEADLESS_LABEL}"
+    )
+
+
+@pytest.mark.parametrize("name", ["-x", "x-", "a b", "x/y", "a" * 64])
+def test_a_service_proxy_name_must_be_a_label_value(name: str) -> None:
+    with pytest.raises(ValueError, match="is not a label value"):
+        check_service_proxy_name(name)
+
+
+@pytest.mark.parametrize("name,normal", [(None, None), ("", None), ("a.b_c-1", "a.b_c-1")])
+def test_service_proxy_name_none_or_empty_means_none(name: str | None, normal: str | None):
+    assert check_service_proxy_name(name) == normal
 
 
 # --- EndpointSlices ----------------------------------------------------------------------

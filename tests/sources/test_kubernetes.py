@@ -204,6 +204,34 @@ async def test_service_proxy_name_label_hides_a_service(api, tmp_path) -> None:
         await source.stop()
 
 
+async def test_a_named_proxy_handles_only_services_labelled_with_its_name(api, tmp_path) -> None:
+    """kube-proxy's rule from the other side: with ``service_proxy_name`` set, the informers
+    select Services (and their slices) labelled with that name, and nothing else."""
+    mine = {SERVICE_PROXY_NAME_LABEL: "ovsproxy"}
+    api.apply("services", service(1))
+    api.apply("services", service(2, labels=mine))
+    api.apply("services", service(3, labels={SERVICE_PROXY_NAME_LABEL: "other"}))
+    for i, labels in ((1, {}), (2, mine), (3, {SERVICE_PROXY_NAME_LABEL: "other"})):
+        obj = endpoint_slice(i)
+        obj["metadata"]["labels"].update(labels)  # the EndpointSlice controller copies them
+        api.apply("endpointslices", obj)
+    tracker, source = await started(api, tmp_path, service_proxy_name="ovsproxy")
+    try:
+        assert service_names(tracker) == {"svc-2"}
+        assert all(len(s.endpoints) == 1 for s in tracker.snapshot().values())
+        first_list = api.requests_for("endpointslices", watch=False)[0]
+        assert first_list.params["labelSelector"] == (
+            f"{SERVICE_PROXY_NAME_LABEL}=ovsproxy,!service.kubernetes.io/headless"
+        )
+        await until(lambda: api.open_watches == 2)
+        api.apply("services", service(1, labels=mine))
+        await until(lambda: service_names(tracker) == {"svc-1", "svc-2"})  # joined
+        api.apply("services", service(2))
+        await until(lambda: service_names(tracker) == {"svc-1"})  # left
+    finally:
+        await source.stop()
+
+
 async def test_expired_continue_token_restarts_the_list(api, tmp_path) -> None:
     populate(api, 12)
 

@@ -243,6 +243,39 @@ items:
     )
 
 
+PROXY_NAMED = """\
+apiVersion: v1
+kind: Service
+metadata: {name: plain}
+spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: mine
+  labels: {service.kubernetes.io/service-proxy-name: ovsproxy}
+spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: headless-labelled
+  labels: {service.kubernetes.io/headless: ""}
+spec: {clusterIP: 10.96.0.3, ports: [{port: 80}]}
+"""
+
+
+@pytest.mark.parametrize(
+    "proxy_name,handled", [(None, {"plain"}), ("ovsproxy", {"mine"}), ("other", set())]
+)
+def test_manifests_follow_the_service_proxy_name(proxy_name: str | None, handled: set) -> None:
+    parsed = parse_manifest(PROXY_NAMED, "named.yaml", service_proxy_name=proxy_name)
+    assert not parsed.problems
+    assert {o.key[2] for o in parsed.objects if o.key and o.ignored is None} == handled
+    for obj in parsed.objects:
+        assert (obj.value.ports == ()) == (obj.ignored is not None), obj
+
+
 def test_unparsable_yaml_names_file_and_line() -> None:
     parsed = parse_manifest("kind: Service\nmetadata: {name: [x\n", "bad.yaml")
     assert parsed.parse_failed and parsed.objects == ()

@@ -19,6 +19,8 @@ from typing import Any
 from ovsproxy import __version__
 from ovsproxy.agent import embedded
 from ovsproxy.agent.observability import StatusPages, register_metrics
+from ovsproxy.agent.ovsdb_link import OVSDBLink
+from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
 from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
@@ -37,7 +39,7 @@ from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPFamily
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel, describe_connect_error
-from ovsproxy.ovs.ovsdb import OVSDB
+from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
 from ovsproxy.proxy.runner import SyncRunner
 
 log = logging.getLogger("ovsproxy.agent")
@@ -76,14 +78,18 @@ class Agent:
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
             if cfg.captures:
                 cfg = await self._start_node_side()
-            parts.ovsdb = await asyncio.to_thread(OVSDB, ovsdb_endpoint)
-            generation = await asyncio.to_thread(parts.ovsdb.next_generation, cfg.bridge)
+            # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
+            parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
+            register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
+            await self.pages.start_http()
+            connected = await connect_ovsdb(parts.ovsdb_link, cfg.bridge, stop)
+            if connected is None:
+                return
+            parts.ovsdb, generation = connected
             log.info("cookie generation %d", generation)
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
             )
-            register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
-            await self.pages.start_http()
             if cfg.manage_routes:
                 parts.routes, parts.discoverer = build_routes(cfg, parts.netns)
                 await parts.routes.start()
@@ -236,6 +242,9 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
     await pages.stop_http()
     if parts.channel is not None:
         await parts.channel.close()
+    registry = getattr(parts.datapath, "registry", None)
+    if isinstance(registry, OVSDBGroupRegistry):
+        await registry.close()
     if parts.ovsdb is not None:
         await asyncio.to_thread(parts.ovsdb.close)
     if parts.sandbox is not None:

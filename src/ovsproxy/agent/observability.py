@@ -118,6 +118,19 @@ def register_metrics(
         lambda: {(): float(parts.node_side.errors)} if parts.node_side is not None else {},
     )
     health.connected = lambda: parts.channel is not None and parts.channel.connected
+    m.openflow_connected.set_function(lambda: float(health.connected()))
+    m.ovsdb_connected.set_function(lambda: float(parts.ovsdb is not None and parts.ovsdb.connected))
+
+    def registry_failures() -> Samples:
+        registry = getattr(parts.datapath, "registry", None)
+        return {(): float(getattr(registry, "failures", 0))}
+
+    m.add_counter(
+        "ovsproxy_ovsdb_registry_save_failures",
+        "Writes of the group-id registry to OVSDB that failed (each is retried).",
+        (),
+        registry_failures,
+    )
     m.not_pods.set_function(lambda: float(len(parts.pods.not_pods) if parts.pods else 0))
 
 
@@ -183,15 +196,29 @@ class StatusPages:
             routes = sorted(str(r) for r in parts.routes.installed())
         dp, channel, sandbox = parts.datapath, parts.channel, parts.sandbox
         healthy, last_sync = self.health.check()
+        config = parts.config
         return {
+            # Where the switch is and how our tables are numbered (`ovsproxy trace` reads it).
+            "ovs": {
+                "bridge": config.bridge,
+                "gateway": config.gateway,
+                "ovsdb": parts.ovsdb.endpoint if parts.ovsdb else config.ovsdb,
+                "openflow": str(channel.endpoint) if channel else config.openflow,
+                "mode": str(config.mode),
+                "first_table": config.first_table,
+                "next_table": config.next_table,
+                "host_snat_ips": list(config.host_snat_ip),
+            },
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 1),
+            "node_name": config.node_name,
             "sandbox": sandbox.name if sandbox else None,
             "node_namespace": sandbox.netns if sandbox else parts.config.netns,
             "openflow": {
                 "connected": bool(channel and channel.connected),
                 "connections": channel.connections if channel else 0,
             },
+            "ovsdb": self._ovsdb_status(),
             "generation": dp.generation if dp else None,
             "groups": len(dp.installed_groups) if dp else 0,
             "flows": len(dp.installed_flows) if dp else 0,
@@ -212,6 +239,17 @@ class StatusPages:
                 for name, reason in (parts.proxier.refused.items() if parts.proxier else ())
             },
         }
+
+    def _ovsdb_status(self) -> dict[str, Any]:
+        parts = self.parts
+        out: dict[str, Any] = (
+            dict(parts.ovsdb_link.status(parts.ovsdb)) if parts.ovsdb_link is not None else {}
+        )
+        registry = getattr(parts.datapath, "registry", None)
+        status = getattr(registry, "status", None)
+        if status is not None:
+            out["group_ids"] = status()
+        return out
 
     def dump_text(self) -> str:
         dp = self.parts.datapath

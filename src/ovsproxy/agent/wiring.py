@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ovsproxy.agent.nodeport import NodeSide
+    from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.model.node import PodPort
@@ -52,6 +53,7 @@ class Components:
     sandbox: Sandbox | None = None
     netns: str | None = None  # the node's network namespace for routes
     ovsdb: OVSDB | None = None
+    ovsdb_link: OVSDBLink | None = None  # the start-up connection's state
     channel: Channel | None = None
     datapath: Datapath | None = None
     semantics: ServiceSemantics | None = None
@@ -84,11 +86,15 @@ def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource 
         from ovsproxy.sources.manifests import ManifestSource
 
         log.info("source: manifests %s (watched for changes)", ", ".join(paths))
-        return ManifestSource([Path(p) for p in paths], tracker)
+        return ManifestSource(
+            [Path(p) for p in paths], tracker, service_proxy_name=config.service_proxy_name
+        )
     from ovsproxy.sources.kubernetes import KubernetesSource
 
     log.info("source: Kubernetes API (%s)", config.kubeconfig or "in-cluster / default kubeconfig")
-    return KubernetesSource(tracker, kubeconfig=config.kubeconfig)
+    return KubernetesSource(
+        tracker, kubeconfig=config.kubeconfig, service_proxy_name=config.service_proxy_name
+    )
 
 
 # -- routes -----------------------------------------------------------------------------------

@@ -68,7 +68,7 @@ class NftablesError(RuntimeError):
 def load_binding() -> Any:
     """The ``nftables`` module (python3-nftables), importable or from the Debian path."""
     try:
-        import nftables  # type: ignore[import-not-found]
+        import nftables
 
         return nftables
     except ImportError:

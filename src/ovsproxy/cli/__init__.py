@@ -20,7 +20,9 @@ COMMANDS: dict[str, str] = {
     "dump": "ovsproxy.cli.status_cmd:dump",
     "check": "ovsproxy.cli.check_cmd:check",
     "sandbox": "ovsproxy.cli.sandbox_cmd:sandbox",
+    "verify": "ovsproxy.cli.verify_cmd:verify",
     "lab": "ovsproxy.cli.lab_cmd:lab",
+    "trace": "ovsproxy.cli.trace_cmd:trace",
 }
 
 

@@ -30,6 +30,11 @@ def _options(func: Any) -> Any:
             default=None,
             help="read the Kubernetes API with the pod's service account",
         ),
+        click.option(
+            "--service-proxy-name",
+            help="handle only Services labelled service.kubernetes.io/service-proxy-name=NAME "
+            "[none: only Services without that label]",
+        ),
         click.option("--ovsdb", help="OVSDB endpoint, e.g. unix:/var/run/openvswitch/db.sock"),
         click.option(
             "--openflow", help="OpenFlow endpoint, e.g. unix:/var/run/openvswitch/br-int.mgmt"

@@ -75,6 +75,15 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         "OpenFlow",
         f"connected={info['openflow']['connected']} connections={info['openflow']['connections']}",
     )
+    ovsdb = info.get("ovsdb") or {}
+    if ovsdb:
+        text = "connected" if ovsdb.get("connected") else "[red]NOT connected[/]"
+        if not ovsdb.get("connected") and ovsdb.get("last_error"):
+            text += f" ({escape(str(ovsdb['last_error']))})"
+        registry = ovsdb.get("group_ids") or {}
+        if registry and not registry.get("saved"):
+            text += ", [yellow]group ids not saved yet[/] (kept in memory, retried)"
+        head.add_row("OVSDB", f"{escape(str(ovsdb.get('endpoint', '')))}: {text}")
     if info.get("sandbox"):
         head.add_row("sandbox", f"{info['sandbox']} (node namespace {info['node_namespace']})")
     head.add_row(

@@ -345,10 +345,18 @@ def subprocess_appctl(target: str | None = None) -> AppCtl:
 
 def vswitchd_appctl(openflow: str) -> AppCtl | None:
     """An ``appctl`` runner for the ovs-vswitchd that serves the OpenFlow endpoint
-    ``openflow``, or None when it cannot be found from here (a ``tcp:`` endpoint, or no
-    control socket). A bridge's ``unix:<rundir>/<bridge>.mgmt`` lies in the daemon's run
-    directory, next to its control socket: ``ovs-vswitchd.ctl`` (``--unixctl`` as the sandbox
-    names it) or ``ovs-vswitchd.<pid>.ctl`` (OVS's default, the pid from its pidfile)."""
+    ``openflow``, or None when it cannot be found from here (see
+    :func:`vswitchd_control_socket`)."""
+    ctl = vswitchd_control_socket(openflow)
+    return subprocess_appctl(ctl) if ctl else None
+
+
+def vswitchd_control_socket(openflow: str) -> str | None:
+    """The control socket of the ovs-vswitchd that serves the OpenFlow endpoint ``openflow``,
+    or None when it cannot be found from here (a ``tcp:`` endpoint, or no control socket). A
+    bridge's ``unix:<rundir>/<bridge>.mgmt`` lies in the daemon's run directory, next to its
+    control socket: ``ovs-vswitchd.ctl`` (``--unixctl`` as the sandbox names it) or
+    ``ovs-vswitchd.<pid>.ctl`` (OVS's default, the pid from its pidfile)."""
     kind, _, path = openflow.partition(":")
     if kind != "unix" or not path:
         return None
@@ -360,4 +368,4 @@ def vswitchd_appctl(openflow: str) -> AppCtl | None:
             ctl = rundir / f"ovs-vswitchd.{pid}.ctl"
     if not ctl.exists() or not os.access(ctl, os.W_OK):
         return None
-    return subprocess_appctl(str(ctl))
+    return str(ctl)

@@ -58,7 +58,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.groups import GroupPlan, GroupSpec, InstalledGroup, delete_group, plan_group
+from ovsproxy.datapath.groups import (
+    GroupPlan,
+    GroupSpec,
+    InstalledGroup,
+    SelectionMethod,
+    delete_group,
+    plan_group,
+)
 from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
@@ -68,7 +75,6 @@ log = logging.getLogger(__name__)
 FlowKey = bytes  # table (1 byte), priority (2 bytes), then the match's wire encoding
 
 _KEY_HEAD = struct.Struct("!BH")
-_MISSING: Any = object()
 _GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
 _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED = GroupPlan((), None, "delete")
@@ -164,6 +170,10 @@ class _Owner:
     flows: dict[FlowKey, of.FlowMod] = field(default_factory=dict)
 
 
+# Who wants a flow: its one owner, or (shared) the owners in the order they asked.
+_FlowRef = _Owner | dict[_Owner, None]
+
+
 class DatapathError(RuntimeError):
     """A commit failed. ``owners``: the owners whose messages the switch refused (when it
     said which), so the caller can set them aside and commit everything else."""
@@ -227,6 +237,8 @@ class GroupRegistry(Protocol):
 
 # A GROUP_STATS entry is 40 + 16 bytes per bucket, with a 16-bit length.
 STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16
+# GROUP_DESC entries overflow their 16-bit length above about 1,000 Service buckets.
+DESCRIBE_SAFE_BUCKETS = 1000
 
 
 class Datapath:
@@ -249,7 +261,7 @@ class Datapath:
         self._owners: dict[Hashable, _Owner] = {}
         # desired state, merged over owners: the owner that wants a flow, or (shared) a dict
         # of them in the order they asked
-        self._flow_refs: dict[FlowKey, _Owner | dict[_Owner, None]] = {}
+        self._flow_refs: dict[FlowKey, _FlowRef] = {}
         self._group_owner: dict[int, _Owner] = {}
         # installed state (what the switch holds once the last commit succeeded)
         self.installed_flows: dict[FlowKey, of.FlowMod] = {}
@@ -294,8 +306,8 @@ class Datapath:
                 return
             me = self._owners[owner] = _Owner(owner, new_groups, new_flows)
             for key in new_flows:
-                ref = refs.get(key, _MISSING)
-                if ref is _MISSING:
+                ref = refs.get(key)
+                if ref is None:
                     refs[key] = me
                 else:
                     self._ref_shared(key, ref, me)
@@ -312,8 +324,8 @@ class Datapath:
         for key, flow in new_flows.items():
             was = old_flows.get(key)
             if was is not flow and was != flow:
-                ref = refs.get(key, _MISSING)
-                if ref is _MISSING:
+                ref = refs.get(key)
+                if ref is None:
                     refs[key] = old
                 else:
                     self._ref_shared(key, ref, old)
@@ -352,8 +364,8 @@ class Datapath:
         if pause is not None:
             pause.__exit__(None, None, None)
 
-    def _ref_shared(self, key: FlowKey, ref: Any, owner: _Owner) -> None:
-        if type(ref) is dict:
+    def _ref_shared(self, key: FlowKey, ref: _FlowRef, owner: _Owner) -> None:
+        if isinstance(ref, dict):
             ref.pop(owner, None)
             ref[owner] = None  # the newest asker goes last
         elif ref is not owner:
@@ -361,9 +373,9 @@ class Datapath:
 
     def _unref_flow(self, key: FlowKey, owner: _Owner) -> None:
         refs = self._flow_refs
-        ref = refs.get(key, _MISSING)
-        if ref is not _MISSING:
-            if type(ref) is dict:
+        ref = refs.get(key)
+        if ref is not None:
+            if isinstance(ref, dict):
                 ref.pop(owner, None)
                 if len(ref) == 1:
                     refs[key] = next(iter(ref))
@@ -377,15 +389,16 @@ class Datapath:
         return list(self._owners)
 
     def desired_flow(self, key: FlowKey) -> of.FlowMod | None:
-        ref = self._flow_refs.get(key, _MISSING)
-        if ref is _MISSING:
+        ref = self._flow_refs.get(key)
+        if ref is None:
             return None
-        if type(ref) is not dict:
-            return ref.flows[key]  # type: ignore[union-attr]
+        return ref.flows[key] if isinstance(ref, _Owner) else self._shared_flow(key, ref)
+
+    def _shared_flow(self, key: FlowKey, sharers: dict[_Owner, None]) -> of.FlowMod:
         # Owners that share a flow want the same one; if not, the newest wins (and we say so).
-        flows = [o.flows[key] for o in ref]
+        flows = [o.flows[key] for o in sharers]
         if any(f != flows[0] for f in flows[1:]):
-            log.warning("owners %s want different flows for %r", [o.key for o in ref], key)
+            log.warning("owners %s want different flows for %r", [o.key for o in sharers], key)
         return flows[-1]
 
     def desired_group(self, gid: int) -> GroupSpec | None:
@@ -504,13 +517,13 @@ class Datapath:
                 if have is not None:
                     delete_keys.append(key)
                 continue
-            want = ref.flows[key] if type(ref) is _Owner else self.desired_flow(key)
+            want = ref.flows[key] if isinstance(ref, _Owner) else self._shared_flow(key, ref)
             if want is have or (have is not None and want == have):
                 continue
             # ADD replaces a flow with the same match and priority
             add_key(key)
-            add_flow(want)  # type: ignore[arg-type]
-            yield want  # type: ignore[misc]
+            add_flow(want)
+            yield want
 
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all
@@ -657,14 +670,52 @@ class Datapath:
             return await self._resync_locked()
 
     async def drifted(self) -> bool:
-        """Cheap drift check for the periodic full resync: does the switch still hold as many
-        flows of this generation as the cache says? (Groups are not listed: OpenFlow cannot
-        describe large ones; a lost group also loses the flows that use it.)"""
+        """Drift check for the periodic full resync: does the switch still hold as many flows
+        of this generation as the cache says, and our groups with their buckets? Groups are
+        read where the switch offers it (``group_stats``/``dump_groups``, the channel does):
+        ids and bucket counts from group statistics, and each bucket (id, weight, actions)
+        from the group descriptions when no group is too large for OpenFlow to describe
+        (GROUP_DESC over 64 KB); above the size statistics can carry, groups are not read."""
         cookie = (pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (
             self.generation << pl.COOKIE_GENERATION_SHIFT
         )
         cookies = await self.switch.flow_cookies(cookie, pl.COOKIE_APP_GENERATION_MASK)
-        return len(cookies) != len(self.installed_flows)
+        if len(cookies) != len(self.installed_flows):
+            return True
+        return await self._groups_drifted()
+
+    async def _groups_drifted(self) -> bool:
+        group_stats = getattr(self.switch, "group_stats", None)
+        dump_groups = getattr(self.switch, "dump_groups", None)
+        installed = self.installed_groups
+        if group_stats is None or dump_groups is None or self._unknown_groups:
+            return False
+        largest = max((g.endpoint_count for g in installed.values()), default=0)
+        if largest > STATS_SAFE_BUCKETS:
+            return False  # the statistics reply itself would overflow
+        counts = {s.group_id: s.n_buckets for s in await group_stats() if self._ours(s.group_id)}
+        if counts.keys() != installed.keys() or any(
+            counts[gid] != group.endpoint_count for gid, group in installed.items()
+        ):
+            return True
+        if largest > DESCRIBE_SAFE_BUCKETS:
+            return False
+        for group in await dump_groups(max_buckets=DESCRIBE_SAFE_BUCKETS):
+            have = installed.get(group.group_id)
+            if have is None:
+                continue
+            method = (
+                SelectionMethod(group.selection_method, tuple(f.name for f in group.fields))
+                if group.selection_method
+                else None
+            )
+            if method != have.selection_method:
+                return True
+            ids = have.ids
+            want = {(ids[k], spec.weight, spec.actions) for k, spec in have.buckets.items()}
+            if {(b.bucket_id, b.weight, b.actions) for b in group.buckets} != want:
+                return True
+        return False
 
     async def _group_ids_in_switch(self) -> set[int]:
         """Group ids the switch may hold that are ours (a superset is fine: deleting a missing

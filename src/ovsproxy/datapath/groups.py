@@ -131,7 +131,8 @@ class InstalledGroup:
             return NotImplemented
         return self._key() == other._key()
 
-    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass it replaced
+    # Unhashable: mutable, like the dataclass it replaced (typeshed types __hash__ a method).
+    __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (

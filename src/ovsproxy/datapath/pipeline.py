@@ -15,8 +15,10 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              re-applies DNAT to established Service connections; a hairpin
                              reply (to the virtual Service IP) is first un-SNATed in zone H, a
                              reply to the host-SNAT address in zone S (HIGH)
-     11    ConntrackState    +inv -> drop; established/related -> Forwarding (skip Service
-                             selection); new -> SessionAffinity
+     11    ConntrackState    +inv -> drop, except a TCP RST without ACK (INVALID_RST: to the
+                             agent, which flushes its conntrack entry, and on to Forwarding,
+                             NATed like its connection); established/related -> Forwarding
+                             (skip Service selection); new -> SessionAffinity
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
                              it used last (reg3/xxreg3, reg4), idle timeout = the affinity
                              timeout (refreshed by each new connection); miss: "to select"
@@ -158,6 +160,9 @@ REJECT_METER_RATE = 100  # packets per second
 REJECT_METER_BURST = 200
 REJECT_MAX_LEN = 256  # bytes of the rejected packet sent to the agent (headers + ICMP quote)
 REJECT_USERDATA = b"ovsp-rej"  # marks our reject packet-ins (8 bytes: no padding)
+# Marks the packet-ins of invalid TCP RSTs (datapath.stale_reset); they share the reject meter.
+INVALID_RST_USERDATA = b"ovsp-rst"
+INVALID_RST_MAX_LEN = 128  # bytes of the RST sent to the agent (headers only are read)
 
 
 # Hairpin (a pod reaching itself through a Service, standalone mode): the DNATed packet is also
@@ -239,6 +244,9 @@ def endpoint_ip_reg(family: IPFamily) -> str:
 
 # -- priorities ---------------------------------------------------------------------------
 PRIORITY_HAIRPIN_SNAT = 220
+# ConntrackState: a TCP RST conntrack calls invalid is not dropped (see datapath.stale_reset:
+# after a vswitchd restart, the RST that ends an endpoint's TIME_WAIT for a reused 4-tuple).
+PRIORITY_INVALID_RST = 215
 PRIORITY_HIGH = 210
 PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200

@@ -25,6 +25,7 @@ from typing import Any
 from ovsproxy.datapath.affinity import AffinitySweeper
 from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher, vswitchd_appctl
 from ovsproxy.datapath.reject import Rejector
+from ovsproxy.datapath.stale_reset import StaleResetFlusher, is_invalid_rst
 from ovsproxy.openflow import protocol as of
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,7 @@ class ServiceSemantics:
         self.datapath = datapath
         self.rejector = rejector or Rejector(channel)
         self.conntrack = ConntrackFlusher(channel, appctl=appctl)
+        self.stale_resets = StaleResetFlusher(channel)
         self.sweeper = AffinitySweeper(channel, datapath.tables, interval=sweep_interval)
         self._task: asyncio.Task[None] | None = None
 
@@ -59,7 +61,10 @@ class ServiceSemantics:
         return semantics
 
     def handle(self, packet_in: of.PacketIn) -> None:
-        self.rejector.handle(packet_in)
+        if is_invalid_rst(packet_in):
+            self.stale_resets.handle(packet_in)
+        else:
+            self.rejector.handle(packet_in)
 
     def proxier_kwargs(self) -> dict[str, Any]:
         return {
@@ -96,10 +101,12 @@ class ServiceSemantics:
                 await task
         await self.conntrack.close()
         await self.rejector.close()
+        await self.stale_resets.close()
 
     def status(self) -> dict[str, Any]:
         return {
             "reject": self.rejector.stats.as_dict(),
             "conntrack_flush": self.conntrack.stats.as_dict(),
+            "invalid_rst": self.stale_resets.stats.as_dict(),
             "affinity_sweeper": self.sweeper.stats.as_dict(),
         }

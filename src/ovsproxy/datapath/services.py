@@ -28,6 +28,8 @@ ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
+IPPROTO_TCP = 6
+TCP_RST, TCP_ACK = 0x004, 0x010  # tcp_flags bits
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -175,6 +177,28 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             ),
             (),
         )  # invalid: drop
+        # ...except an RST: the agent flushes its entry, the endpoint gets it (stale_reset)
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_INVALID_RST,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                # RST without ACK: how a TCP answers a segment no connection of its owns
+                # (RFC 9293 3.10.7.3), the stray ACK here; an abort of a live connection
+                # carries ACK and stays dropped when invalid.
+                tcp_flags=(TCP_RST, TCP_RST | TCP_ACK),
+            ),
+            _apply(
+                of.MeteredController(
+                    pl.INVALID_RST_MAX_LEN,
+                    userdata=pl.INVALID_RST_USERDATA,
+                    meter_id=pl.REJECT_METER_ID,
+                ),
+                of.Resubmit(t.forwarding),
+            ),
+        )
         # Established, related and reply packets skip Service selection.
         add(
             t.conntrack_state,
@@ -407,7 +431,7 @@ _IPV4 = ipaddress.IPv4Address
 
 
 def _endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
-    return (ip._ip, port, 4 if type(ip) is _IPV4 else ip.version)
+    return (ip._ip, port, 4 if type(ip) is _IPV4 else ip.version)  # type: ignore[union-attr]  # hot path, see above
 
 
 def _evict_oldest(cache: dict[Any, Any]) -> None:
@@ -454,7 +478,8 @@ def _bucket_caches(tables: pl.Tables) -> _BucketCaches:
         if caches is None:
             caches = _bucket_actions[tables] = _BucketCaches()
         last[:] = (tables, caches)
-    return last[1]  # type: ignore[no-any-return]
+    current: _BucketCaches = last[1]
+    return current
 
 
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
@@ -751,13 +776,13 @@ def frontend_objects(
     for fset in sets:
         if not (fset.frontends or fset.node_port_frontends or fset.group_only):
             continue
-        buckets = []
+        buckets: list[BucketSpec] = []
         append = buckets.append
         for ep in fset.endpoints:
             ip = ep.ip
             ep_port = ep.port
             version = 4 if type(ip) is ipv4 else ip.version
-            key = (ip._ip, ep_port, version)
+            key = (ip._ip, ep_port, version)  # type: ignore[union-attr]  # hot: see _endpoint_key
             actions = bucket_cache.get(key)
             if actions is None:
                 tail = tails.get((ep_port, affinity))
@@ -792,7 +817,8 @@ def frontend_objects(
                 else tuple(fset.in_cluster_empty_actions)
             )
         for ip, l4_port in fset.frontend_ports(port):
-            flows.append(frontend_templates[ip.version].flow(ip._ip, l4_port, actions))
+            address = ip._ip  # type: ignore[union-attr]  # hot path: see _endpoint_key
+            flows.append(frontend_templates[ip.version].flow(address, l4_port, actions))
             if fset.in_cluster_group:
                 flows.extend(_short_circuit_flows(ctx, port, ip, l4_port, short_circuit))
             if not (affinity and (fset.endpoints or fset.in_cluster_endpoints)):

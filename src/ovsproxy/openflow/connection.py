@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow import session as ses
@@ -149,9 +149,11 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        # typeshed types this BaseTransport; a stream connection always gets a Transport.
+        stream = cast(asyncio.Transport, transport)
+        self.transport = stream
         # Bigger buffers: a full sync writes tens of megabytes.
-        self.transport.set_write_buffer_limits(high=1024 * 1024)  # type: ignore[union-attr]
+        stream.set_write_buffer_limits(high=1024 * 1024)
         self.session.connection_made(time.monotonic())
         self.flush()
         self._schedule()

@@ -527,12 +527,12 @@ class Session:
                     self._pending[xid] = pending
                 self.ignored += 1
             return
-        if msg_type == _HELLO:
+        if isinstance(msg, of.Hello):  # the decoder's value for every HELLO
             if self.phase is Phase.HELLO:
-                self._on_hello(msg, now, events)  # type: ignore[arg-type]
+                self._on_hello(msg, now, events)
             return
-        if msg_type == _ERROR:
-            self._on_error(xid, msg, events)  # type: ignore[arg-type]
+        if isinstance(msg, of.Error):  # the decoder's value for every ERROR
+            self._on_error(xid, msg, events)
             return
         if isinstance(msg, of.PacketIn):
             events.append(PacketInReceived(msg))

@@ -8,6 +8,7 @@ otherwise outlive the caller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import sys
@@ -42,7 +43,8 @@ def _import_ovsdbapp() -> tuple[Any, Any]:
     """
     hidden = "eventlet" not in sys.modules
     if hidden:
-        sys.modules["eventlet"] = None  # type: ignore[assignment]  # import -> ImportError
+        # None makes the import raise ImportError; typeshed allows only modules here.
+        sys.modules["eventlet"] = None  # type: ignore[assignment]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -110,6 +112,15 @@ class OVSDB:
             self.api = _private_api(impl_idl)(self._conn)
         except Exception as exc:
             raise OVSDBError(f"cannot connect to OVSDB at {endpoint}: {exc}") from exc
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session to ovsdb-server is up now. The IDL reconnects by itself after
+        a restart (and replays its monitor); while it is down, reads answer from its cache and
+        writes wait up to ``timeout``, then fail."""
+        conn = getattr(self, "_conn", None)
+        session = getattr(getattr(conn, "idl", None), "_session", None)
+        return bool(session is not None and session.is_connected())
 
     def close(self) -> None:
         conn = getattr(self, "_conn", None)
@@ -214,6 +225,14 @@ class OVSDB:
             )
         return sorted(pods, key=lambda p: p.ofport), sorted(skipped, key=lambda s: s.interface)
 
+    def generation(self, bridge: str) -> int | None:
+        """The cookie generation of the current agent run (None: no agent ran here yet)."""
+        ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
+        try:
+            return int(ext[GENERATION_KEY])
+        except (KeyError, ValueError):
+            return None
+
     def next_generation(self, bridge: str) -> int:
         """A new cookie generation for this agent run, recorded on the bridge (1..65535).
 
@@ -262,11 +281,24 @@ def decode_id_ranges(text: str) -> set[int]:
 
 class OVSDBGroupRegistry:
     """Keeps the ids of our groups in the bridge's external_ids, so a restarted agent (or a
-    reconnection) knows which groups are ours without listing them over OpenFlow."""
+    reconnection) knows which groups are ours without listing them over OpenFlow.
 
-    def __init__(self, db: OVSDB, bridge: str) -> None:
+    A save never fails the commit that asked for it, nor holds it up while ovsdb-server is
+    away: it is written at once when OVSDB is connected, else (or when the write fails) kept
+    as ``pending`` and written by a background retry as soon as OVSDB answers again (the
+    newest ids win). ``load`` includes what is pending, so this agent never forgets a group
+    it installed meanwhile."""
+
+    def __init__(
+        self, db: OVSDB, bridge: str, *, retry_initial: float = 0.25, retry_max: float = 5.0
+    ) -> None:
         self.db = db
         self.bridge = bridge
+        self.retry_initial, self.retry_max = retry_initial, retry_max
+        self.pending: set[int] | None = None  # ids not yet written
+        self.last_error: str | None = None
+        self.failures = 0  # writes that failed (each is retried)
+        self._retry: asyncio.Task[None] | None = None
 
     def _load(self) -> set[int] | None:
         ext = self.db.api.db_get("Bridge", self.bridge, "external_ids").execute(check_error=True)
@@ -287,7 +319,77 @@ class OVSDBGroupRegistry:
         ).execute(check_error=True)
 
     async def load(self) -> set[int] | None:
-        return await asyncio.to_thread(self._load)
+        saved = await asyncio.to_thread(self._load)
+        if self.pending is not None:
+            return (saved or set()) | self.pending
+        return saved
 
     async def save(self, group_ids: set[int]) -> None:
-        await asyncio.to_thread(self._save, group_ids)
+        ids = set(group_ids)
+        if self._retry is None and self.db.connected:
+            try:
+                await asyncio.to_thread(self._save, ids)
+                self.last_error = None
+                return
+            except Exception as exc:
+                self._failed(exc)
+        self.pending = ids
+        if self._retry is None:
+            log.warning(
+                "OVSDB %s: the group-id registry is kept in memory until ovsdb-server answers",
+                self.db.endpoint,
+            )
+            self._retry = asyncio.get_running_loop().create_task(
+                self._write_pending(), name="ovsdb group-id registry"
+            )
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("OVSDB %s: saving the group-id registry failed: %s", self.db.endpoint, exc)
+
+    async def _write_pending(self) -> None:
+        delay = self.retry_initial
+        try:
+            while self.pending is not None:
+                await asyncio.sleep(delay)
+                delay = min(self.retry_max, delay * 2)
+                if not self.db.connected:
+                    continue
+                ids = self.pending
+                try:
+                    await asyncio.to_thread(self._save, ids)
+                except Exception as exc:
+                    self._failed(exc)
+                    continue
+                if self.pending is ids:  # (a newer save while writing: write that one too)
+                    self.pending = None
+                    self.last_error = None
+                    log.info("OVSDB %s: group-id registry saved again", self.db.endpoint)
+        finally:
+            self._retry = None
+
+    async def close(self) -> None:
+        """Stop retrying; one last write of pending ids if OVSDB is there."""
+        task, self._retry = self._retry, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.pending is not None and self.db.connected:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self._save, self.pending)
+                self.pending = None
+        if self.pending is not None:
+            log.warning(
+                "OVSDB %s: group ids %s were not saved (ovsdb-server away)",
+                self.db.endpoint,
+                encode_id_ranges(self.pending),
+            )
+
+    def status(self) -> dict[str, object]:
+        return {
+            "saved": self.pending is None,
+            "failures": self.failures,
+            "last_error": self.last_error,
+        }

@@ -337,21 +337,7 @@ class Sandbox:
         _run(["ip", "netns", "add", self.netns])
         _run(["ip", "link", "set", "lo", "up"], netns=self.netns)
         _run(["ovsdb-tool", "create", str(self.rundir / "conf.db"), str(VSCHEMA)])
-        self._spawn(
-            "ovsdb-server",
-            [
-                "ovsdb-server",
-                str(self.rundir / "conf.db"),
-                f"--remote=punix:{self.rundir / 'db.sock'}",
-                f"--pidfile={self.rundir / 'ovsdb-server.pid'}",
-                f"--unixctl={self.rundir / 'ovsdb-server.ctl'}",
-                f"--log-file={self.rundir / 'ovsdb-server.log'}",
-                "--no-chdir",
-            ],
-        )
-        self._wait_answering(
-            ["ovsdb-client", "--timeout=5", "list-dbs", self.ovsdb], f"ovsdb-server on {self.ovsdb}"
-        )
+        self._start_ovsdb_server()
         _run(["ovs-vsctl", f"--db={self.ovsdb}", "--no-wait", "init"], env=self.env)
         self._start_vswitchd()
         with OVSDB(self.ovsdb) as db:
@@ -380,6 +366,47 @@ class Sandbox:
         assert self.record is not None
         self.record.pids[key] = proc.pid  # `ip netns exec` execs the daemon: same pid
         self.record.save()
+
+    def _start_ovsdb_server(self) -> None:
+        self._spawn(
+            "ovsdb-server",
+            [
+                "ovsdb-server",
+                str(self.rundir / "conf.db"),
+                f"--remote=punix:{self.rundir / 'db.sock'}",
+                f"--pidfile={self.rundir / 'ovsdb-server.pid'}",
+                f"--unixctl={self.rundir / 'ovsdb-server.ctl'}",
+                f"--log-file={self.rundir / 'ovsdb-server.log'}",
+                "--no-chdir",
+            ],
+        )
+        self._wait_answering(
+            ["ovsdb-client", "--timeout=5", "list-dbs", self.ovsdb], f"ovsdb-server on {self.ovsdb}"
+        )
+
+    def stop_ovsdb_server(self, *, kill: bool = True) -> None:
+        """Kill (SIGKILL by default: a crash) ovsdb-server; its database file stays, so
+        ``start_ovsdb_server`` brings the same content back (as an OVS upgrade does)."""
+        assert self.record is not None
+        pid = self.record.pids.pop("ovsdb-server", None)
+        if pid:
+            _kill(pid, str(self.rundir), sig=signal.SIGKILL if kill else signal.SIGTERM)
+        proc = self._procs.pop("ovsdb-server", None)
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        self.record.save()
+        for leftover in ("db.sock", "ovsdb-server.ctl", "ovsdb-server.pid"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.rundir / leftover).unlink()
+
+    def start_ovsdb_server(self) -> None:
+        """Start ovsdb-server again on the sandbox's database (after ``stop_ovsdb_server``)."""
+        self._start_ovsdb_server()
+
+    def restart_ovsdb_server(self, *, kill: bool = True) -> None:
+        self.stop_ovsdb_server(kill=kill)
+        self.start_ovsdb_server()
 
     def _start_vswitchd(self) -> None:
         self._spawn(

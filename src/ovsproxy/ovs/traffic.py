@@ -36,10 +36,14 @@ def _error_kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def http_once(url: str, timeout: float) -> tuple[str, str, str]:
-    """One request on a new connection: (pod name, served port, client address seen)."""
+def http_once(url: str, timeout: float, source_port: int = 0) -> tuple[str, str, str]:
+    """One request on a new connection: (pod name, served port, client address seen).
+    ``source_port`` binds the client's port (a known 5-tuple, e.g. to compare with a trace)."""
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
+    source = ("", source_port) if source_port else None
+    conn = http.client.HTTPConnection(
+        parts.hostname or "", parts.port or 80, timeout=timeout, source_address=source
+    )
     try:
         conn.request("GET", parts.path or "/")
         response = conn.getresponse()
@@ -52,7 +56,13 @@ def http_once(url: str, timeout: float) -> tuple[str, str, str]:
 
 
 def http_load(
-    url: str, *, count: int = 0, duration: float = 0.0, timeout: float = 2.0, interval: float = 0.0
+    url: str,
+    *,
+    count: int = 0,
+    duration: float = 0.0,
+    timeout: float = 2.0,
+    interval: float = 0.0,
+    source_port: int = 0,
 ) -> dict[str, Any]:
     counts: collections.Counter[str] = collections.Counter()
     ports: collections.Counter[str] = collections.Counter()
@@ -66,7 +76,7 @@ def http_load(
         sent += 1
         t0 = time.monotonic()
         try:
-            name, port, client = http_once(url, timeout)
+            name, port, client = http_once(url, timeout, source_port)
             counts[name] += 1
             ports[port] += 1
             seen_as[client.removeprefix("::ffff:")] += 1
@@ -159,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     http_p.add_argument("--duration", type=float, default=0.0)
     http_p.add_argument("--timeout", type=float, default=2.0)
     http_p.add_argument("--interval", type=float, default=0.0)
+    http_p.add_argument("--source-port", type=int, default=0)
     udp_p = sub.add_parser("udp")
     udp_p.add_argument("host")
     udp_p.add_argument("port", type=int)
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             duration=args.duration,
             timeout=args.timeout,
             interval=args.interval,
+            source_port=args.source_port,
         )
     else:
         result = udp_load(

@@ -59,7 +59,8 @@ DEFAULT_SYNC_INTERVAL = 60.0
 # Kernel mutations, the figure the targets and the bench talk about.
 MUTATIONS = ("add", "delete", "replace")
 
-DesiredInput = NetworkLike | Iterable[NetworkLike] | Callable[[], Iterable[NetworkLike]]
+CIDRsInput = NetworkLike | Iterable[NetworkLike]
+DesiredInput = CIDRsInput | Callable[[], Iterable[NetworkLike]]
 
 
 class OpKey(NamedTuple):
@@ -190,7 +191,7 @@ class RouteManager:
 
     # -- public operations (each one job on the queue) ---------------------------------------
 
-    async def ensure(self, cidrs: DesiredInput) -> RouteChanges:
+    async def ensure(self, cidrs: CIDRsInput) -> RouteChanges:
         """Route ``cidrs`` too (the CIDR grew). Narrower routes they cover are removed after
         the wider one is in (only once ``reconcile`` has run)."""
         nets = self._canonical(cidrs)
@@ -236,8 +237,12 @@ class RouteManager:
         ``desired`` may be a callable (e.g. ``discoverer.desired``): it is then read when the
         job runs, not when it was queued, so it can never be older than an ``apply`` before it.
         """
-        getter = desired if callable(desired) else None
-        nets = frozenset() if getter is not None else self._canonical(desired)  # type: ignore[arg-type]
+        getter: Callable[[], Iterable[NetworkLike]] | None = None
+        nets: frozenset[IPNetwork] = frozenset()
+        if callable(desired):
+            getter = desired
+        else:
+            nets = self._canonical(desired)
         # Passing discoverer.desired before the discoverer is ready would read an empty set and
         # delete every valid route at start-up: refuse instead.
         source = getattr(desired, "__self__", None)
@@ -495,7 +500,7 @@ class RouteManager:
                     stale = routes
                 if not stale:
                     continue
-                if any(dst.overlaps(f) for f in failed):  # type: ignore[arg-type]
+                if any(dst.overlaps(f) for f in failed):
                     skipped.append(dst)  # its successor is not in: keep it (make-before-break)
                     continue
                 remaining = list(routes)
@@ -566,7 +571,7 @@ class RouteManager:
         return [f for f in self.families if f in present]
 
     @staticmethod
-    def _canonical(cidrs: DesiredInput) -> frozenset[IPNetwork]:
+    def _canonical(cidrs: CIDRsInput) -> frozenset[IPNetwork]:
         if isinstance(
             cidrs,
             str
@@ -578,7 +583,7 @@ class RouteManager:
             | ipaddress.IPv6Interface,
         ):
             cidrs = (cidrs,)
-        return frozenset(to_network(c) for c in cidrs)  # type: ignore[union-attr]
+        return frozenset(to_network(c) for c in cidrs)
 
 
 class FromThread:
@@ -592,7 +597,7 @@ class FromThread:
     def __init__(self, manager: RouteManager) -> None:
         self._manager = manager
 
-    def ensure(self, cidrs: DesiredInput) -> concurrent.futures.Future[RouteChanges]:
+    def ensure(self, cidrs: CIDRsInput) -> concurrent.futures.Future[RouteChanges]:
         return self._run(lambda: self._manager.ensure(cidrs))
 
     def apply(self, change: CIDRChange) -> concurrent.futures.Future[RouteChanges]:

@@ -134,8 +134,15 @@ def service_cidr_for(ips: Iterable[AddressLike | None]) -> dict[IPFamily, IPNetw
 def covers(networks: Iterable[IPNetwork], item: IPAddress | IPNetwork) -> bool:
     """Whether some network in ``networks`` contains ``item`` (an address or a whole prefix)."""
     if isinstance(item, ipaddress.IPv4Network | ipaddress.IPv6Network):
-        return any(n.version == item.version and item.subnet_of(n) for n in networks)  # type: ignore[arg-type]
+        return any(_within(item, n) for n in networks)
     return any(n.version == item.version and item in n for n in networks)
+
+
+def _within(inner: IPNetwork, outer: IPNetwork) -> bool:
+    """Whether ``inner`` lies inside ``outer``; never across families (``subnet_of`` raises)."""
+    if isinstance(inner, ipaddress.IPv4Network):
+        return isinstance(outer, ipaddress.IPv4Network) and inner.subnet_of(outer)
+    return isinstance(outer, ipaddress.IPv6Network) and inner.subnet_of(outer)
 
 
 def reduce_networks(networks: Iterable[IPNetwork]) -> frozenset[IPNetwork]:
@@ -150,7 +157,7 @@ def reduce_networks(networks: Iterable[IPNetwork]) -> frozenset[IPNetwork]:
     kept: list[IPNetwork] = []
     for net in ordered:
         last = kept[-1] if kept else None
-        if last is not None and last.version == net.version and net.subnet_of(last):  # type: ignore[arg-type]
+        if last is not None and _within(net, last):
             continue
         kept.append(net)
     return frozenset(kept)

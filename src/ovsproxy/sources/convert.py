@@ -7,8 +7,10 @@ namespace/name, field path, value, why), so ``ovsproxy check`` can show them all
 Semantics follow kube-proxy: one ``ServicePort`` per Service port, keyed by
 (namespace, name, port name, protocol); EndpointSlice ports match Service ports by name and
 protocol; ready and serving default to true, terminating to false; only an endpoint's first
-address is used; FQDN slices, headless Services, ExternalName Services and Services labelled
-``service.kubernetes.io/service-proxy-name`` are ignored (not errors).
+address is used; FQDN slices, headless Services, ExternalName Services, Services labelled
+``service.kubernetes.io/headless`` and Services meant for another proxy (kube-proxy's
+``service.kubernetes.io/service-proxy-name`` rule, see ``proxy_label_selector``) are ignored
+(not errors).
 """
 
 from __future__ import annotations
@@ -49,9 +51,37 @@ HEADLESS_LABEL = "service.kubernetes.io/headless"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 # Set by the EndpointSlice controller: when the change a slice carries was triggered.
 TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?\Z")
+
+
+def check_service_proxy_name(name: str | None) -> str | None:
+    """A ``service_proxy_name`` as the selectors use it: None or "" is none; anything else must
+    be a valid label value (63 characters at most). Raises ``ValueError`` naming the value."""
+    if not name:
+        return None
+    if len(name) > 63 or not _LABEL_VALUE.match(name):
+        raise ValueError(
+            f"{name!r} is not a label value (up to 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit)"
+        )
+    return name
+
+
+def proxy_label_selector(service_proxy_name: str | None = None) -> str:
+    """The label selector of the Service and EndpointSlice informers, kube-proxy's rule: with
+    no proxy name, only objects without ``service.kubernetes.io/service-proxy-name``; with one,
+    only objects labelled with exactly that name. Never objects labelled
+    ``service.kubernetes.io/headless`` (the EndpointSlice controller labels the slices of
+    headless Services so)."""
+    if service_proxy_name:
+        return f"{SERVICE_PROXY_NAME_LABEL}={service_proxy_name},!{HEADLESS_LABEL}"
+    return f"!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"
+
+
 # What kube-proxy's informers select: Services (and their slices) meant for another proxy,
 # and the slices of headless Services, never reach it.
-PROXY_LABEL_SELECTOR = f"!{SERVICE_PROXY_NAME_LABEL},!{HEADLESS_LABEL}"
+PROXY_LABEL_SELECTOR = proxy_label_selector()
 
 DEFAULT_AFFINITY_TIMEOUT = 10800  # the API server's default for ClientIP affinity
 MAX_AFFINITY_TIMEOUT = 86400
@@ -232,12 +262,23 @@ def object_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     return None
 
 
-def service_ignored_reason(obj: Mapping[str, Any]) -> str | None:
-    """Why kube-proxy would not program this Service, or None when it would."""
+def service_ignored_reason(
+    obj: Mapping[str, Any], service_proxy_name: str | None = None
+) -> str | None:
+    """Why a proxy named ``service_proxy_name`` (None: kube-proxy's default, no name) would
+    not program this Service, or None when it would (``proxy_label_selector``'s rule)."""
     meta = obj.get("metadata")
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    if isinstance(labels, Mapping) and SERVICE_PROXY_NAME_LABEL in labels:
-        return f"handled by proxy {labels[SERVICE_PROXY_NAME_LABEL]!r}"
+    labels = labels if isinstance(labels, Mapping) else {}
+    proxy = labels.get(SERVICE_PROXY_NAME_LABEL)
+    if service_proxy_name and proxy != service_proxy_name:
+        if proxy is None:
+            return f"not labelled {SERVICE_PROXY_NAME_LABEL}={service_proxy_name}"
+        return f"handled by proxy {proxy!r}"
+    if not service_proxy_name and SERVICE_PROXY_NAME_LABEL in labels:
+        return f"handled by proxy {proxy!r}"
+    if HEADLESS_LABEL in labels:
+        return f"labelled {HEADLESS_LABEL}"
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         return None
@@ -250,7 +291,12 @@ def service_ignored_reason(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def convert_service(obj: Mapping[str, Any], *, location: SourceLocation | None = None) -> Service:
+def convert_service(
+    obj: Mapping[str, Any],
+    *,
+    location: SourceLocation | None = None,
+    service_proxy_name: str | None = None,
+) -> Service:
     """A v1 Service into a ``Service`` with one ``ServicePort`` per port.
 
     Raises ``InvalidObjectError`` with every bad field. An ignored Service (see
@@ -258,7 +304,7 @@ def convert_service(obj: Mapping[str, Any], *, location: SourceLocation | None =
     """
     check = _Checker("Service", location)
     check.metadata(obj, _DNS1035_LABEL)
-    if service_ignored_reason(obj) is not None:
+    if service_ignored_reason(obj, service_proxy_name) is not None:
         check.raise_if_any()
         return Service(check.namespace, check.name)
     spec = obj.get("spec")
@@ -286,8 +332,11 @@ def convert_service(obj: Mapping[str, Any], *, location: SourceLocation | None =
         ):
             affinity = timeout
         else:
-            path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
-            check.error(path, timeout, f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds")
+            check.error(
+                ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds"),
+                timeout,
+                f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds",
+            )
     internal_policy = (
         check.choice(spec, "internalTrafficPolicy", ("spec",), _POLICIES) or TrafficPolicy.CLUSTER
     )
@@ -383,6 +432,7 @@ def _cluster_ips(check: _Checker, spec: Mapping[str, Any]) -> tuple[IPAddress, .
     listed = check.sequence(spec, "clusterIPs", ("spec",))
     if listed and single and listed[0] != single:
         check.error(("spec", "clusterIPs", 0), listed[0], f"must equal spec.clusterIP {single!r}")
+    paths: list[FieldPath]
     if listed:
         raw, paths = listed, [("spec", "clusterIPs", i) for i in range(len(listed))]
     elif single:

@@ -14,22 +14,23 @@ without re-listing, which would lose the deletes that happened in the gap; so:
 
 ``Informer`` is generic over resources and delivers raw objects (dicts) to an
 ``ObjectHandler``; ``KubernetesSource`` runs one for Services and one for EndpointSlices,
-converts their objects and delivers model values to a ``SourceHandler``. Both ignore objects
-labelled ``service.kubernetes.io/service-proxy-name`` (and headless slices) through the same
-label selector kube-proxy uses.
+converts their objects and delivers model values to a ``SourceHandler``. Both select objects
+with kube-proxy's label selector (``convert.proxy_label_selector``): those meant for this proxy
+by ``service.kubernetes.io/service-proxy-name`` (none: unlabelled ones), never headless ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import os
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 
@@ -43,10 +44,11 @@ from ovsproxy.model.handler import (
 )
 from ovsproxy.model.problems import InvalidObject, InvalidObjectError, SourceError
 from ovsproxy.sources.convert import (
-    PROXY_LABEL_SELECTOR,
+    check_service_proxy_name,
     convert_endpoint_slice,
     convert_service,
     object_key,
+    proxy_label_selector,
 )
 from ovsproxy.sources.servicecidrs import ServiceCIDREvents
 
@@ -189,10 +191,6 @@ class Informer:
         self._synced_event = asyncio.Event()
         self._name = f"kubernetes/{resource.plural}"
 
-    def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer:
-        """Run a ServiceCIDR informer; its objects reach ``handler`` as model values."""
-        return self.informer(SERVICE_CIDRS, ServiceCIDREvents(handler))
-
     async def wait_synced(self) -> None:
         await self._synced_event.wait()
 
@@ -315,7 +313,7 @@ class Informer:
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1
         elif kind in ("ADDED", "MODIFIED"):
-            obj = _kept(obj)  # type: ignore[arg-type]
+            obj = _kept(obj)
             key = _key(obj)
             previous = self.store.get(key)
             self.store[key] = obj
@@ -382,15 +380,18 @@ def kube_http_client(
     return client
 
 
+_Value = TypeVar("_Value", Service, EndpointSlice)
+
+
 @dataclass(slots=True)
-class _ModelEvents:
+class _ModelEvents(Generic[_Value]):
     """Raw objects of one kind -> validated model values -> the SourceHandler."""
 
     handler: SourceHandler
     sync_name: str
-    convert: Callable[[Mapping[str, Any]], Any]
-    add: Callable[[Any], None]
-    update: Callable[[Any], None]
+    convert: Callable[[Mapping[str, Any]], _Value]
+    add: Callable[[_Value], None]
+    update: Callable[[_Value], None]
     delete: Callable[[str, str], None]
 
     def on_add(self, obj: Obj) -> None:
@@ -414,9 +415,9 @@ class _ModelEvents:
     def on_error(self, problem: SourceError) -> None:
         self.handler.on_error(problem)
 
-    def _convert(self, obj: Obj) -> Service | EndpointSlice | None:
+    def _convert(self, obj: Obj) -> _Value | None:
         try:
-            return self.convert(obj)  # type: ignore[no-any-return]
+            return self.convert(obj)
         except InvalidObjectError as exc:
             # Skipped: the handler keeps the last valid version, if it had one.
             for error in exc.errors:
@@ -448,8 +449,10 @@ class KubernetesSource:
         page_size: int = 500,
         watch_timeout: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff = Backoff(),
+        service_proxy_name: str | None = None,
     ) -> None:
         self.handler = handler
+        self.service_proxy_name = check_service_proxy_name(service_proxy_name)
         self._client = client
         self._owns_client = client is None
         self._kubeconfig = kubeconfig
@@ -485,7 +488,7 @@ class KubernetesSource:
         services = _ModelEvents(
             handler,
             SYNC_SERVICES,
-            convert_service,
+            functools.partial(convert_service, service_proxy_name=self.service_proxy_name),
             handler.on_service_add,
             handler.on_service_update,
             handler.on_service_delete,
@@ -498,10 +501,9 @@ class KubernetesSource:
             handler.on_endpoint_slice_update,
             handler.on_endpoint_slice_delete,
         )
-        self.services = self.informer(SERVICES, services, label_selector=PROXY_LABEL_SELECTOR)
-        self.endpoint_slices = self.informer(
-            ENDPOINT_SLICES, slices, label_selector=PROXY_LABEL_SELECTOR
-        )
+        selector = proxy_label_selector(self.service_proxy_name)
+        self.services = self.informer(SERVICES, services, label_selector=selector)
+        self.endpoint_slices = self.informer(ENDPOINT_SLICES, slices, label_selector=selector)
 
     def informer(
         self, resource: Resource, handler: ObjectHandler, *, label_selector: str | None = None

@@ -24,10 +24,10 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -44,6 +44,7 @@ from ovsproxy.model.problems import (
     ValidationError,
 )
 from ovsproxy.sources.convert import (
+    check_service_proxy_name,
     convert_endpoint_slice,
     convert_service,
     object_key,
@@ -55,7 +56,18 @@ log = logging.getLogger(__name__)
 SOURCE = "manifests"
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 _API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
-_CONVERTERS = {"Service": convert_service, "EndpointSlice": convert_endpoint_slice}
+
+
+class _Converter(Protocol):
+    def __call__(
+        self, obj: Mapping[str, Any], *, location: SourceLocation | None = None
+    ) -> Service | EndpointSlice: ...
+
+
+_CONVERTERS: dict[str, _Converter] = {
+    "Service": convert_service,
+    "EndpointSlice": convert_endpoint_slice,
+}
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
 
 ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
@@ -84,8 +96,11 @@ class ParsedManifest:
     other_documents: int = 0  # documents of kinds the proxy does not use
 
 
-def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
-    """Parse and validate one file's content (pure: no file system access)."""
+def parse_manifest(
+    data: bytes | str, path: str, *, service_proxy_name: str | None = None
+) -> ParsedManifest:
+    """Parse and validate one file's content (pure: no file system access). Services are
+    ignored as a proxy named ``service_proxy_name`` ignores them (``service_ignored_reason``)."""
     objects: list[ManifestObject] = []
     problems: list[Problem] = []
     other = 0
@@ -110,9 +125,18 @@ def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
                     item_where = SourceLocation(
                         path, item_node.start_mark.line + 1, document, item=index
                     )
-                    other += _add_object(item, item_node, item_where, objects, problems)
+                    other += _add_object(
+                        item,
+                        item_node,
+                        item_where,
+                        objects,
+                        problems,
+                        service_proxy_name=service_proxy_name,
+                    )
             else:
-                other += _add_object(obj, node, where, objects, problems)
+                other += _add_object(
+                    obj, node, where, objects, problems, service_proxy_name=service_proxy_name
+                )
     except yaml.YAMLError as exc:
         # Where the parser stopped, and what it was in the middle of (often the real typo).
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
@@ -122,8 +146,8 @@ def parse_manifest(data: bytes | str, path: str) -> ParsedManifest:
             message += f" (column {mark.column + 1})"
         context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
         if context and context_mark is not None and context_mark is not mark:
-            where = f"line {context_mark.line + 1}, column {context_mark.column + 1}"
-            message += f", {context} started at {where}"
+            started = f"line {context_mark.line + 1}, column {context_mark.column + 1}"
+            message += f", {context} started at {started}"
         error = SourceError(SOURCE, message, SourceLocation(path, line))
         return ParsedManifest(path, (), (*problems, error), parse_failed=True)
     finally:
@@ -141,6 +165,8 @@ def _add_object(
     where: SourceLocation,
     objects: list[ManifestObject],
     problems: list[Problem],
+    *,
+    service_proxy_name: str | None = None,
 ) -> int:
     """Convert one object into ``objects``; returns 1 for an object of another kind."""
     kind = obj.get("kind") if isinstance(obj, dict) else None
@@ -152,9 +178,12 @@ def _add_object(
     full_key = (kind, *key) if key else None
     api_version = obj.get("apiVersion")
     errors: list[ValidationError] = []
-    value = None
+    value: Service | EndpointSlice | None = None
     try:
-        value = _CONVERTERS[kind](obj, location=where)
+        if kind == "Service":
+            value = convert_service(obj, location=where, service_proxy_name=service_proxy_name)
+        else:
+            value = _CONVERTERS[kind](obj, location=where)
     except InvalidObjectError as exc:
         errors.extend(exc.errors)
     if api_version != _API_VERSIONS[kind]:
@@ -170,7 +199,11 @@ def _add_object(
     # Point each error at the line of its own field, not just the object's first line.
     errors = [_at_field_line(error, node) for error in errors]
     problems.extend(errors)
-    ignored = service_ignored_reason(obj) if kind == "Service" and value is not None else None
+    ignored = (
+        service_ignored_reason(obj, service_proxy_name)
+        if kind == "Service" and value is not None
+        else None
+    )
     objects.append(ManifestObject(kind, full_key, where, value, tuple(errors), ignored))
     return 0
 
@@ -230,7 +263,7 @@ def discover_files(
     seen: set[Path] = set()
     for root in map(Path, paths):
         if root.is_dir():
-            found = []
+            found: list[Path] = []
             for directory, subdirs, names in os.walk(root):
                 subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
                 found.extend(
@@ -298,8 +331,10 @@ class ManifestSource:
         handler: SourceHandler,
         *,
         poll_interval: float = 0.5,
+        service_proxy_name: str | None = None,
     ) -> None:
         self.paths = [Path(p) for p in paths]
+        self.service_proxy_name = check_service_proxy_name(service_proxy_name)
         self.handler = handler
         self.poll_interval = poll_interval
         self._files: dict[Path, _FileState] = {}
@@ -397,9 +432,8 @@ class ManifestSource:
             if state is not None and state.digest == digest:
                 updates.append(_FileUpdate(path, signature, digest))  # touched, not changed
             else:
-                updates.append(
-                    _FileUpdate(path, signature, digest, parse_manifest(data, str(path)))
-                )
+                parsed = parse_manifest(data, str(path), service_proxy_name=self.service_proxy_name)
+                updates.append(_FileUpdate(path, signature, digest, parsed))
         listed = set(files)
         updates.extend(_FileUpdate(path, None) for path in self._files if path not in listed)
         return files, missing, updates

@@ -23,11 +23,11 @@ from operator import itemgetter
 from typing import Any, ClassVar, Self
 
 
-def _rebuild(cls: type, items: tuple) -> Any:
+def _rebuild(cls: type[Value], items: tuple[Any, ...]) -> Value:
     return tuple.__new__(cls, items)
 
 
-class Value(tuple):
+class Value(tuple[Any, ...]):
     """Immutable codec value; element 0 is the canonical wire encoding."""
 
     __slots__ = ()
@@ -45,10 +45,11 @@ class Value(tuple):
     @property
     def wire(self) -> bytes:
         """The canonical OpenFlow encoding of this value (for a message: its body)."""
-        return self[0]
+        wire: bytes = self[0]
+        return wire
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self[0] == other[0]  # type: ignore[index]
+        return type(other) is type(self) and self[0] == other[0]
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
@@ -68,7 +69,7 @@ class Value(tuple):
     def __copy__(self) -> Self:
         return self
 
-    def __deepcopy__(self, memo: dict) -> Self:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
         return self
 
     def asdict(self) -> dict[str, Any]:

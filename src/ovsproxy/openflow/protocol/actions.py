@@ -364,7 +364,7 @@ class NAT(Action):
             and ip_max is None
             and port_max is None
             and not (src or persistent or hash or random)
-            and ip_min._ip
+            and ip_min._ip  # type: ignore[attr-defined]  # hot path: int(ip) without the call
         ):
             # The endpoint DNAT of every Service: nat(dst=IP:PORT), built a lot.
             packed = ip_min.packed
@@ -380,7 +380,9 @@ class NAT(Action):
             raise OpenFlowEncodeError("nat: an address or port range needs src or dst")
         ip_lo = _nat_ip(ip_min)
         ip_hi = _nat_ip(ip_max)
-        if ip_hi is not None and (ip_lo is None or ip_hi.version != ip_lo.version or ip_hi < ip_lo):
+        if ip_hi is not None and (
+            ip_lo is None or ip_hi.version != ip_lo.version or int(ip_hi) < int(ip_lo)
+        ):
             raise OpenFlowEncodeError("nat: ip_max needs ip_min of the same family, <= ip_max")
         if port_min == 0:
             port_min = None
@@ -478,9 +480,9 @@ def _nat_ip(value: Any) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     if isinstance(value, bytes) and len(value) in (4, 16):
         value = ipaddress.ip_address(value)
     if isinstance(value, _IP_TYPES):
-        if not value._ip:  # type: ignore[union-attr]
+        if not int(value):
             raise OpenFlowEncodeError("nat: address 0 is not a valid NAT address")
-        return value  # type: ignore[no-any-return]
+        return value
     try:
         ip = ipaddress.ip_address(value)
     except ValueError as exc:
@@ -1046,6 +1048,9 @@ class Instruction(Value):
     __slots__ = ()
     rank = 9
 
+    def to_text(self) -> str:
+        raise NotImplementedError
+
 
 class ApplyActions(Instruction):
     """Apply-Actions instruction. ``ApplyActions(())`` is a drop (and is omitted)."""
@@ -1108,7 +1113,7 @@ class RawInstruction(Instruction):
 def canonical_instructions(instructions: Iterable[Instruction | Action]) -> tuple[Instruction, ...]:
     """Instructions in Open vSwitch's order (apply-actions before goto-table), without an
     empty apply-actions; bare actions are gathered into one ApplyActions."""
-    items = tuple(instructions)
+    items: tuple[object, ...] = tuple(instructions)  # untyped callers pass anything
     loose = [i for i in items if isinstance(i, Action)]
     result = [i for i in items if isinstance(i, Instruction)]
     if len(loose) + len(result) != len(items):
@@ -1205,7 +1210,7 @@ def _dec_set_field(raw: bytes) -> Action:
 def _tlv_extent(raw: bytes, pos: int) -> int:
     if pos + 4 > len(raw):
         raise OpenFlowDecodeError("truncated field header")
-    header = _U32.unpack_from(raw, pos)[0]
+    header: int = _U32.unpack_from(raw, pos)[0]
     extent = 4 + (header & 0xFF)
     if pos + extent > len(raw):
         raise OpenFlowDecodeError("field runs past its action")
@@ -1273,7 +1278,10 @@ def _dec_ct(raw: bytes, depth: int) -> Action:
     else:
         zone = zone_value
     nested = list(decode_actions(raw, 24, len(raw), depth + 1))
-    nat = nested.pop(0) if nested and isinstance(nested[0], NAT) else None
+    first = nested[0] if nested else None
+    nat = first if isinstance(first, NAT) else None
+    if nat is not None:
+        del nested[0]
     return CT(
         commit=bool(flags & c.NX_CT_F_COMMIT),
         zone=zone,

@@ -93,10 +93,10 @@ class BundleAdd(Message):
 
     @property
     def length(self) -> int:
-        return 16 + self[2].length
+        return 16 + self.message.length
 
     def to_text(self, xid: int = 0) -> str:
-        inner = self[2]
+        inner = self.message
         return (
             f"\n bundle_id={self[1]:#x} flags={_bundle_flags_text(self[3])}\n"
             + inner.header_text(xid)
@@ -111,7 +111,7 @@ def encode_bundle_add(
     flags: int = c.BundleFlags.ATOMIC | c.BundleFlags.ORDERED,
 ) -> bytes:
     """BUNDLE_ADD of ``message`` with outer and inner xid ``xid``: one pack and one concat."""
-    body = message[0]
+    body: bytes = message[0]
     inner_len = 8 + len(body)
     total = 16 + inner_len
     if total > c.OFP_MAX_MESSAGE_LEN:

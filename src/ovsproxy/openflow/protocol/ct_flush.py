@@ -20,6 +20,8 @@ from __future__ import annotations
 import ipaddress
 import socket
 import struct
+from collections.abc import Iterable
+from typing import Any
 
 from . import constants as c
 from .message import Message
@@ -66,7 +68,8 @@ def _tuple_props(t: Tuple) -> bytes:
     return out
 
 
-def _check(t: Tuple, what: str) -> Tuple:
+def _check(t: Iterable[Any], what: str) -> Tuple:
+    """The tuple (any 4-item iterable: untyped callers pass lists), checked."""
     src, dst, sport, dport = t
     versions = {ip.version for ip in (src, dst) if ip is not None}
     if len(versions) > 1:
@@ -74,7 +77,7 @@ def _check(t: Tuple, what: str) -> Tuple:
     for port in (sport, dport):
         if not 0 <= port <= 0xFFFF:
             raise ValueError(f"ct_flush: port {port} out of range")
-    return t
+    return (src, dst, sport, dport)
 
 
 class CtFlush(Message):
@@ -100,8 +103,8 @@ class CtFlush(Message):
         orig: Tuple = _EMPTY,
         reply: Tuple = _EMPTY,
     ) -> CtFlush:
-        orig = _check(tuple(orig), "original")  # type: ignore[arg-type]
-        reply = _check(tuple(reply), "reply")  # type: ignore[arg-type]
+        orig = _check(orig, "original")
+        reply = _check(reply, "reply")
         versions = {ip.version for ip in (*orig[:2], *reply[:2]) if ip is not None}
         if len(versions) > 1:
             raise ValueError("ct_flush: original and reply tuples differ in IP version")
@@ -119,7 +122,7 @@ class CtFlush(Message):
         return tuple.__new__(cls, (body, zone, ip_proto, orig, reply))
 
     def _family(self) -> int:
-        for ip in (*self[3][:2], *self[4][:2]):
+        for ip in (*self.orig[:2], *self.reply[:2]):
             if ip is not None:
                 return ip.version
         return 6

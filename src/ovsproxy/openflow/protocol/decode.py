@@ -8,7 +8,7 @@ Decoding keeps no state between messages and adds nothing to any table.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import constants as c
@@ -121,11 +121,15 @@ def _dec_error(data: bytes, version: int) -> Message:
     return Error(etype, code, data[12:])
 
 
-def _dec_opaque(cls: type) -> Any:
+# A message's body decoder: (the whole message, its header's version) -> the message.
+_Decoder = Callable[[bytes, int], Message]
+
+
+def _dec_opaque(cls: Callable[[bytes], Message]) -> _Decoder:
     return lambda data, version: cls(data[8:])
 
 
-def _dec_empty(cls: type) -> Any:
+def _dec_empty(cls: type[Message]) -> _Decoder:
     def decoder(data: bytes, version: int) -> Message:
         if len(data) != 8:
             raise OpenFlowDecodeError(f"{cls.__name__} with a body")
@@ -439,7 +443,7 @@ def _decode_group_descs(data: bytes, pos: int) -> Iterator[GroupMod]:
         pos = end
 
 
-_DECODERS: dict[int, Any] = {
+_DECODERS: dict[int, _Decoder] = {
     c.MsgType.HELLO: _dec_hello,
     c.MsgType.ERROR: _dec_error,
     c.MsgType.ECHO_REQUEST: _dec_opaque(EchoRequest),

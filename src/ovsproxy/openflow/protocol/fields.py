@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import struct
-from typing import Any
+from typing import Any, Literal
 
 from . import constants as c
 from ._value import Value
@@ -162,20 +162,17 @@ class Field:
             if len(value) != 2:
                 raise OpenFlowEncodeError(f"{self.name}: a masked value is (value, mask)")
             v = self.to_int(value[0])
-            m: int | None = self.to_int(value[1])
+            m = self.to_int(value[1])
         elif isinstance(value, (ipaddress.IPv4Network, ipaddress.IPv6Network)):
             v = self.to_int(value.network_address)
             m = self.to_int(value.netmask)
         else:
             return self.to_int(value), None
-        full = (1 << (self.n_bytes * 8)) - 1
-        if m == full:
-            m = None
-        elif not self.maskable and m != 0:
+        if m == (1 << (self.n_bytes * 8)) - 1:
+            return v, None
+        if not self.maskable and m != 0:
             raise OpenFlowEncodeError(f"{self.name} cannot be masked")
-        else:
-            v &= m  # type: ignore[operator]
-        return v, m
+        return v & m, m
 
     def python_value(self, value: int) -> Any:
         """The natural Python form of an integer value (ipaddress objects for addresses)."""
@@ -310,6 +307,24 @@ def format_flags_masked(value: int, mask: int, max_mask: int) -> str:
     return "".join(parts)
 
 
+TCP_FLAG_NAMES = ("fin", "syn", "rst", "psh", "ack", "urg", "ece", "cwr", "ns")
+TCP_FLAGS_MAX = 0x0FFF
+
+
+def format_tcp_flags_masked(value: int, mask: int | None) -> str:
+    """``format_flags_masked`` for tcp_flags: ``+rst``, ``+syn-ack`` (``ovs-ofctl``'s
+    ``packet_tcp_flag_to_string`` names; a full mask prints the flags joined by ``|``)."""
+    if mask is None or mask & TCP_FLAGS_MAX == TCP_FLAGS_MAX:
+        set_bits = [n for i, n in enumerate(TCP_FLAG_NAMES) if value & (1 << i)]
+        return "|".join(set_bits) if set_bits else "0"
+    parts = []
+    for i, name in enumerate(TCP_FLAG_NAMES):
+        bit = 1 << i
+        if mask & bit:
+            parts.append(("+" if value & bit else "-") + name)
+    return "".join(parts) if parts else "0/0"
+
+
 # -- the field table ----------------------------------------------------------------------
 
 
@@ -416,6 +431,10 @@ TCP_SRC = _define(
 )
 TCP_DST = _define(
     "tcp_dst", "tcp_dst", "NXM_OF_TCP_DST", 2, (_BASIC, 14), (_NXM0, 10), DEC, True, 42
+)
+# OpenFlow 1.5's OXM_OF_TCP_FLAGS (12 bits); Open vSwitch encodes it after the TCP ports.
+TCP_FLAGS = _define(
+    "tcp_flags", "tcp_flags", "NXM_NX_TCP_FLAGS", 2, (_BASIC, 42), (_NXM1, 34), HEX, True, 43
 )
 UDP_SRC = _define(
     "udp_src", "udp_src", "NXM_OF_UDP_SRC", 2, (_BASIC, 15), (_NXM0, 11), DEC, True, 44
@@ -809,10 +828,9 @@ def _split_wide(field: Field, value: int, mask: int | None) -> list[Entry]:
     words = field.n_bytes // 4
     first = field.order - 80  # xregN/xxregN are ordered at their first 32-bit register
     entries: list[Entry] = []
-    full = mask is None
     for i in range(words):
         shift = 32 * (words - 1 - i)
-        word_mask = _FULL32 if full else (mask >> shift) & _FULL32  # type: ignore[operator]
+        word_mask = _FULL32 if mask is None else (mask >> shift) & _FULL32
         if word_mask == 0:
             continue
         word_value = (value >> shift) & word_mask
@@ -910,35 +928,41 @@ def _regs_split(entries: list[Entry]) -> list[Entry]:
 # out once (a "plan"); building a match is then encoding its values in that order.
 # (kind, field or xreg field, index of the value or of the high register, index of the low)
 _PLAIN, _XREG = 0, 1
-_PLANS: dict[tuple[str, ...], tuple | bool] = {}
+# (kind, field, first index, second index, TLV header, value bytes, value limit)
+_PlanOp = tuple[int, Field, int, int, bytes, int, int]
+# (ops, eth_index, proto_index, eth_allowed, proto_required): see _make_plan
+_Plan = tuple[tuple[_PlanOp, ...], int, int, frozenset[int] | None, int | None]
+_PLANS: dict[tuple[str, ...], _Plan | Literal[False]] = {}
 
 
-def _make_plan(names: tuple[str, ...]) -> tuple | bool:
+def _make_plan(names: tuple[str, ...]) -> _Plan | Literal[False]:
     """The plan for a keyword set, or False when the general path must handle it.
 
     A plan is (ops, eth_index, proto_index, eth_allowed, proto_required): the fields in
     canonical order, registers paired into xregs, with what each encoding needs at hand,
     and the prerequisites folded into one check on the eth_type and ip_proto values.
     """
-    fields = [FIELDS.get(name) for name in names]
-    if None in fields:
-        return False
+    fields: list[Field] = []
+    for name in names:
+        known = FIELDS.get(name)
+        if known is None:
+            return False
+        fields.append(known)
     seen = set()
     for field in fields:
-        if field.wide or field in seen:  # type: ignore[union-attr]
+        if field.wide or field in seen:
             return False
         seen.add(field)
-    order = sorted(range(len(fields)), key=lambda i: fields[i].order)  # type: ignore[union-attr]
+    order = sorted(range(len(fields)), key=lambda i: fields[i].order)
     eth_index = next((i for i, f in enumerate(fields) if f is ETH_TYPE), -1)
     proto_index = next((i for i, f in enumerate(fields) if f is IP_PROTO), -1)
     eth_allowed: frozenset[int] | None = None
-    protos = set()
-    ops: list[tuple] = []
+    protos: set[int] = set()
+    ops: list[_PlanOp] = []
     position = 0
     while position < len(order):
         index = order[position]
         field = fields[index]
-        assert field is not None
         position += 1
         if field.prereq_eth is not None:
             if eth_index < 0 or (field.prereq_proto is not None and proto_index < 0):
@@ -959,7 +983,7 @@ def _make_plan(names: tuple[str, ...]) -> tuple | bool:
             high = index
             if position < len(order):
                 nxt = fields[order[position]]
-                if nxt is not None and nxt.reg_index == reg + 1:
+                if nxt.reg_index == reg + 1:
                     low = order[position]
                     position += 1
         xfield = XREGS[reg >> 1]
@@ -986,7 +1010,7 @@ def _plain_value(field: Field, raw: Any) -> tuple[int, int | None] | None:
     return None
 
 
-def _encode_with_plan(plan: tuple, values: tuple) -> bytes | None:
+def _encode_with_plan(plan: _Plan, values: tuple[Any, ...]) -> bytes | None:
     ops, eth_index, proto_index, eth_allowed, proto_required = plan
     if eth_allowed is not None and (
         values[eth_index] not in eth_allowed
@@ -1062,13 +1086,13 @@ class Match(Value):
     def items(self) -> tuple[tuple[int, Field, int, int | None], ...]:
         """(order, field, value, mask) in canonical order (decoded from the wire when the
         match was built on the fast path, which only produces the encoding)."""
-        items = self[1]
+        items: tuple[tuple[int, Field, int, int | None], ...] | None = self[1]
         if items is None:
             length = _MATCH_HEADER.unpack_from(self[0], 0)[1]
             items = tuple(
                 (f.order, f, v, m) for f, v, m in _regs_split(decode_tlvs(self[0], 4, length))
             )
-        return items  # type: ignore[no-any-return]
+        return items
 
     @property
     def entries(self) -> tuple[Entry, ...]:
@@ -1157,10 +1181,10 @@ class Match(Value):
         found = False
         regs = {f.reg_index: (v, m) for _, f, v, m in self.items if f.reg_index >= 0}
         for i in range(words):
-            v, m = regs.get(first + i, (0, 0))
+            v, reg_mask = regs.get(first + i, (0, 0))
             if (first + i) in regs:
                 found = True
-                m = _FULL32 if m is None else m
+            m = _FULL32 if reg_mask is None else reg_mask  # None: an exact register
             value = (value << 32) | v
             mask = (mask << 32) | m
         if not found:
@@ -1346,6 +1370,9 @@ def format_match(match: Match, priority: int | None = None) -> str:
         for proto in ("tcp", "udp", "sctp"):
             dec16("tp_src", f"{proto}_src")
             dec16("tp_dst", f"{proto}_dst")
+        item = values.get("tcp_flags")
+        if item is not None:
+            out.append(f"tcp_flags={format_tcp_flags_masked(item[0], item[1])}")
     for _, f, v, m in match.items:
         if f.order >= 1000:  # fields we do not model, printed raw
             out.append(f"{f.name}={format_hex(v)}" + ("" if m is None else f"/{format_hex(m)}"))

@@ -84,13 +84,10 @@ class FlowMod(Message):
             raise OpenFlowEncodeError(f"flow_mod: match must be a Match, not {match!r}")
         if actions is not None:
             instructions = (*instructions, ApplyActions(actions))
-        if (
-            type(instructions) is tuple
-            and len(instructions) == 1
-            and type(instructions[0]) is ApplyActions
-            and instructions[0][1]
-        ):
-            canonical = instructions
+        only = instructions[0] if type(instructions) is tuple and len(instructions) == 1 else None
+        canonical: tuple[Instruction, ...]
+        if type(only) is ApplyActions and only[1]:
+            canonical = (only,)
         else:
             canonical = canonical_instructions(instructions)
         try:
@@ -140,7 +137,8 @@ class FlowMod(Message):
         """The apply-actions of this flow (empty for a drop)."""
         for instruction in self[4]:
             if type(instruction) is ApplyActions:
-                return instruction[1]
+                actions: tuple[Action, ...] = instruction[1]
+                return actions
         return ()
 
     @classmethod

@@ -36,7 +36,7 @@ class Message(Value):
     raw_name: ClassVar[str] = ""
 
     def encode(self, xid: int) -> bytes:
-        body = self[0]
+        body: bytes = self[0]
         length = 8 + len(body)
         if length > c.OFP_MAX_MESSAGE_LEN:
             raise MessageTooLarge(type(self).__name__, length, c.OFP_MAX_MESSAGE_LEN)
@@ -69,7 +69,7 @@ def to_text(msg: Message, xid: int | None = None) -> str:
 
 
 # Message kinds for counters and logs, by header type.
-MESSAGE_KIND = {t: c.MsgType(t).name for t in c.MsgType}
+MESSAGE_KIND: dict[int, str] = {t: t.name for t in c.MsgType}
 
 
 def message_kind(msg_type: int) -> str:

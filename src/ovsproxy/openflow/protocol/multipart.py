@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, Self
 
 from . import constants as c
 from .errors import OpenFlowEncodeError
@@ -67,7 +67,7 @@ class FlowDescRequest(Message):
             text += f" table={self[1]}"
         if self[2] != c.OFPP_ANY:
             text += f" out_port={format_port(self[2])}"
-        return text + " " + self[6].to_text()
+        return text + " " + self.match.to_text()
 
 
 class _GroupRequest(Message):
@@ -80,7 +80,7 @@ class _GroupRequest(Message):
     multipart_type: ClassVar[int]
     raw_name = ""
 
-    def __new__(cls, group_id: int = c.OFPG_ALL) -> Any:
+    def __new__(cls, group_id: int = c.OFPG_ALL) -> Self:
         try:
             wire = _MULTIPART.pack(cls.multipart_type, 0) + struct.pack("!I4x", group_id)
         except struct.error as exc:
@@ -131,7 +131,7 @@ class FlowDesc:
         stats_body = b"".join(stats)
         stats_len = 4 + len(stats_body)
         stats_raw = _OXS_STAT.pack(0, stats_len) + stats_body + _ZEROS[: -stats_len % 8]
-        rest = flow.match[0] + stats_raw + b"".join(i[0] for i in flow.instructions)
+        rest = flow.match.wire + stats_raw + b"".join(i.wire for i in flow.instructions)
         return (
             _FLOW_DESC.pack(
                 24 + len(rest),

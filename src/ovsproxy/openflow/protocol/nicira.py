@@ -77,7 +77,7 @@ class MeteredController(Action):
         return tuple.__new__(cls, (wire, base, meter_id))
 
     def to_text(self) -> str:
-        text = self[1].to_text()
+        text = self.controller.to_text()
         if self[2] == NX_CTLR_NO_METER:
             return text
         if text.startswith("CONTROLLER:"):

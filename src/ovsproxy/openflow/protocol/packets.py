@@ -148,7 +148,8 @@ class PacketIn(Message):
 
     @property
     def in_port(self) -> int | None:
-        return self[4].get("in_port")
+        in_port: int | None = self.match.get("in_port")
+        return in_port
 
     def to_text(self, xid: int = 0) -> str:
         text = f" total_len={self[6]} {self[4].to_text()}".rstrip()
@@ -162,7 +163,8 @@ class PacketIn(Message):
 
 
 def _match_tlv_end(match: Match) -> int:
-    return _U16.unpack_from(match[0], 2)[0]
+    end: int = _U16.unpack_from(match[0], 2)[0]
+    return end
 
 
 def _prop(prop_type: int, payload: bytes) -> bytes:

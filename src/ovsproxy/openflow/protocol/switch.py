@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable
-from typing import Any
+from typing import Self
 
 from . import constants as c
 from .errors import OpenFlowEncodeError
@@ -34,7 +34,7 @@ class Hello(Message):
         return tuple.__new__(cls, (wire, versions))
 
     def encode(self, xid: int) -> bytes:
-        body = self[0]
+        body: bytes = self[0]
         return _HEADER.pack(self[1][-1], self.msg_type, 8 + len(body), xid) + body
 
     def header_text(self, xid: int) -> str:
@@ -114,7 +114,7 @@ class _Opaque(Message):
     _fields = ("data",)
     data: bytes
 
-    def __new__(cls, data: bytes = b"") -> Any:
+    def __new__(cls, data: bytes = b"") -> Self:
         return tuple.__new__(cls, (bytes(data), bytes(data)))
 
     def to_text(self, xid: int = 0) -> str:
@@ -137,7 +137,7 @@ class _Empty(Message):
     __slots__ = ()
     _fields = ()
 
-    def __new__(cls) -> Any:
+    def __new__(cls) -> Self:
         return tuple.__new__(cls, (b"",))
 
 

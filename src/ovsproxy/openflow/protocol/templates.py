@@ -379,8 +379,8 @@ class FrontendFlows:
         match_pick = match_cut.picker(_CUT_NAMES)
         apply_head_len = len(apply[0]) - len(sample_actions[0][0])
         flow_head = _prefix(sample[0], match[0] + apply[0])
-        _, table_id, priority, _, _, *flow_tail = sample
-        flow_tail = tuple(flow_tail)
+        _, table_id, priority, _, _, *tail = sample
+        flow_tail = tuple(tail)
         apply_header = struct.Struct("!HH4x")
         if apply[0][:apply_head_len] != apply_header.pack(c.OFPIT_APPLY_ACTIONS, len(apply[0])):
             raise TemplateError("unexpected apply-actions layout")
@@ -446,12 +446,12 @@ def set_field_exact(field: str) -> Callable[[int], SetField]:
 
 _BUCKET_HEAD = struct.Struct("!HHI")
 _WEIGHT_PROP = struct.Struct("!HHH2x")
-_WEIGHTS: dict[int, bytes] = {}
+_WEIGHTS: dict[int | None, bytes] = {}  # by weight: None (no weight) is never stored
 
 
 def bucket(bucket_id: int, actions: tuple[Action, ...], weight: int | None = 100) -> Bucket:
     """``Bucket(bucket_id, actions, weight)`` without watch port or group."""
-    prop = _WEIGHTS.get(weight)  # type: ignore[arg-type]
+    prop = _WEIGHTS.get(weight)
     if prop is None:
         if type(weight) is not int or not 0 <= weight <= 0xFFFF:
             return Bucket(bucket_id, actions, weight)

@@ -1,0 +1,238 @@
+"""Traffic and agent-state probes for the conformance tests.
+
+Upstream's e2e tests poll reachability from an exec pod until a generous timeout. Ours first
+wait until every agent *reports* the expected state (its /status: the Service port and the
+endpoints it programs, per node), then send the traffic once and assert on every answer: a
+test fails on a wrong answer, not only on a timeout. Clients are every node's client pod and
+every node's own namespace (upstream: one exec pod, sometimes a host-network pod).
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+from ovsproxy.lab.cluster import Lab, LabNode
+from ovsproxy.model import IPFamily
+from ovsproxy.ovs.traffic import run_in_netns
+
+from .apiserver import NAMESPACE, Pod
+
+
+def client_pod(node: LabNode) -> str:
+    return node.pods[f"client-{node.index}"].netns
+
+
+def clients(lab: Lab, *, nodes: bool = True) -> list[tuple[str, str]]:
+    """(label, network namespace): every node's client pod and, with ``nodes``, the node."""
+    found = []
+    for node in lab.nodes.values():
+        found.append((f"{node.name} pod", client_pod(node)))
+        if nodes:
+            found.append((f"{node.name} node", node.netns))
+    return found
+
+
+def url(ip: str, port: int) -> str:
+    return f"http://[{ip}]:{port}/" if ":" in ip else f"http://{ip}:{port}/"
+
+
+def http(netns: str, ip: str, port: int, count: int, timeout: float = 2) -> dict[str, Any]:
+    """``count`` requests, each on a new connection: answers per pod, failures by kind."""
+    return run_in_netns(
+        netns, "http", url(ip, port), "--count", str(count), "--timeout", str(timeout)
+    )
+
+
+def udp(
+    netns: str,
+    ip: str,
+    port: int,
+    count: int,
+    timeout: float = 1,
+    *,
+    new_socket: bool = True,
+    source_port: int = 0,
+) -> dict[str, Any]:
+    args = ["udp", ip, str(port), "--count", str(count), "--timeout", str(timeout)]
+    if new_socket:
+        args.append("--new-socket")
+    if source_port:
+        args += ["--source-port", str(source_port)]
+    return run_in_netns(netns, *args)
+
+
+def port_name(service: str, port: str, protocol: str = "TCP") -> str:
+    """A Service port as the agents' /status names it."""
+    return (
+        f"{NAMESPACE}/{service}:{port}/{protocol}" if port else f"{NAMESPACE}/{service}/{protocol}"
+    )
+
+
+def endpoint_text(ip: Any, port: int) -> str:
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def endpoints_of(pods: Iterable[Pod], family: int, port: int) -> set[str]:
+    return {endpoint_text(ip, port) for p in pods for ip in p.ips if ip.version == family}
+
+
+def wait_programmed(
+    lab: Lab,
+    name: str,
+    expected: set[str] | Callable[[str], set[str]],
+    timeout: float = 30,
+) -> None:
+    """Until every agent programs exactly ``expected`` (``IP:port``; or a function of the node
+    name) for the Service port ``name`` (``port_name``), and has the port at all."""
+
+    def holds(node: str, status: dict[str, Any]) -> bool:
+        want = expected(node) if callable(expected) else expected
+        for service in status.get("services", []):
+            if service["name"] == name:
+                return set(service["endpoints"]) == want
+        return False
+
+    lab.wait_status(holds, timeout)
+
+
+def wait_absent(lab: Lab, service: str, timeout: float = 30) -> None:
+    """Until no agent has any port of ``service``."""
+    prefix = f"{NAMESPACE}/{service}"
+
+    def holds(node: str, status: dict[str, Any]) -> bool:
+        return not any(
+            s["name"].startswith((prefix + ":", prefix + "/")) for s in status["services"]
+        )
+
+    lab.wait_status(holds, timeout)
+
+
+def dump(lab: Lab, node: str) -> str:
+    """The node agent's /dump: our flows and groups in ovs-ofctl syntax."""
+    address = lab.nodes[node].metrics_address
+    with urllib.request.urlopen(f"http://{address}/dump", timeout=10) as resp:
+        text: str = resp.read().decode()
+    return text
+
+
+def assert_not_programmed(lab: Lab, ip: str, timeout: float = 10) -> None:
+    """No flow of any agent matches the address (a stale ServiceLB flow would), within
+    ``timeout`` (/status drops a Service when the proxier does, the flows go with the commit
+    that follows)."""
+
+    def check() -> None:
+        for node in lab.nodes:
+            stale = [
+                line
+                for line in dump(lab, node).splitlines()
+                if f"={ip}," in line or f"={ip} " in line or line.endswith(f"={ip}")
+            ]
+            assert not stale, (node, ip, stale)
+
+    eventually(check, timeout)
+
+
+def assert_reaches(
+    lab: Lab,
+    ip: str,
+    port: int,
+    pods: set[str],
+    *,
+    count: int = 30,
+    nodes: bool = True,
+    served_port: int | None = None,
+) -> None:
+    """From every client: ``count`` new connections, none failing, answered by exactly
+    ``pods`` (and, when given, on the pods' port ``served_port``)."""
+    for label, netns in clients(lab, nodes=nodes):
+        out = http(netns, ip, port, count)
+        assert out["failed"] == 0, (label, ip, port, out["failures"], out)
+        assert set(out["counts"]) == pods, (label, ip, port, out["counts"])
+        if served_port is not None:
+            assert set(out["ports"]) == {str(served_port)}, (label, out["ports"])
+
+
+def assert_udp_reaches(
+    lab: Lab, ip: str, port: int, pods: set[str], *, count: int = 20, nodes: bool = True
+) -> None:
+    for label, netns in clients(lab, nodes=nodes):
+        out = udp(netns, ip, port, count)
+        assert out["failed"] == 0, (label, ip, port, out["failures"], out)
+        assert set(out["counts"]) <= pods and out["counts"], (label, out["counts"])
+
+
+def assert_refused(lab: Lab, ip: str, port: int, *, count: int = 3, nodes: bool = True) -> None:
+    """Every connection is actively refused (a TCP RST from the proxy, not a timeout)."""
+    for label, netns in clients(lab, nodes=nodes):
+        out = http(netns, ip, port, count, timeout=3)
+        assert out["failures"] == {"refused": count}, (label, ip, port, out)
+
+
+def assert_unreachable(
+    lab: Lab, ip: str, port: int, *, protocol: str = "TCP", count: int = 2, nodes: bool = True
+) -> None:
+    """No answer at all (refused, reset, timed out or unreachable: as upstream, any failure)."""
+    for label, netns in clients(lab, nodes=nodes):
+        if protocol == "UDP":
+            out = udp(netns, ip, port, count, timeout=1)
+        else:
+            out = http(netns, ip, port, count, timeout=1)
+        assert out["failed"] == count and not out["counts"], (label, ip, port, protocol, out)
+
+
+def eventually(check: Callable[[], None], timeout: float = 20, interval: float = 0.5) -> None:
+    """Retry ``check`` (which asserts) until it passes; for what /status cannot show."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            check()
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(interval)
+
+
+def node_ip(lab: Lab, node: str, family: IPFamily) -> str:
+    return next(str(ip) for ip in lab.nodes[node].node_ips if ip.version == family)
+
+
+def wait_node_port(lab: Lab, name: str, node_port: int, timeout: float = 30) -> None:
+    """Until every agent has the Service port with ``node_port`` (its /status)."""
+
+    def holds(_node: str, status: dict) -> bool:
+        return any(
+            s["name"] == name and s.get("node_port") == node_port for s in status["services"]
+        )
+
+    lab.wait_status(holds, timeout)
+
+
+# A known gap of the NodePort wiring this suite was written against (h-nodeport-wire): a pod
+# connecting to its *own* node's IP:nodePort times out (the node DNATs it to the virtual
+# NodePort IP and routes it back into OVS through gw0, source still the pod's address, where it
+# is dropped as a local pod's address arriving from elsewhere, or its reply bypasses the node's
+# un-DNAT). Upstream's checkNodePortServiceReachability does try every node from its exec pod.
+# Every NodePort test still checks all of it: other failures fail the test; this one alone
+# makes it xfail; when it is gone while this is True, the test fails so the flag gets cleared.
+POD_TO_OWN_NODE_GAP = False
+GAP_REASON = "NodePort from a pod to its own node's IP times out (NodePort wiring, known gap)"
+
+
+class Gaps:
+    """The known-gap failures a test saw; ``finish()`` decides the test's outcome by them."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[object, ...]] = []
+
+    def finish(self) -> None:
+        if self.seen and POD_TO_OWN_NODE_GAP:
+            pytest.xfail(f"{GAP_REASON}: {self.seen[:3]}")
+        if not self.seen and POD_TO_OWN_NODE_GAP:
+            pytest.fail("pod -> own node's nodePort works now: set POD_TO_OWN_NODE_GAP = False")
+        assert not self.seen, self.seen
