@@ -70,6 +70,8 @@ class NodeSide:
             log.warning("no node IP found: NodePorts are not captured (give --node-ip)")
         await self._ensure_policy_routes()
         self.tracker.set_node_ips(self.node_ips, self.addresses)
+        if await self.table.adopt():
+            log.info("capture table: adopted the one a previous run left (patched, not rebuilt)")
         selected = self.addresses.select(self.node_ips)
         # kube-proxy: every address when nodePortAddresses is empty, else the selected IPs.
         listen = None if not self.config.node_port_addresses else [str(ip) for ip in selected]
@@ -124,9 +126,15 @@ class NodeSide:
         try:
             if full and self.table.installed is not None and not await self.table.verify():
                 log.warning("capture table differs from what we installed: rebuilding it")
-            self.last = await self.table.sync_changes(
-                self.tracker.take_changes(), self.tracker.state
-            )
+            if full:
+                # Diffed against what the table holds (an adopted table may hold what this
+                # run never wanted): O(elements), on full syncs only.
+                self.tracker.take_changes()
+                self.last = await self.table.sync(self.tracker.state())
+            else:
+                self.last = await self.table.sync_changes(
+                    self.tracker.take_changes(), self.tracker.state
+                )
             if self.last.error:
                 log.warning("capture table patch refused (%s): rebuilt", self.last.error)
         except Exception:

@@ -237,6 +237,19 @@ class CaptureTable:
         listing = await self._call(self._read_blocking)
         return None if listing is None else parse_listing(listing)
 
+    async def adopt(self) -> bool:
+        """Take over the table a previous run left (an agent restart): when it has our chains
+        (name, type, hook, priority, policy) with as many rules each as ours and our sets,
+        its elements become what we hold, and the first sync patches it instead of rebuilding
+        it. (A rebuild replaces the NAT chains, and with them, in the kernel, the NAT state of
+        connections in flight.) False: absent or not our shape; the first sync rebuilds."""
+        listing = await self._call(self._read_blocking)
+        if listing is None or not _our_shape(listing):
+            return False
+        state = parse_listing(listing)
+        self._installed = {k: set(v) for k, v in state.sets.items()}
+        return True
+
     async def verify(self) -> bool:
         """True when the kernel's table holds exactly what we installed; else forget it, so
         the next sync rebuilds."""
@@ -252,6 +265,32 @@ class CaptureTable:
 
     async def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _shape(chains: list[dict[str, Any]], rules: list[str]) -> tuple[Any, ...]:
+    described = sorted(
+        tuple(str(c.get(k)) for k in ("name", "type", "hook", "prio", "policy")) for c in chains
+    )
+    counts = sorted((name, rules.count(name)) for name in set(rules))
+    return tuple(described), tuple(counts)
+
+
+def _our_shape(listing: dict[str, Any]) -> bool:
+    """The listed table has the skeleton's chains, rule counts per chain and sets."""
+    items = listing.get("nftables", [])
+    chains = [i["chain"] for i in items if "chain" in i]
+    rules = [i["rule"]["chain"] for i in items if "rule" in i]
+    sets = {i["set"]["name"] for i in items if "set" in i}
+    want_chains, want_rules, want_sets = [], [], set()
+    for command in render.skeleton():
+        body = command.get("add", {})
+        if "chain" in body:
+            want_chains.append(body["chain"])
+        elif "rule" in body:
+            want_rules.append(body["rule"]["chain"])
+        elif "set" in body:
+            want_sets.add(body["set"]["name"])
+    return sets == want_sets and _shape(chains, rules) == _shape(want_chains, want_rules)
 
 
 _SET_BY_NAME = {
