@@ -608,3 +608,102 @@ def test_parse_ip_edge_cases() -> None:
         assert parse_ip(text) is None, text
     assert parse_ip("0.0.0.0") == ipaddress.ip_address("0.0.0.0")
     assert parse_ip("255.255.255.255") == ipaddress.ip_address("255.255.255.255")
+
+
+# Endpoints as a list sends them, mostly valid, at most one field odd: the plain-endpoint fast
+# path must give exactly what the checked path gives (the same endpoints, or the same errors).
+endpoint_fields = {
+    "addresses": (
+        st.one_of(st.tuples(v4).map(list), st.tuples(v4, v4).map(list)),
+        st.one_of(
+            st.tuples(v6).map(list),
+            st.lists(st.sampled_from(["", " 10.0.0.1", "10.0.0.01", "fe80::1%e"]), max_size=2),
+            json_values,
+        ),
+    ),
+    "conditions": (
+        st.dictionaries(
+            st.sampled_from(["ready", "serving", "terminating"]),
+            st.one_of(st.none(), st.booleans()),
+        ),
+        st.one_of(
+            st.builds(
+                lambda key, value: {key: value},
+                st.sampled_from(["ready", "serving", "terminating"]),
+                st.one_of(st.integers(0, 1), st.text(max_size=2)),
+            ),
+            json_values,
+        ),
+    ),
+    "nodeName": (st.sampled_from(["", "node-1"]), json_values),
+    "zone": (st.sampled_from(["", "zone-a"]), json_values),
+    "hints": (
+        st.one_of(
+            st.just({}),
+            st.builds(lambda z: {"forZones": [{"name": z}]}, st.sampled_from(["", "zone-a"])),
+        ),
+        json_values,
+    ),
+}
+
+
+@st.composite
+def one_endpoint(draw: Any) -> Any:
+    if draw(st.integers(0, 9)) == 0:
+        return draw(json_values)  # not even a mapping, perhaps
+    odd = draw(st.sampled_from([None, *endpoint_fields]))
+    endpoint = {}
+    for key, (valid, garbage) in endpoint_fields.items():
+        if key == odd:
+            endpoint[key] = draw(garbage)
+        elif key == "addresses" or draw(st.booleans()):
+            endpoint[key] = draw(valid)
+    return endpoint
+
+
+def _converted_or_errors(obj: dict[str, Any]) -> Any:
+    try:
+        return convert_endpoint_slice(obj)
+    except InvalidObjectError as exc:
+        return exc.errors
+
+
+@given(one_endpoint(), st.sampled_from(["IPv4", "IPv4", "IPv6", "bogus"]))
+def test_plain_endpoint_fast_path_agrees_with_the_checked_path(endpoint, address_type) -> None:
+    from ovsproxy.sources import convert
+
+    obj = endpoint_slice(endpoints=[endpoint], addressType=address_type)
+    fast = _converted_or_errors(copy.deepcopy(obj))
+    plain = convert._plain_endpoint
+    convert._plain_endpoint = lambda raw, family: None  # every endpoint through the checker
+    try:
+        checked = _converted_or_errors(copy.deepcopy(obj))
+    finally:
+        convert._plain_endpoint = plain
+    assert fast == checked
+
+
+def test_plain_endpoints_take_the_fast_path() -> None:
+    from ovsproxy.model import IPFamily
+    from ovsproxy.sources import convert
+
+    raw = {
+        "addresses": ["10.1.0.5"],
+        "conditions": {"ready": True, "serving": True, "terminating": False},
+        "nodeName": "node-1",
+        "zone": "zone-a",
+        "targetRef": {"kind": "Pod", "name": "web-1"},
+    }
+    base = convert._plain_endpoint(raw, IPFamily.IPv4)
+    assert base == (
+        ipaddress.ip_address("10.1.0.5"),
+        True,
+        True,
+        False,
+        "node-1",
+        "zone-a",
+        frozenset(),
+        frozenset(),
+    )
+    assert convert._plain_endpoint(raw, IPFamily.IPv6) is None  # the checker reports it
+    assert convert._plain_endpoint({**raw, "hints": {"forZones": []}}, IPFamily.IPv4) is None

@@ -15,7 +15,6 @@ address is used; FQDN slices, headless Services, ExternalName Services, Services
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import re
@@ -110,10 +109,24 @@ def parse_ip(text: object) -> IPAddress | None:
     Rejected beyond what ``ipaddress`` rejects: IPv6 scope ids (``fe80::1%eth0``) and any
     surrounding whitespace. Leading zeros in IPv4 are already rejected by ``ipaddress``.
     """
-    return _parse_ip(text) if isinstance(text, str) else None
+    if not isinstance(text, str):
+        return None
+    ip = _PARSED_IPS.get(text, _MISSING)
+    if ip is _MISSING:
+        ip = _parse_ip(text)
+        if len(_PARSED_IPS) >= _PARSED_IPS_MAX:
+            _PARSED_IPS.clear()  # no eviction order to keep: a miss must stay cheap
+        _PARSED_IPS[text] = ip
+    return ip  # type: ignore[return-value]
 
 
-@functools.lru_cache(maxsize=1 << 16)  # endpoint addresses repeat across ports and updates
+# Endpoint addresses repeat across ports and updates; a first list parses each once, so the
+# memo's misses must cost little (a plain dict, cleared when full, not an LRU).
+_PARSED_IPS: dict[str, IPAddress | None] = {}
+_PARSED_IPS_MAX = 1 << 17
+_MISSING = object()
+
+
 def _parse_ip(text: str) -> IPAddress | None:
     if not text or text != text.strip() or "%" in text:
         return None
@@ -122,7 +135,9 @@ def _parse_ip(text: str) -> IPAddress | None:
         # decimal octets, an octet over 255, leading zeros) at a tenth of the cost, and a
         # cold start parses one address per endpoint.
         try:
-            return ipaddress.IPv4Address(socket.inet_pton(socket.AF_INET, text))
+            return ipaddress.IPv4Address(
+                int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
+            )
         except (OSError, ValueError, UnicodeError):
             return None
     try:
@@ -608,6 +623,10 @@ def convert_endpoint_slice(
     # Each endpoint without its port: (ip, ready, serving, terminating, node, zone, hints).
     bases: list[tuple[Any, ...]] = []
     for index, raw in enumerate(check.sequence(obj, "endpoints", ())):
+        base = _plain_endpoint(raw, family)
+        if base is not None:
+            bases.append(base)
+            continue
         path = ("endpoints", index)
         if not isinstance(raw, Mapping):
             check.error(path, raw, "must be a mapping")
@@ -649,6 +668,52 @@ def convert_endpoint_slice(
     return EndpointSlice(
         check.namespace, check.name, service, slice_ports, _trigger_time(check, meta)
     )
+
+
+_NO_NAMES: frozenset[str] = frozenset()
+
+
+def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | None:
+    """The endpoint's base tuple (as the checked loop of ``convert_endpoint_slice`` makes
+    it) when it is plainly valid: plain dicts, an address of the slice's family, booleans
+    and strings where they belong, no hints. None for anything else, which the checked
+    loop then examines and reports. (Most endpoints of a list look like this; going
+    through the checker's getters costs several times more.)"""
+    if type(raw) is not dict:
+        return None
+    addresses = raw.get("addresses")
+    if type(addresses) is not list or not addresses:
+        return None
+    ip = parse_ip(addresses[0])
+    if ip is None or family is None or ip.version != family:
+        return None
+    conditions = raw.get("conditions")
+    if conditions is None:
+        ready, serving, terminating = True, True, False
+    elif type(conditions) is dict:
+        ready = conditions.get("ready")
+        serving = conditions.get("serving")
+        terminating = conditions.get("terminating")
+        if ready is None:
+            ready = True
+        if serving is None:
+            serving = True
+        if terminating is None:
+            terminating = False
+        if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
+            return None
+    else:
+        return None
+    node_name = raw.get("nodeName")
+    zone = raw.get("zone")
+    if node_name is not None and type(node_name) is not str:
+        return None
+    if zone is not None and type(zone) is not str:
+        return None
+    hints = raw.get("hints")
+    if hints is not None and (type(hints) is not dict or hints):
+        return None
+    return (ip, ready, serving, terminating, node_name or None, zone or None, _NO_NAMES, _NO_NAMES)
 
 
 def parse_trigger_time(text: object) -> float | None:

@@ -231,11 +231,13 @@ class Informer:
         return {"labelSelector": self.label_selector} if self.label_selector else {}
 
     async def _relist(self) -> None:
-        items, resource_version = await self._list()
-        old, self.store = self.store, items
-        # Diff against what was known: the events the expired watch could not deliver.
-        # Synchronous, and every object it makes stays alive: no collector passes over them.
+        # A list's pages and what they convert to all stay alive: no collector passes over
+        # them, from the first page to the freeze (collecting after each page would scan
+        # every page decoded so far, again and again). Process-wide, for the list's length.
         with gc_paused():
+            items, resource_version = await self._list()
+            old, self.store = self.store, items
+            # Diff against what was known: the events the expired watch could not deliver.
             for key, obj in items.items():
                 previous = old.get(key)
                 if previous is None:
@@ -265,8 +267,7 @@ class Informer:
             )
             if response.status_code != 200:
                 raise _status_error(response.status_code, response.content)
-            with gc_paused():  # a page is thousands of containers, all kept (see _relist)
-                body = decode_json(response.content)
+            body = decode_json(response.content)  # (the collector is paused: _relist)
             self.stats.pages += 1
             for obj in body.get("items") or ():
                 items[_key(obj)] = _kept(obj)
