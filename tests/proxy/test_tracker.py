@@ -397,3 +397,49 @@ def test_slice_delete_drops_the_services_pending_trigger_times() -> None:
     # A deleted slice's annotation dates from its last update, not from the deletion.
     tracker.on_endpoint_slice_delete("ns", "a-1")
     assert tracker.take_trigger_times() == [now + 2]
+
+
+def _merged_reference(ports, slices):  # the definition: merge, drop other families, sort
+    from ovsproxy.proxy.tracker import merge_endpoint_slices
+
+    merged = merge_endpoint_slices(sorted(slices, key=lambda s: s.name))
+    out = {}
+    for port in ports:
+        families = {ip.version for ip in port.cluster_ips}
+        found = merged.get((port.name.port, port.protocol), {}).values()
+        kept = sorted((e for e in found if e.ip.version in families), key=lambda e: e.sort_key)
+        out[port.name] = tuple(kept)
+    return out
+
+
+slice_endpoints = st.lists(
+    st.builds(
+        Endpoint,
+        st.sampled_from(["10.244.0.1", "10.244.0.2", "10.244.0.3", "fd00::1", "fd00::2"]).map(
+            ipaddress.ip_address
+        ),
+        st.sampled_from([8080, 8443]),
+        ready=st.booleans(),
+        terminating=st.booleans(),
+        node_name=st.sampled_from([None, "n1", "n2"]),
+    ),
+    max_size=6,
+)
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["", "http"]), slice_endpoints),
+        max_size=4,
+    ),
+    st.sampled_from(["10.96.0.1", "fd00:96::1", "10.96.0.1,fd00:96::1"]),
+)
+def test_service_states_resolve_duplicates_as_merge_endpoint_slices(parts, cluster_ip) -> None:
+    ports = svc("web", ("", 80), ("http", 81), cluster_ip=cluster_ip).ports
+    slices = {}
+    for name, port_name, endpoints in parts:  # one slice per name, the last one wins
+        slices[name] = EndpointSlice(
+            "ns", name, "web", (SlicePort(port_name, Protocol.TCP, tuple(endpoints)),)
+        )
+    states = service_states(ports, slices.values())
+    assert {n: s.endpoints for n, s in states.items()} == _merged_reference(ports, slices.values())

@@ -15,6 +15,7 @@ Model values only: the sources convert Kubernetes objects before they get here.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import Counter
@@ -84,24 +85,57 @@ def service_states(
 
     A port without endpoints still has a state (empty endpoints): the datapath must reject
     its traffic. Endpoints of a family the Service has no ClusterIP of are dropped, as
-    kube-proxy's per-family proxiers never see them.
+    kube-proxy's per-family proxiers never see them. Duplicates resolve as
+    ``merge_endpoint_slices`` resolves them.
     """
     # Slice order must not decide which duplicate wins; sort by slice name.
-    merged = merge_endpoint_slices(sorted(slices, key=lambda s: s.name))
+    ordered = sorted(slices, key=_slice_name)
+    by_port: dict[tuple[str, Protocol], list[tuple[Endpoint, ...]]] = {}
+    for endpoint_slice in ordered:
+        for slice_port in endpoint_slice.ports:
+            by_port.setdefault((slice_port.name, slice_port.protocol), []).append(
+                slice_port.endpoints
+            )
+    merged: dict[tuple[str, Protocol], tuple[tuple[Endpoint, ...], set[int]]] = {}
     states = {}
     for port in ports:
-        by_address = merged.get((port.name.port, port.protocol), {})
+        key = (port.name.port, port.protocol)
+        found = merged.get(key)
+        if found is None:
+            found = merged[key] = _sorted_unique(by_port.get(key, ()))
+        endpoints, versions = found
         families = {ip.version for ip in port.cluster_ips}
-        endpoints = sorted(
-            (ep for ep in by_address.values() if ep.ip.version in families),
-            key=_sort_key,
-        )
-        states[port.name] = ServiceState(port, tuple(endpoints))
+        if not versions <= families:
+            endpoints = tuple(ep for ep in endpoints if ep.ip.version in families)
+        states[port.name] = ServiceState(port, endpoints)
     return states
 
 
-def _sort_key(endpoint: Endpoint) -> tuple[int, int, int]:
-    return endpoint.sort_key
+def _slice_name(endpoint_slice: EndpointSlice) -> str:
+    return endpoint_slice.name
+
+
+def _sorted_unique(
+    groups: Iterable[tuple[Endpoint, ...]],
+) -> tuple[tuple[Endpoint, ...], set[int]]:
+    """The endpoints of these slice ports (in slice order) sorted by ``Endpoint.sort_key``,
+    one per address:port, the one ``merge_endpoint_slices`` keeps: the last non-terminating
+    copy, else the first; and the IP versions among them. (Sorting first and comparing
+    neighbours avoids hashing every address, which ``ipaddress`` does in Python: a first sync
+    merges every endpoint.)"""
+    keyed = [
+        (ep.sort_key, order, ep) for order, ep in enumerate(itertools.chain.from_iterable(groups))
+    ]
+    keyed.sort()  # (sort_key, order): equal addresses stay in slice order, ep never compared
+    out: list[Endpoint] = []
+    previous = None
+    for sort_key, _, endpoint in keyed:
+        if sort_key != previous:
+            out.append(endpoint)
+            previous = sort_key
+        elif not endpoint.terminating:
+            out[-1] = endpoint  # a later non-terminating copy wins
+    return tuple(out), {key[0][0] for key in keyed}
 
 
 class ChangeTracker:
@@ -195,11 +229,15 @@ class ChangeTracker:
         changes: dict[ServicePortName, ServiceChange] = {}
         for key in self._dirty:
             current = self._compute(key)
-            previous = self._applied.get(key, {})
-            for name in previous.keys() | current.keys():
-                before, after = previous.get(name), current.get(name)
-                if before != after:
-                    changes[name] = ServiceChange(before, after)
+            previous = self._applied.get(key)
+            if previous is None:  # a new Service (every one, at the first checkpoint)
+                for name, state in current.items():
+                    changes[name] = ServiceChange(None, state)
+            else:
+                for name in previous.keys() | current.keys():
+                    before, after = previous.get(name), current.get(name)
+                    if before != after:
+                        changes[name] = ServiceChange(before, after)
             if current:
                 self._applied[key] = current
             else:
