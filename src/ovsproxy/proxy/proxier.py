@@ -267,6 +267,19 @@ def select_endpoints(
     )
 
 
+def _unique_endpoints(sets: list[tuple[Endpoint, ...]]) -> tuple[Endpoint, ...]:
+    """The endpoints of these sets, one per address:port, first seen first. Each set holds
+    an address:port once (the tracker's), so a single set is the answer as it is: the common
+    case (one family, every endpoint used), without hashing every address."""
+    if len(sets) == 1:
+        return sets[0]
+    used: dict[tuple[IPAddress, int], Endpoint] = {}
+    for endpoints in sets:
+        for ep in endpoints:
+            used.setdefault((ep.ip, ep.port), ep)
+    return tuple(used.values())
+
+
 def affinity_realisation(timeout: int, max_ovs: int, sweep_interval: float | None = None) -> str:
     if timeout <= 0:
         return "none"
@@ -466,7 +479,7 @@ class Proxier:
         sets: list[svc.FrontendSet] = []
         group_ids: dict[IPFamily, int] = {}
         external_ids: dict[IPFamily, int] = {}
-        used: dict[tuple[IPAddress, int], Endpoint] = {}
+        used_sets: list[tuple[Endpoint, ...]] = []  # the endpoints of every set, in order
         for family in IPFamily:
             sel = selections.get(family)
             if sel is None:  # a family the Service no longer has: its groups go
@@ -534,14 +547,13 @@ class Proxier:
                         in_cluster_empty_actions=reject,
                     )
                 )
-            for ep in (*sel.endpoints, *sel.external_endpoints, *(in_cluster or ())):
-                used.setdefault((ep.ip, ep.port), ep)
+            used_sets.extend(e for e in (sel.endpoints, sel.external_endpoints, in_cluster) if e)
         objects = self._objects_for(port, sets)
         self.datapath.stage(port.name, objects.groups, objects.flows)
         previous = self.services.get(port.name)
         installed = InstalledService(
             state,
-            tuple(used.values()),
+            _unique_endpoints(used_sets),
             group_ids,
             rejecting=any(
                 REJECT in (s.action, s.external_action if s.has_external else FORWARD)
