@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.switch import FakeSwitch
-
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.compare import RecordingSwitch
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
@@ -292,7 +291,7 @@ def ovs_cpu(sb: Sandbox) -> float | None:
 
 def full_sync_messages(ports: Cluster) -> list[of.Message]:
     """Exactly what our full sync sends, in the same order."""
-    switch = FakeSwitch()  # the tests' fake switch: accepts every bundle and keeps it
+    switch = RecordingSwitch(keep=True)  # accepts every bundle, keeps its messages
     dp = Datapath(switch, CONFIG, GENERATION)
     ctx = svc.Context(dp.tables, GENERATION)
     stage_cluster(dp, ports, ctx)

@@ -41,10 +41,9 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     """Runs in its own process: RSS in kB after each layer."""
     import asyncio
 
-    from tests.fakes.switch import FakeSwitch
-
     from bench import dp
     from ovsproxy.datapath import services as svc
+    from ovsproxy.datapath.compare import RecordingSwitch
     from ovsproxy.datapath.datapath import Datapath
 
     rss = {"baseline": _rss_kb()}
@@ -52,8 +51,8 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     rss["model"] = _rss_kb()
 
     async def build_and_commit() -> Datapath:
-        # The tests' fake switch, keeping nothing: only our own state is measured.
-        datapath = Datapath(FakeSwitch(keep=False), dp.CONFIG, dp.GENERATION)
+        # A switch that keeps nothing: only our own state is measured.
+        datapath = Datapath(RecordingSwitch(), dp.CONFIG, dp.GENERATION)
         ctx = svc.Context(datapath.tables, dp.GENERATION)
         dp.stage_cluster(datapath, ports, ctx)
         rss["desired"] = _rss_kb()

@@ -116,3 +116,24 @@ def test_group_too_large_to_dump_compares_its_bucket_count() -> None:
     fewer = {1: compare.undescribed_group_view(1, 2)}
     (line,) = diff(desired, (flows, fewer))
     assert "too large to dump" in line and "2 buckets, wanted 3" in line
+
+
+def test_recording_switch_keeps_each_committed_bundle_when_asked() -> None:
+    from tests.fakes.switch import FakeSwitch
+
+    async def commit(switch: object) -> None:
+        dp = Datapath(switch, CONFIG, 1)  # type: ignore[arg-type]
+        ctx = svc.Context(tables=dp.tables, generation=1)
+        for sp, gid in ((WEB, 1), (API, 2)):
+            objects = svc.service_objects(ctx, sp, eps(1, 2), {IPFamily.IPv4: gid})
+            dp.stage(sp.name, objects.groups, objects.flows)
+            await dp.commit()
+
+    kept, fake, plain = compare.RecordingSwitch(keep=True), FakeSwitch(), compare.RecordingSwitch()
+    for switch in (kept, fake, plain):
+        asyncio.run(commit(switch))
+    assert len(kept.bundles) == 2
+    assert [[m.encode(0) for m in b] for b in kept.bundles] == [
+        [m.encode(0) for m in b] for b in fake.bundles
+    ]
+    assert plain.bundles == [] and plain.messages == kept.messages == sum(map(len, kept.bundles))

@@ -68,14 +68,18 @@ class GroupView:
 
 
 class _RecordedBundle:
-    """A ``datapath.StreamingBundle`` that counts its messages and commits them nowhere."""
+    """A ``datapath.StreamingBundle`` that counts its messages (keeps them, if its switch
+    keeps) and commits them nowhere."""
 
     def __init__(self, switch: RecordingSwitch) -> None:
         self.switch = switch
         self.count = 0
+        self.kept: list[of.Message] | None = [] if switch.keep else None
 
     def add(self, msg: of.Message) -> int:
         self.count += 1
+        if self.kept is not None:
+            self.kept.append(msg)
         return self.count
 
     async def drain(self) -> None:
@@ -83,19 +87,26 @@ class _RecordedBundle:
 
     async def commit(self) -> None:
         self.switch.messages += self.count
+        if self.kept is not None:
+            self.switch.bundles.append(self.kept)
 
     async def discard(self) -> None:
         self.count = 0
+        self.kept = [] if self.kept is not None else None
 
 
 class RecordingSwitch:
     """A ``datapath.Switch`` that holds nothing and accepts every bundle: a ``Datapath`` over
-    it computes, stages and plans exactly what it would send to an empty switch."""
+    it computes, stages and plans exactly what it would send to an empty switch. With
+    ``keep``, ``bundles`` holds each committed bundle's messages, in order (the benchmarks'
+    baselines are made of them)."""
 
     connected = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = False) -> None:
+        self.keep = keep
         self.messages = 0  # messages committed, over all bundles
+        self.bundles: list[list[of.Message]] = []
 
     def bundle(self) -> _RecordedBundle:
         return _RecordedBundle(self)
