@@ -363,3 +363,29 @@ async def test_a_big_list_is_frozen_out_of_the_collectors_sight(api, tmp_path, m
     finally:
         await source.stop()
         gc.unfreeze()
+
+
+async def test_the_collector_stays_paused_from_a_lists_first_page_to_its_end(
+    api, tmp_path, monkeypatch
+) -> None:
+    import gc
+
+    from ovsproxy.sources import kubernetes
+
+    collecting: list[bool] = []  # at each request for a further page
+    get = kubernetes.httpx.AsyncClient.get
+
+    async def recording_get(self: Any, url: Any, **kwargs: Any) -> Any:
+        if "continue" in (kwargs.get("params") or {}):
+            collecting.append(gc.isenabled())
+        return await get(self, url, **kwargs)
+
+    monkeypatch.setattr(kubernetes.httpx.AsyncClient, "get", recording_get)
+    populate(api, 12)  # 3 pages of 5 per kind
+    assert gc.isenabled()
+    _tracker, source = await started(api, tmp_path)
+    try:
+        assert collecting == [False] * 4  # 2 further pages of Services, 2 of slices
+        assert gc.isenabled()
+    finally:
+        await source.stop()
