@@ -2,7 +2,7 @@
 
 Live, in one private sandbox, through the whole proxy: EndpointSlice event -> ``ChangeTracker``
 -> ``Proxier.sync`` (checkpoint, categorise, build, stage) -> ``Datapath.commit`` (one bundle)
--> commit reply. The cluster (10,000 Services x 10 endpoints; 2,000 with ``--quick``) is
+-> commit reply. The cluster (10,000 Services x 10 endpoints; 1,000 with ``--quick``) is
 installed first by the proxier's initial sync (``initial_sync_s``).
 
 * ``noop_messages``: an unchanged full resync (every Service re-staged): must be 0, and
@@ -281,7 +281,7 @@ def _plot(rows: list[dict[str, int]], path: Path) -> None:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    services = 2_000 if quick else 10_000
+    services = 1_000 if quick else 10_000
     rounds = 10 if quick else 30
     sizes = PLOT_SIZES
 

@@ -182,7 +182,7 @@ async def baseline_and_upgrade(ns: Namespace, ips: list[IPAddress]) -> dict[str,
 def run(quick: bool = False) -> dict[str, Any]:
     if os.geteuid() != 0:
         raise PermissionError("the routes bench needs root (it creates network namespaces)")
-    n = 1_000 if quick else 10_000
+    n = 500 if quick else 10_000
     ips = cluster_ips(n, seed=10_000)
     result: dict[str, Any] = {"cluster_ips_per_family": n}
     with Namespace("routes") as ns:
