@@ -496,6 +496,11 @@ class Sandbox:
     def restart_vswitchd(self, *, kill: bool = True) -> None:
         """Kill (SIGKILL by default: a crash) and restart ovs-vswitchd. Flows and groups are
         gone afterwards; the gateway port is recreated with the node's addresses."""
+        self.stop_vswitchd(kill=kill)
+        self.start_vswitchd()
+
+    def stop_vswitchd(self, *, kill: bool = True) -> None:
+        """Kill (SIGKILL by default: a crash) ovs-vswitchd; ``start_vswitchd`` brings it back."""
         assert self.record is not None
         pid = self.record.pids.get("ovs-vswitchd")
         if pid:
@@ -508,6 +513,10 @@ class Sandbox:
             (self.rundir / f"{self.bridge}.mgmt").unlink()
         with contextlib.suppress(FileNotFoundError):
             (self.rundir / "ovs-vswitchd.ctl").unlink()
+
+    def start_vswitchd(self) -> None:
+        """Start ovs-vswitchd again (after ``stop_vswitchd``): an empty bridge, the gateway
+        port recreated with the node's addresses, the pods' ports up."""
         self._start_vswitchd()
         self._wait_for_bridge()
         self._configure_gateway()
