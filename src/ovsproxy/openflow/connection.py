@@ -237,13 +237,14 @@ class _Connection(asyncio.Protocol):
         transport.write(data)
 
     async def drain(self) -> None:
-        if self.transport is None or self.transport.is_closing():
+        transport = self.transport
+        if transport is None or transport.is_closing():
             await self._raise_closed()
         # Yield even when not paused: the loop must run to push buffered bytes to the
         # socket (so the switch works while we encode) and to read its errors.
         await asyncio.sleep(0)
         await self._can_write.wait()
-        if self.transport is None or self.transport.is_closing():
+        if transport.is_closing():
             await self._raise_closed()
 
     async def _raise_closed(self) -> NoReturn:
