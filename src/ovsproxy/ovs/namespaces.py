@@ -42,7 +42,7 @@ RUN_DIR = Path(os.environ.get("OVSPROXY_RUN_DIR", "/run/ovsproxy"))
 NETNS_REGISTRY = RUN_DIR / "netns"
 # An unrecorded namespace younger than this may be a live run's that records after creating
 # (older code): kept.
-ORPHAN_GRACE = 300.0
+ORPHAN_GRACE = 600.0
 
 
 def netns_exists(name: str) -> bool:
