@@ -32,7 +32,7 @@ from ovsproxy.openflow.connection import Channel
 from ovsproxy.openflow.errors import ChannelNotReady, ConnectionLost
 from ovsproxy.ovs.sandbox import Sandbox
 
-pytestmark = pytest.mark.ovs  # about 10 s
+pytestmark = [pytest.mark.slow, pytest.mark.ovs]  # 10-25 s (with the machine's load)
 
 CONFIG = pl.PipelineConfig()
 SERVICES = 1500  # x 3 endpoints: the datapath's replay is thousands of messages
