@@ -688,21 +688,17 @@ def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | N
     if ip is None or family is None or ip.version != family:
         return None
     conditions = raw.get("conditions")
-    if conditions is None:
-        ready, serving, terminating = True, True, False
-    elif type(conditions) is dict:
-        ready = conditions.get("ready")
-        serving = conditions.get("serving")
-        terminating = conditions.get("terminating")
-        if ready is None:
-            ready = True
-        if serving is None:
-            serving = True
-        if terminating is None:
-            terminating = False
+    ready: object = True
+    serving: object = True
+    terminating: object = False
+    if type(conditions) is dict:
+        ready = conditions.get("ready", True)
+        serving = conditions.get("serving", True)
+        terminating = conditions.get("terminating", False)
+        # (an explicit null is left to the checker, which reads it as the default)
         if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
             return None
-    else:
+    elif conditions is not None:
         return None
     node_name = raw.get("nodeName")
     zone = raw.get("zone")
