@@ -76,6 +76,10 @@ class Agent:
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
             if cfg.captures:
                 cfg = await self._start_node_side()
+            # The source lists (and converts) while OVSDB and the switch are awaited: the
+            # tracker only records until the first sync, requested once both are there.
+            source_started = asyncio.create_task(self._start_source(), name="source start")
+            self.tasks.append(source_started)
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
             register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
@@ -114,7 +118,8 @@ class Agent:
                 await self.pods.read(parts.ovsdb)
                 poll = self.pods.poll(parts.ovsdb, parts.runner.request)
                 self.tasks.append(asyncio.create_task(poll, name="pods"))
-            await self._start_source()
+            await source_started
+            self._watch_service_cidrs()
             parts.runner.request(full=True)
             self.tasks.append(asyncio.create_task(parts.runner.run(), name="sync runner"))
             await stop.wait()
@@ -153,6 +158,10 @@ class Agent:
         parts = self.parts
         source = parts.source = build_source(self.config, parts.tracker)
         await source.start()
+
+    def _watch_service_cidrs(self) -> None:
+        """The ServiceCIDR informer, once the route discoverer exists (API source only)."""
+        parts, source = self.parts, self.parts.source
         if parts.discoverer is not None and not manifest_paths(self.config):
             from ovsproxy.servicecidr import ServiceCIDRHandler
             from ovsproxy.sources.kubernetes import KubernetesSource
