@@ -72,6 +72,46 @@ def _collector() -> Iterator[None]:
         gc.enable()
 
 
+class _Keeping(FakeSwitch):
+    """Keeps exactly what the datapath hands the bundle (FakeSwitch decodes it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[of.Message] = []
+
+    def bundle(self):  # type: ignore[no-untyped-def]
+        bundle = super().bundle()
+        add = bundle.add
+
+        def keep(msg: of.Message) -> int:
+            self.raw.append(msg)
+            return add(msg)
+
+        bundle.add = keep  # type: ignore[method-assign]
+        return bundle
+
+
+async def test_flows_and_groups_are_kept_and_sent_as_their_encoding() -> None:
+    """Memory: the desired and installed state hold a flow's bytes, not its value tree, and
+    the bundle (which keeps every message until its commit) gets the encodings only."""
+    switch = _Keeping()
+    dp, _ = await adopted(switch)
+    spn, objs = service(dp, "a", 3, gid=1)
+    dp.stage(spn, objs.groups, objs.flows)
+    await dp.commit()
+    assert {type(m) for m in switch.raw} == {of.EncodedFlowMod, of.EncodedGroupMod}
+    assert all(type(w) is bytes for w in dp._installed_flows.values())
+    assert all(type(w) is bytes for o in dp._owners.values() for w in o.flows.values())
+    # ...and read back as the values that were staged
+    for flow in objs.flows:
+        assert dp.installed_flows[flow_key(flow)] == flow
+        assert dp.desired_flow(flow_key(flow)) == flow
+    assert sorted(map(of.format_flow, dp.owner_flows(spn))) == sorted(
+        map(of.format_flow, objs.flows)
+    )
+    assert switch.bundles[-1] == [m.decoded() for m in switch.raw[-len(switch.bundles[-1]) :]]
+
+
 async def test_order_groups_then_flow_adds_then_deletes_then_group_deletes() -> None:
     dp, switch = await adopted()
     stage(dp, "a", 2, gid=1)

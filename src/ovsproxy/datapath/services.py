@@ -1,12 +1,13 @@
 """What to install for a Service port and for the fixed pipeline: flows and groups as values.
 
 Pure: (ServicePort, endpoints, group ids, tables, generation) in, (groups, flows) out. The
-datapath diffs these against what is installed. Flow values are cached per endpoint and per
-pipeline, so a full resync re-uses the same objects (and their encoded bytes) instead of
-rebuilding 100,000 of them. The shapes built per endpoint and per frontend (EndpointDNAT and
-ServiceLB flows, the endpoint's set_field) come from the codec's templates
-(``openflow.protocol.templates``): the values the generic constructors build, several times
-cheaper (bench ``encode``).
+datapath diffs these against what is installed (and keeps the flows as their encodings).
+Bucket actions are cached per endpoint and per pipeline, so a re-build re-uses the same
+objects (compared by identity) and Services sharing an endpoint share them; flows are built
+afresh, as the datapath keeps only their bytes. The shapes built per endpoint and per
+frontend (EndpointDNAT and ServiceLB flows, the endpoint's set_field) come from the codec's
+templates (``openflow.protocol.templates``): the values the generic constructors build,
+several times cheaper (bench ``encode``).
 """
 
 from __future__ import annotations
@@ -416,8 +417,8 @@ def pod_forwarding_flows(
 
 
 # -- Services -----------------------------------------------------------------------------
-# Endpoint values are cached: a full resync re-uses the same objects (equal by identity, so
-# staging compares them for free), and an endpoint's values are built once however many
+# Endpoint bucket actions are cached: a re-build re-uses the same objects (equal by identity,
+# so staging compares them for free), and an endpoint's actions are built once however many
 # Services share it. The caches are bounded (pods come and go with new addresses).
 ENDPOINT_CACHE_SIZE = 1 << 18
 _new_tuple = tuple.__new__
@@ -556,10 +557,9 @@ def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templa
 
 
 # The templates of the last (context, protocol), remembered by identity (the lru_caches hash
-# the Context dataclass in Python), by IP version: EndpointDNAT templates with their flow
-# caches, and ServiceLB templates.
+# the Context dataclass in Python), by IP version: EndpointDNAT and ServiceLB templates.
 _last_templates: list[Any] = [None, None, None, None]
-_DnatTemplates = dict[int, tuple[templates.EndpointDnatFlows, dict[EndpointKey, of.FlowMod]]]
+_DnatTemplates = dict[int, templates.EndpointDnatFlows]
 
 
 def _templates(
@@ -567,36 +567,22 @@ def _templates(
 ) -> tuple[_DnatTemplates, dict[int, templates.FrontendFlows]]:
     last = _last_templates
     if last[0] is not ctx or last[1] is not protocol:
-        dnat = {}
-        for version in (4, 6):
-            template = _dnat_template(ctx, version, protocol)
-            cache = _dnat_flows.get(template)
-            if cache is None:
-                cache = _dnat_flows[template] = {}
-            dnat[version] = (template, cache)
         last[:] = (
             ctx,
             protocol,
-            dnat,
+            {v: _dnat_template(ctx, v, protocol) for v in (4, 6)},
             {v: _frontend_template(ctx, v, protocol) for v in (4, 6)},
         )
     return last[2], last[3]
 
 
-# Per template, {endpoint key: flow}; oldest first, so the bound evicts the least recently
-# *built* flow.
-_dnat_flows: dict[templates.EndpointDnatFlows, dict[EndpointKey, of.FlowMod]] = {}
-
-
+# EndpointDNAT flows are not cached: the datapath keeps what it was given as its encoding
+# only, and a cache of the values would keep every flow's value tree (several times its
+# bytes) alive as well.
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
     key = _endpoint_key(ip, port)
-    template, cache = _templates(ctx, protocol)[0][key[2]]
-    flow = cache.get(key)
-    if flow is None:
-        flow = template.flow(key[0], port)
-        _bounded_put(cache, key, flow)
-    return flow
+    return _templates(ctx, protocol)[0][key[2]].flow(key[0], port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:
@@ -795,14 +781,7 @@ def frontend_objects(
                     bucket_cache[key] = actions
             append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
             if key not in dnat:
-                template, cache = dnat_templates[version]
-                flow = cache.get(key)
-                if flow is None:
-                    flow = template.flow(key[0], ep_port)
-                    if len(cache) >= limit:  # (_bounded_put, inline)
-                        _evict_oldest(cache)
-                    cache[key] = flow
-                dnat[key] = flow
+                dnat[key] = dnat_templates[version].flow(key[0], ep_port)
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
