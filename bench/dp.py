@@ -211,7 +211,7 @@ def stage_cluster(dp: Datapath, ports: Cluster, ctx: svc.Context) -> tuple[float
     for index, (port, endpoints) in enumerate(ports):
         objects = service_objects(ctx, port, endpoints, group_ids(index))
         before = clock()
-        stage(port.name, objects.groups, objects.flows)
+        stage(port.name, objects.groups, objects.staged)
         staging += clock() - before
     return clock() - started - staging, staging
 

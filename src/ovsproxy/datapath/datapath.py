@@ -55,13 +55,12 @@ import contextlib
 import gc
 import itertools
 import logging
-import operator
 import struct
 import time
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import (
@@ -83,7 +82,13 @@ _KEY_HEAD = struct.Struct("!BH")
 _GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
 _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED: tuple[InstalledGroup | None, str] = (None, "delete")
-_COMMAND = operator.itemgetter(17)  # a FlowMod's command, in its wire
+
+
+def _command(flow: _Flow) -> int:
+    """A flow's command (a FlowMod's, or read from a wire)."""
+    return flow[17] if isinstance(flow, bytes) else flow[7]
+
+
 _MATCH_AT = 40  # where a FlowMod's match starts in its wire
 _ENCODED_FLOW = of.EncodedFlowMod
 _ENCODED_GROUP = of.EncodedGroupMod
@@ -121,21 +126,23 @@ def flow_key(flow: of.FlowMod) -> FlowKey:
     return _KEY_HEAD.pack(flow.table_id, flow.priority) + flow.match.wire
 
 
-def _flow_users(flow: of.FlowMod) -> tuple[int, ...] | None:
-    """``_groups_used``, with the usual shapes (no instruction; one apply-actions of one
-    action that is no group) answered inline: this runs for every staged flow."""
-    instructions = flow[4]
-    if not instructions:
-        return ()
-    if len(instructions) == 1:
-        only = instructions[0]
-        if (
-            type(only) is _APPLY_ACTIONS
-            and len(only[1]) == 1
-            and type(only[1][0]) not in _GROUP_USERS
-        ):
-            return ()
-    return _groups_used(flow)
+class EncodedFlow(NamedTuple):
+    """A flow staged as its encoding: its key and its ``FlowMod.wire``, for the shapes built
+    by the hundred thousand (EndpointDNAT), without the value. Only for a flow that sends to
+    no group (the datapath orders flows after the groups they use by reading the values)."""
+
+    key: FlowKey
+    wire: bytes
+
+
+_U16 = struct.Struct("!H")
+
+
+def encoded_flow(wire: bytes) -> EncodedFlow:
+    """The ``EncodedFlow`` of a FlowMod's wire: the key is read from it."""
+    end = _MATCH_AT + ((_U16.unpack_from(wire, _MATCH_AT + 2)[0] + 7) & ~7)
+    key = b"".join((wire[16:17], wire[22:24], wire[_MATCH_AT:end]))
+    return _new_tuple(EncodedFlow, (key, wire))
 
 
 def _delete_strict(key: FlowKey) -> of.FlowMod:
@@ -145,16 +152,20 @@ def _delete_strict(key: FlowKey) -> of.FlowMod:
     return of.FlowMod.delete(table, match, priority=priority, strict=True)
 
 
+def _value(flow: _Flow) -> of.FlowMod:
+    return of.decode_flow_mod(flow) if isinstance(flow, bytes) else flow
+
+
 class InstalledFlows(Mapping[FlowKey, of.FlowMod]):
-    """The installed flows by key, read-only: kept encoded, decoded as they are read."""
+    """The installed flows by key, read-only; those kept encoded are decoded as read."""
 
     __slots__ = ("_wires",)
 
-    def __init__(self, wires: dict[FlowKey, bytes]) -> None:
+    def __init__(self, wires: dict[FlowKey, _Flow]) -> None:
         self._wires = wires
 
     def __getitem__(self, key: FlowKey) -> of.FlowMod:
-        return of.decode_flow_mod(self._wires[key])
+        return _value(self._wires[key])
 
     def __contains__(self, key: object) -> bool:
         return key in self._wires
@@ -221,14 +232,12 @@ class _Owner:
 
     key: Hashable
     groups: dict[int, GroupSpec] = field(default_factory=dict)
-    # each flow as its encoding (``FlowMod.wire``): a flow's value tree costs several times
-    # its bytes, and a full sync keeps 100,000 of them
-    flows: dict[FlowKey, bytes] = field(default_factory=dict)
-    # the groups each of those flows sends to, for the flows that send to any (None: it may
-    # use groups we cannot tell); None when no flow does
-    group_users: dict[FlowKey, tuple[int, ...] | None] | None = None
+    # each flow as staged: a value, or (staged as an ``EncodedFlow``) its encoding only
+    flows: dict[FlowKey, _Flow] = field(default_factory=dict)
 
 
+# A flow as the datapath keeps it: a value, or the wire of one (bytes; see EncodedFlow).
+_Flow = of.FlowMod | bytes
 # Who wants a flow: its one owner, or (shared) the owners in the order they asked.
 _FlowRef = _Owner | dict[_Owner, None]
 
@@ -276,7 +285,7 @@ class _Commit:
         # messages, which are garbage once written (a full sync's would all stay alive)
         self.plans: dict[int, tuple[InstalledGroup | None, str]] = {}
         self.add_keys: list[FlowKey] = []
-        self.add_flows: list[bytes] = []  # their wires
+        self.add_flows: list[_Flow] = []
         self.delete_keys: list[FlowKey] = []
         self.stats = CommitStats()
         self.committing = False  # past this point a failure may hide a successful commit
@@ -325,8 +334,8 @@ class Datapath:
         self._flow_refs: dict[FlowKey, _FlowRef] = {}
         self._group_owner: dict[int, _Owner] = {}
         # installed state (what the switch holds once the last commit succeeded)
-        # (flows as their wires: ``installed_flows`` decodes them)
-        self._installed_flows: dict[FlowKey, bytes] = {}
+        # (flows as staged, values or wires: ``installed_flows`` decodes the wires)
+        self._installed_flows: dict[FlowKey, _Flow] = {}
         self.installed_groups: dict[int, InstalledGroup] = {}
         # groups the switch may hold with content we do not know (agent restart, uncertain
         # commit): rewritten whole, or deleted, before their id is trusted
@@ -346,23 +355,22 @@ class Datapath:
 
     # -- staging ----------------------------------------------------------------------------
     def stage(
-        self, owner: Hashable, groups: Iterable[GroupSpec], flows: Iterable[of.FlowMod]
+        self,
+        owner: Hashable,
+        groups: Iterable[GroupSpec],
+        flows: Iterable[of.FlowMod | EncodedFlow],
     ) -> None:
         """Replace everything `owner` wants. Cost: the size of the owner's old + new sets."""
         if self._gc_burst is None:
             self._pause_gc_for_burst()
         pack = _KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
-        new_flows: dict[FlowKey, bytes] = {}
-        users: dict[FlowKey, tuple[int, ...] | None] | None = None
+        new_flows: dict[FlowKey, _Flow] = {}
         for f in flows:
-            key = pack(f[1], f[2]) + f[3][0]  # flow_key(f): table, priority, the match's wire
-            new_flows[key] = f[0]
-            used = _flow_users(f)
-            if used != ():
-                if users is None:
-                    users = {}
-                users[key] = used
+            if isinstance(f, EncodedFlow):
+                new_flows[f[0]] = f[1]
+            else:  # flow_key(f): table, priority, the match's wire
+                new_flows[pack(f[1], f[2]) + f[3][0]] = f
         old = self._owners.get(owner)
         group_owner = self._group_owner
         for gid in new_groups:
@@ -374,7 +382,7 @@ class Datapath:
         if old is None:
             if not (new_groups or new_flows):
                 return
-            me = self._owners[owner] = _Owner(owner, new_groups, new_flows, users)
+            me = self._owners[owner] = _Owner(owner, new_groups, new_flows)
             for key in new_flows:
                 ref = refs.get(key)
                 if ref is None:
@@ -411,7 +419,7 @@ class Datapath:
             if old_groups.get(gid) != spec:
                 self._dirty_groups.add(gid)
         if new_groups or new_flows:
-            old.groups, old.flows, old.group_users = new_groups, new_flows, users
+            old.groups, old.flows = new_groups, new_flows
         else:
             del self._owners[owner]
 
@@ -463,12 +471,12 @@ class Datapath:
         if ref is None:
             return None
         owner = ref if isinstance(ref, _Owner) else self._shared_owner(key, ref)
-        return of.decode_flow_mod(owner.flows[key])
+        return _value(owner.flows[key])
 
     def owner_flows(self, owner: Hashable) -> list[of.FlowMod]:
         """The flows ``owner`` has staged (decoded)."""
         found = self._owners.get(owner)
-        return [] if found is None else [of.decode_flow_mod(w) for w in found.flows.values()]
+        return [] if found is None else [_value(f) for f in found.flows.values()]
 
     @property
     def installed_flows(self) -> InstalledFlows:
@@ -510,7 +518,7 @@ class Datapath:
         unknown_groups = self._unknown_groups
         group_deletes: list[of.Message] = []
         flow_adds = self._flow_adds(diff)
-        after_groups: list[of.Message] = []  # flow adds that use a group not sent yet
+        after_groups: list[of.FlowMod] = []  # flow adds that use a group not sent yet
         dirty_groups = sorted(diff.dirty_groups)
         pending = set(dirty_groups)  # groups whose messages are still to come
         per_group = len(diff.dirty_flows) // len(dirty_groups) if dirty_groups else 0
@@ -542,22 +550,31 @@ class Datapath:
                 yield _new_tuple(_ENCODED_GROUP, (msg[0],))
             stats.group_messages += len(messages)
             pending.discard(gid)
-            for flow, used in itertools.islice(flow_adds, per_group):
-                if not used:
-                    if used is None:
-                        after_groups.append(flow)  # may use any group: after every one
-                    else:
-                        yield flow
-                elif pending.isdisjoint(used):
+            for flow in itertools.islice(flow_adds, per_group):
+                if isinstance(flow, bytes):  # an EncodedFlow: sends to no group
+                    yield _new_tuple(_ENCODED_FLOW, (flow,))
+                    continue
+                # (inline for the usual shape: one apply-actions instruction of one action)
+                instructions = flow[4]
+                if (
+                    len(instructions) == 1
+                    and type(instructions[0]) is _APPLY_ACTIONS
+                    and len(instructions[0][1]) == 1
+                    and type(instructions[0][1][0]) not in _GROUP_USERS
+                ):
                     yield flow
+                    continue
+                used = _groups_used(flow)
+                if used is None or not pending.isdisjoint(used):
+                    after_groups.append(flow)  # after its group(s), or every group
                 else:
-                    after_groups.append(flow)  # after its group(s)
+                    yield flow
         # Groups before the flows that use them...
         yield from after_groups
-        for flow, _ in flow_adds:
-            yield flow
+        for flow in flow_adds:
+            yield _new_tuple(_ENCODED_FLOW, (flow,)) if isinstance(flow, bytes) else flow
         add_flows, delete_keys = diff.add_flows, diff.delete_keys
-        for command, count in Counter(map(_COMMAND, add_flows)).items():
+        for command, count in Counter(map(_command, add_flows)).items():
             name = _FLOW_KINDS.get(command, "flow")
             kinds[name] = kinds.get(name, 0) + count
         stats.flows_added = len(add_flows)
@@ -581,9 +598,9 @@ class Datapath:
         stats.flow_messages = stats.flows_added + stats.flows_deleted
         stats.messages = stats.group_messages + stats.flow_messages
 
-    def _flow_adds(self, diff: _Commit) -> Iterator[tuple[of.Message, tuple[int, ...] | None]]:
-        """The flows to add (or replace), with the groups each uses, recorded in the diff as
-        they are consumed; the keys to delete are collected on the way."""
+    def _flow_adds(self, diff: _Commit) -> Iterator[_Flow]:
+        """The flows to add (or replace), recorded in the diff as they are consumed; the keys
+        to delete are collected on the way."""
         installed_flows = self._installed_flows
         refs = self._flow_refs
         add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
@@ -602,8 +619,7 @@ class Datapath:
             # ADD replaces a flow with the same match and priority
             add_key(key)
             add_flow(want)
-            users = owner.group_users
-            yield _new_tuple(_ENCODED_FLOW, (want,)), () if users is None else users.get(key, ())
+            yield want
 
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all

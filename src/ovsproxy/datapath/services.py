@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.datapath import EncodedFlow, encoded_flow
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
@@ -729,7 +730,16 @@ class FrontendSet:
 @dataclass(frozen=True, slots=True)
 class ServiceObjects:
     groups: tuple[GroupSpec, ...]
-    flows: tuple[of.FlowMod, ...]
+    # what ``Datapath.stage`` takes: the EndpointDNAT flows as their encodings only
+    staged: tuple[of.FlowMod | EncodedFlow, ...]
+
+    @property
+    def flows(self) -> tuple[of.FlowMod, ...]:
+        """The flows as values (decoded where staged encoded)."""
+        return tuple(
+            of.decode_flow_mod(f.wire) if type(f) is EncodedFlow else f  # type: ignore[misc]
+            for f in self.staged
+        )
 
 
 def frontend_objects(
@@ -758,7 +768,7 @@ def frontend_objects(
     limit = ENDPOINT_CACHE_SIZE
     ipv4 = _IPV4
     # The EndpointDNAT flows of the port's endpoints, each once.
-    dnat: dict[EndpointKey, of.FlowMod] = {}
+    dnat: dict[EndpointKey, EncodedFlow] = {}
     for fset in sets:
         if not (fset.frontends or fset.node_port_frontends or fset.group_only):
             continue
@@ -781,7 +791,7 @@ def frontend_objects(
                     bucket_cache[key] = actions
             append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
             if key not in dnat:
-                dnat[key] = dnat_templates[version].flow(key[0], ep_port)
+                dnat[key] = encoded_flow(dnat_templates[version].wire(key[0], ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
@@ -834,8 +844,7 @@ def frontend_objects(
                     flows.append(
                         _accept_learned(ctx, port, ip, l4_port, ep, **{pl.FROM_POD_REG: (bit, bit)})
                     )
-    flows.extend(dnat.values())
-    return ServiceObjects(tuple(groups), tuple(flows))
+    return ServiceObjects(tuple(groups), (*flows, *dnat.values()))
 
 
 def _accept_learned(

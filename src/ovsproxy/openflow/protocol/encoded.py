@@ -32,7 +32,14 @@ def decode_flow_mod(wire: bytes) -> FlowMod:
     ``OpenFlowDecodeError`` if it is not one."""
     msg = _decoded(c.MsgType.FLOW_MOD, bytes(wire))
     assert type(msg) is FlowMod
+    command = msg[7]
+    if type(command) is int and command in _FLOW_MOD_COMMANDS:
+        # as the constructor keeps it (its default is the enum): the same value, field by field
+        return tuple.__new__(FlowMod, (*msg[:7], c.FlowModCommand(command), *msg[8:]))
     return msg
+
+
+_FLOW_MOD_COMMANDS = frozenset(int(command) for command in c.FlowModCommand)
 
 
 class EncodedFlowMod(Message):
