@@ -425,8 +425,9 @@ ENDPOINT_CACHE_SIZE = 1 << 18
 _new_tuple = tuple.__new__
 
 
-# Endpoint values are keyed by (address as an int, port, IP version): a tuple of ints hashes
-# in C (an (ipaddress, port) key hashes in Python, per endpoint). The address and version
+# Endpoint values, and a Service's buckets in its groups (``BucketSpec.key``), are keyed by
+# (address as an int, port, IP version): a tuple of ints hashes in C (an (ipaddress, port)
+# key hashes in Python, per endpoint). The address and version
 # are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
 EndpointKey = tuple[int, int, int]
 _IPV4 = ipaddress.IPv4Address
@@ -789,7 +790,9 @@ def frontend_objects(
                     if len(bucket_cache) >= limit:
                         _evict_oldest(bucket_cache)
                     bucket_cache[key] = actions
-            append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
+            # keyed by the endpoint key: hashed in C, and (built on a cache miss) the very
+            # tuple the cache holds
+            append(_new_tuple(BucketSpec, (key, actions, 100)))
             if key not in dnat:
                 dnat[key] = encoded_flow(dnat_templates[version].wire(key[0], ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
