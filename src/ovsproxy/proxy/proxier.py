@@ -549,7 +549,7 @@ class Proxier:
                 )
             used_sets.extend(e for e in (sel.endpoints, sel.external_endpoints, in_cluster) if e)
         objects = self._objects_for(port, sets)
-        self.datapath.stage(port.name, objects.groups, objects.flows)
+        self.datapath.stage(port.name, objects.groups, objects.staged)
         previous = self.services.get(port.name)
         installed = InstalledService(
             state,
