@@ -306,6 +306,8 @@ def ofctl_text(messages: Sequence[of.Message]) -> tuple[list[str], list[str]]:
     groups: list[str] = []
     flows: list[str] = []
     for msg in messages:
+        if type(msg) in (of.EncodedFlowMod, of.EncodedGroupMod):
+            msg = msg.decoded()  # staged as its encoding: its value for the text
         if isinstance(msg, of.GroupMod):
             if msg.command in _GROUP_WRITES:  # ADD (or ADD_OR_MOD, the same on a fresh switch)
                 groups.append(of.format_group(msg))
