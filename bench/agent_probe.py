@@ -279,7 +279,7 @@ class Probe:
         """Time the tracker's handlers (the sources bind them at start) and hand the noted
         events to the sync whose checkpoint consumes them."""
         self.agent = agent
-        tracker = agent.tracker
+        tracker = agent.parts.tracker
         for name in (
             "on_service_add",
             "on_service_update",
@@ -325,8 +325,8 @@ class Probe:
             "rss_kb": rss_kb(),
             "rss_kb_at": probe_rss(self),
             "cpu_s": round(time.process_time(), 3),  # the process's, all threads, to ready
-            "flows": len(self.agent.datapath.installed_flows),
-            "groups": len(self.agent.datapath.installed_groups),
+            "flows": len(self.agent.parts.datapath.installed_flows),
+            "groups": len(self.agent.parts.datapath.installed_groups),
         }
 
     def window(self) -> dict[str, Any]:
@@ -336,7 +336,7 @@ class Probe:
         self._window = {
             "started": time.perf_counter(),
             "cpu": time.process_time(),
-            "sent": self.agent.channel.counters.total("sent"),
+            "sent": self.agent.parts.channel.counters.total("sent"),
             "syncs": len(self.syncs),
             "gc": self.gc_seconds,
             "gc_gen": {g: list(v) for g, v in self.gc_by_generation.items()},
@@ -352,7 +352,7 @@ class Probe:
             await asyncio.sleep(0.01)
         w = self._window
         wall = time.perf_counter() - w["started"]
-        messages, sent = self.agent.channel.counters.total("sent")
+        messages, sent = self.agent.parts.channel.counters.total("sent")
         syncs = self.syncs[w["syncs"] :]
         return {
             "event": "report",
@@ -440,8 +440,8 @@ async def main(spec: dict[str, Any]) -> None:
             if cmd == "stop":
                 break
             if cmd == "min_interval":
-                agent.runner.min_interval = float(command["value"])
-                emit({"event": "min_interval", "value": agent.runner.min_interval})
+                agent.parts.runner.min_interval = float(command["value"])
+                emit({"event": "min_interval", "value": agent.parts.runner.min_interval})
             elif cmd == "window":
                 emit(probe.window())
             elif cmd == "report":
