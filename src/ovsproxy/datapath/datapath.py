@@ -255,6 +255,9 @@ class Datapath:
         self.switch = switch
         self.registry = registry
         self._saved_group_ids: set[int] | None = None
+        # set when the ids of installed_groups may have changed since the last save (most
+        # commits change buckets only: no set of every id is built for them)
+        self._group_ids_changed = True
         self.config = config
         self.tables = pl.Tables.for_config(config)
         self.generation = generation
@@ -637,8 +640,11 @@ class Datapath:
         unknown = self._unknown_groups
         for gid, plan in diff.plans.items():
             if plan.result is None:
-                installed_groups.pop(gid, None)
+                if installed_groups.pop(gid, None) is not None:
+                    self._group_ids_changed = True
             else:
+                if gid not in installed_groups:
+                    self._group_ids_changed = True
                 installed_groups[gid] = plan.result
             unknown.discard(gid)
         installed_flows = self.installed_flows
@@ -658,6 +664,7 @@ class Datapath:
             if plan.kind in ("add", "modify", "incremental"):
                 self._unknown_groups.add(gid)
                 self.installed_groups.pop(gid, None)
+                self._group_ids_changed = True
 
     # -- the switch's own state -------------------------------------------------------------
     def _ours(self, gid: int) -> bool:
@@ -744,12 +751,13 @@ class Datapath:
         return {gid for gid in listed | believed if self._ours(gid)}
 
     async def _save_group_ids(self) -> None:
-        if self.registry is None:
+        if self.registry is None or not self._group_ids_changed:
             return
         ids = set(self.installed_groups)
         if ids != self._saved_group_ids:
             await self.registry.save(ids)
             self._saved_group_ids = ids
+        self._group_ids_changed = False
 
     async def _resync_locked(self) -> CommitStats:
         present = await self._group_ids_in_switch()
@@ -767,6 +775,7 @@ class Datapath:
         refs = self._flow_refs
         self.installed_flows = {k: f for k, f in self.installed_flows.items() if k not in refs}
         self.installed_groups.clear()
+        self._group_ids_changed = True
         # Every group we want is written whole with ADD_OR_MOD: right whether the switch lost
         # it (vswitchd restart) or holds an older agent's version of it.
         self._unknown_groups = set(present) | set(self._group_owner)
