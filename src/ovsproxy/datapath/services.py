@@ -793,7 +793,9 @@ def frontend_objects(
                     if len(bucket_cache) >= limit:
                         _evict_oldest(bucket_cache)
                     bucket_cache[key] = actions
-            append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
+            # keyed by the int triple: an (IPv4Address, port) key hashes in Python, and a
+            # group's change is a dozen dict passes over its keys
+            append(_new_tuple(BucketSpec, (key, actions, 100)))
             if key not in dnat:
                 template, cache = dnat_templates[version]
                 flow = cache.get(key)
