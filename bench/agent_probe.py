@@ -29,7 +29,11 @@ Phases (seconds; sums of the wrapped calls, wall time where said):
 
 Event latency (churn): the bench stamps each EndpointSlice update with its send time
 (annotation ``bench.ovsproxy/sent``); the informer's update handler notes it, the tracker's
-checkpoint hands the noted events to that sync, and the sync's commit reply ends them.
+checkpoint hands the noted events to that sync, and the sync's commit reply ends them. The
+report also gives each event's delivery (send -> the informer's handler: the fake API, the
+HTTP stream and the decode) and a per-sync log (start, wall, commit, changes, events). With
+``"stall_log": PATH`` in the spec, a thread writes the main thread's stack to PATH whenever
+the event loop is late by more than 50 ms (diagnostics; off in the benchmarks).
 """
 
 from __future__ import annotations
