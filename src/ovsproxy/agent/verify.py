@@ -2,9 +2,10 @@
 
 The desired side is built the way a fresh agent builds it, from the same configuration and by
 the same code: the source (manifests or the Kubernetes API) fills a change tracker, the
-proxier stages every Service port, the local pods (standalone) and the pipeline into a real
-``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
-discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
+proxier stages every Service port (with node-side capture, the NodePort frontends of the
+node IPs the agent's node side would choose), the local pods (standalone) and the pipeline
+into a real ``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere);
+the route discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
 flows (our cookie) and groups (our id range) through OVS's OpenFlow dumps, our routes (proto
 155) through the route backend, the cookie generation and group-id registry from OVSDB.
 
@@ -23,19 +24,21 @@ from dataclasses import dataclass, field
 
 from ovsproxy.agent.installed import compare_routes, read_groups, read_routes
 from ovsproxy.agent.wiring import build_source, manifest_paths
+from ovsproxy.capture import NodePortAddresses
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.reject import Rejector
-from ovsproxy.model import IPNetwork
+from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
+from ovsproxy.routes.capture import CaptureRoutes
 from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 log = logging.getLogger("ovsproxy.verify")
@@ -81,6 +84,21 @@ async def _wait_synced(tracker: ChangeTracker, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+async def node_port_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
+    """The node IPs that accept NodePorts, decided as the agent's node side decides them (the
+    configured node IPs, else the node's devices', selected by ``node_port_addresses``)."""
+    node_ips = config.node_ips
+    if not node_ips:
+        routes = CaptureRoutes(config.gateway, config.netns)
+        await routes.open()
+        try:
+            node_ips = tuple(await routes.node_addresses())
+        finally:
+            await routes.close()
+    selected = NodePortAddresses.parse(config.node_port_addresses).select(node_ips)
+    return tuple(ip for ip in node_ips if ip in selected)
+
+
 async def build_desired(
     config: AgentConfig,
     pods: list[PodPort],
@@ -110,6 +128,8 @@ async def build_desired(
         zone=config.zone,
         pods=current_pods,
         on_cluster_ips=ClusterIPFeed(discoverer) if discoverer is not None else None,
+        node_ports=config.captures,
+        node_port_ips=await node_port_ips(config) if config.captures else (),
         reject_action=Rejector(None).reject_action,
     )
     source = build_source(config, tracker)
