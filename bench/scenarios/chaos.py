@@ -30,9 +30,11 @@ started, the daemon answering, the object written, the fix applied); from then o
 node until it is clean; ``converge_s`` is from ``recovered`` to the end of the first clean check
 on the last node (an upper bound: it includes that check's own time; for the agent, /healthz is
 waited for first). Requests overlapping the fault's window (its start to convergence + 1 s) are
-its requests; their failures are the fault's failures. ``traffic_back_s`` (vswitchd): from the
-daemon answering again to the start of the first successful request after the window's last
-failed one (from then on every request of the window succeeded).
+its requests; their failures are the fault's failures. ``traffic_back_s`` (vswitchd, ovsdb-server):
+from the daemon answering again to the start of the first successful request after the window's
+last failed one (from then on every request of the window succeeded); ``slowest_s``: the
+longest request of the window; ``slow``: answered requests that took over 0.9 s (a lost packet
+retransmitted, or a stall).
 
 Goals (issue 17): agent SIGKILL -> 0 failed requests; ovs-vswitchd restart -> traffic back
 <= 2 s after it is up again; ovsdb-server restart -> 0 failed; every fault converged <= 5 s;
@@ -116,8 +118,10 @@ class Fault:
     requests: int = 0
     failed: int = 0
     slow: int = 0
+    slowest_s: float = 0.0  # the longest request of the window (answered or not)
     failures: dict[str, int] = field(default_factory=dict)  # target label: kind -> count
     traffic_back_s: float | None = None
+    healthy_after_s: float | None = None  # agent-sigkill: from its start to /healthz 200
 
     @property
     def window_end(self) -> float:
@@ -337,6 +341,7 @@ class ChaosLab:
         fault.recovered = now()
         if kind == "agent-sigkill":
             self.lab.wait_agent(node_name, timeout=CONVERGE_TIMEOUT_S)
+            fault.healthy_after_s = round(now() - fault.recovered, 3)
         return fault
 
     def _churn(self) -> str:
@@ -432,6 +437,7 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
             outside += 0 if ok else 1
             continue
         owner.requests += 1
+        owner.slowest_s = max(owner.slowest_s, round(t1 - t0, 3))
         if not ok:
             owner.failed += 1
             key = f"{label}: {detail}"
@@ -439,7 +445,7 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
         elif t1 - t0 >= SLOW_S:
             owner.slow += 1
     for fault in faults:
-        if fault.kind != "vswitchd-kill":
+        if fault.kind not in ("vswitchd-kill", "ovsdb-restart"):
             continue
         mine = [r for r in requests if r[1] >= fault.start and r[0] <= fault.window_end]
         failed = [r[0] for r in mine if not r[3]]
@@ -538,10 +544,19 @@ def _plot(
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(12, 5.5), dpi=110, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
     )
-    top.plot(x, [ok_per_s[s] for s in x], color="tab:blue", lw=1, label="answered requests/s")
+    top.step(
+        x,
+        [ok_per_s[s] for s in x],
+        where="post",
+        color="tab:blue",
+        lw=1,
+        label="answered requests/s",
+    )
     top.set_ylabel("requests/s")
     top.set_ylim(bottom=0)
-    bottom.bar(x, [failed_per_s[s] for s in x], width=1.0, color="tab:red", label="failed/s")
+    bottom.bar(
+        x, [failed_per_s[s] for s in x], width=1.0, align="edge", color="tab:red", label="failed/s"
+    )
     bottom.set_ylabel("failed/s")
     bottom.set_xlabel("seconds since the traffic started")
     colours = dict(zip(KINDS, plt.get_cmap("tab10").colors, strict=False))
