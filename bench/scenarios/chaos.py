@@ -429,7 +429,7 @@ def follow(config: Any) -> tuple[float | None, int, str, float]:
 
 
 async def _follow(config: Any) -> tuple[float | None, int, str, float]:
-    from ovsproxy.agent.verify import build_desired, compare_node, read_ovsdb
+    from ovsproxy.agent.verify import compare_node, desired_for, read_ovsdb
 
     deadline = time.monotonic() + CONVERGE_TIMEOUT_S
     rounds, text = 0, ""
@@ -440,7 +440,7 @@ async def _follow(config: Any) -> tuple[float | None, int, str, float]:
         try:
             held = await asyncio.wait_for(read_ovsdb(config), 10)
             if desired is None or held.generation != built_for:
-                desired = await build_desired(config, held.pods, held.generation or 1, timeout=10)
+                desired = await desired_for(config, held, timeout=10)
                 built_for = held.generation
             report = await asyncio.wait_for(compare_node(config, desired, held, timeout=10), 20)
         except Exception as exc:  # a daemon still coming up: not converged yet

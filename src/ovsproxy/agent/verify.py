@@ -2,12 +2,14 @@
 
 The desired side is built the way a fresh agent builds it, from the same configuration and by
 the same code: the source (manifests or the Kubernetes API) fills a change tracker, the
-proxier stages every Service port (with node-side capture, the NodePort frontends of the
-node IPs the agent's node side would choose), the local pods (standalone) and the pipeline
-into a real ``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere);
-the route discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
+proxier stages every Service port, the local pods (standalone) and the pipeline into a real
+``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
+discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
 flows (our cookie) and groups (our id range) through OVS's OpenFlow dumps, our routes (proto
-155) through the route backend, the cookie generation and group-id registry from OVSDB.
+155) through the route backend, the cookie generation and group-id registry from OVSDB, and
+(when the agent captures NodePorts) the ``inet ovsproxy`` nftables table: its chains, sets and
+every element, against the content the capture tracker derives from the same Service ports
+and the node's IPs.
 
 Nothing is changed on the node. A group too large for OVS to describe (GROUP_DESC over 64 KB,
 see README "Known limits") is compared by its bucket count from group statistics, and a
@@ -22,9 +24,16 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from ovsproxy.agent.installed import compare_routes, read_groups, read_routes
+from ovsproxy.agent.installed import (
+    compare_capture,
+    compare_routes,
+    node_ips,
+    read_capture_table,
+    read_groups,
+    read_routes,
+)
 from ovsproxy.agent.wiring import build_source, manifest_paths
-from ovsproxy.capture import NodePortAddresses
+from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
@@ -38,7 +47,6 @@ from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.routes.capture import CaptureRoutes
 from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 log = logging.getLogger("ovsproxy.verify")
@@ -50,6 +58,7 @@ class Desired:
     groups: dict[int, GroupView]
     routes: frozenset[IPNetwork] | None  # None: routes not managed
     services: int
+    capture: CaptureState | None = None  # None: no node-side capture
 
 
 @dataclass
@@ -84,29 +93,16 @@ async def _wait_synced(tracker: ChangeTracker, timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
-async def node_port_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
-    """The node IPs that accept NodePorts, decided as the agent's node side decides them (the
-    configured node IPs, else the node's devices', selected by ``node_port_addresses``)."""
-    node_ips = config.node_ips
-    if not node_ips:
-        routes = CaptureRoutes(config.gateway, config.netns)
-        await routes.open()
-        try:
-            node_ips = tuple(await routes.node_addresses())
-        finally:
-            await routes.close()
-    selected = NodePortAddresses.parse(config.node_port_addresses).select(node_ips)
-    return tuple(ip for ip in node_ips if ip in selected)
-
-
 async def build_desired(
     config: AgentConfig,
     pods: list[PodPort],
     generation: int,
     *,
     timeout: float = 60.0,
+    capture_node_ips: tuple[IPAddress, ...] | None = None,
 ) -> Desired:
-    """What a fresh agent with this configuration installs (see the module docstring)."""
+    """What a fresh agent with this configuration installs (see the module docstring);
+    with ``capture_node_ips``, the capture table's content on a node with those IPs."""
     tracker = ChangeTracker()
     discoverer = None
     if config.manage_routes:
@@ -121,6 +117,9 @@ async def build_desired(
     async def current_pods() -> list[PodPort]:
         return pods
 
+    addresses = NodePortAddresses.parse(config.node_port_addresses)
+    ips = capture_node_ips or ()
+    selected = addresses.select(ips)
     proxier = Proxier(
         tracker,
         datapath,
@@ -128,8 +127,9 @@ async def build_desired(
         zone=config.zone,
         pods=current_pods,
         on_cluster_ips=ClusterIPFeed(discoverer) if discoverer is not None else None,
-        node_ports=config.captures,
-        node_port_ips=await node_port_ips(config) if config.captures else (),
+        # As the agent wires it: NodePort flows only where the node side captures.
+        node_ports=capture_node_ips is not None,
+        node_port_ips=tuple(ip for ip in ips if ip in selected),
         reject_action=Rejector(None).reject_action,
     )
     source = build_source(config, tracker)
@@ -155,11 +155,19 @@ async def build_desired(
     groups = {
         gid: compare.desired_group_view(group) for gid, group in datapath.installed_groups.items()
     }
+    capture = None
+    if capture_node_ips is not None:
+        capture = desired_state(
+            (installed.state.port for installed in proxier.services.values()),
+            capture_node_ips,
+            addresses,
+        )
     return Desired(
         flows=dict(datapath.installed_flows),
         groups=groups,
         routes=discoverer.desired() if discoverer is not None else None,
         services=len(proxier.services),
+        capture=capture,
     )
 
 
@@ -173,7 +181,7 @@ async def verify(config: AgentConfig, *, timeout: float = 60.0) -> VerifyReport:
             "verify needs the OVS to check: give --ovsdb and --openflow (as to `ovsproxy run`)"
         )
     held = await read_ovsdb(config)
-    desired = await build_desired(config, held.pods, held.generation or 1, timeout=timeout)
+    desired = await desired_for(config, held, timeout=timeout)
     return await compare_node(config, desired, held, timeout=timeout)
 
 
@@ -200,11 +208,19 @@ async def read_ovsdb(config: AgentConfig) -> OVSDBState:
     return OVSDBState(generation, registry, pods)
 
 
+async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float = 60.0) -> Desired:
+    """The desired state for the node whose OVSDB holds ``held`` (and its node IPs)."""
+    ips = await node_ips(config) if config.captures else None
+    return await build_desired(
+        config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
+    )
+
+
 async def compare_node(
     config: AgentConfig, desired: Desired, held: OVSDBState, *, timeout: float = 60.0
 ) -> VerifyReport:
-    """The node's flows, groups and routes against ``desired`` (one desired state can be
-    compared again and again while a node converges to it, as the chaos bench does)."""
+    """The node's flows, groups, routes and capture table against ``desired`` (one desired
+    state can be compared again and again while a node converges to it, as bench chaos does)."""
     assert config.openflow is not None
     generation, registry = held.generation, held.registry
     report = VerifyReport()
@@ -252,6 +268,9 @@ async def compare_node(
         installed_routes, hops = await read_routes(config)
         diffs += compare_routes(desired.routes, installed_routes, hops, config.gateway)
         report.checked["routes"] = len(desired.routes)
+    if desired.capture is not None:
+        diffs += compare_capture(await read_capture_table(config), desired.capture)
+        report.checked["capture elements"] = desired.capture.size
     report.differences = diffs
     return report
 

@@ -602,9 +602,12 @@ class Datapath:
                     self._mark_uncertain(diff.plans)
                 elif not isinstance(exc, ChannelError):
                     raise  # a planning bug: the bundle was discarded, nothing was applied
-                raise DatapathError(
-                    f"bundle of {diff.stats.messages} messages failed: {exc}"
-                ) from exc
+                what = (
+                    f"bundle of {diff.stats.messages} messages"
+                    if diff.stats.messages
+                    else "bundle (before all its messages were sent)"
+                )
+                raise DatapathError(f"{what} failed: {exc}") from exc
             self._record(diff)
             if big and self.freeze_gc:
                 gc.freeze()  # the collector is paused here: nothing young is traversed first
