@@ -15,7 +15,7 @@ Model values only: the sources convert Kubernetes objects before they get here.
 
 from __future__ import annotations
 
-import itertools
+import ipaddress
 import logging
 import time
 from collections import Counter
@@ -59,20 +59,29 @@ class TrackerStats:
     changes: int = 0  # ServicePortNames handed out by checkpoints
 
 
+# An endpoint's place in a port's endpoints: (IP version, address as an int, port), which is
+# ``Endpoint.sort_key``, built without its Python-level calls (an ipaddress hashes and converts
+# in Python; this runs per endpoint of every changed Service).
+EndpointOrder = tuple[int, int, int]
+_IPV4 = ipaddress.IPv4Address
+
+
 def merge_endpoint_slices(
     slices: Iterable[EndpointSlice],
-) -> dict[tuple[str, Protocol], dict[tuple[IPAddress, int], Endpoint]]:
-    """All endpoints of a Service's slices, per (port name, protocol), one per address:port.
+) -> dict[tuple[str, Protocol], dict[EndpointOrder, Endpoint]]:
+    """All endpoints of a Service's slices, per (port name, protocol), one per address:port
+    (keyed by ``Endpoint.sort_key``).
 
     An endpoint seen in two slices (it is moving between them, or a new pod reuses a
     terminating pod's IP) resolves as kube-proxy does: a non-terminating copy wins.
     """
-    merged: dict[tuple[str, Protocol], dict[tuple[IPAddress, int], Endpoint]] = {}
+    merged: dict[tuple[str, Protocol], dict[EndpointOrder, Endpoint]] = {}
     for endpoint_slice in slices:
         for slice_port in endpoint_slice.ports:
             by_address = merged.setdefault((slice_port.name, slice_port.protocol), {})
             for endpoint in slice_port.endpoints:
-                key = (endpoint.ip, endpoint.port)
+                ip = endpoint.ip
+                key = (4 if type(ip) is _IPV4 else 6, ip._ip, endpoint.port)  # type: ignore[union-attr]
                 if key not in by_address or not endpoint.terminating:
                     by_address[key] = endpoint
     return merged
@@ -85,57 +94,18 @@ def service_states(
 
     A port without endpoints still has a state (empty endpoints): the datapath must reject
     its traffic. Endpoints of a family the Service has no ClusterIP of are dropped, as
-    kube-proxy's per-family proxiers never see them. Duplicates resolve as
-    ``merge_endpoint_slices`` resolves them.
+    kube-proxy's per-family proxiers never see them.
     """
     # Slice order must not decide which duplicate wins; sort by slice name.
-    ordered = sorted(slices, key=_slice_name)
-    by_port: dict[tuple[str, Protocol], list[tuple[Endpoint, ...]]] = {}
-    for endpoint_slice in ordered:
-        for slice_port in endpoint_slice.ports:
-            by_port.setdefault((slice_port.name, slice_port.protocol), []).append(
-                slice_port.endpoints
-            )
-    merged: dict[tuple[str, Protocol], tuple[tuple[Endpoint, ...], set[int]]] = {}
+    merged = merge_endpoint_slices(sorted(slices, key=lambda s: s.name))
     states = {}
     for port in ports:
-        key = (port.name.port, port.protocol)
-        found = merged.get(key)
-        if found is None:
-            found = merged[key] = _sorted_unique(by_port.get(key, ()))
-        endpoints, versions = found
+        by_address = merged.get((port.name.port, port.protocol), {})
         families = {ip.version for ip in port.cluster_ips}
-        if not versions <= families:
-            endpoints = tuple(ep for ep in endpoints if ep.ip.version in families)
+        # in sort_key order (the keys are unique: the endpoints are never compared)
+        endpoints = tuple(ep for key, ep in sorted(by_address.items()) if key[0] in families)
         states[port.name] = ServiceState(port, endpoints)
     return states
-
-
-def _slice_name(endpoint_slice: EndpointSlice) -> str:
-    return endpoint_slice.name
-
-
-def _sorted_unique(
-    groups: Iterable[tuple[Endpoint, ...]],
-) -> tuple[tuple[Endpoint, ...], set[int]]:
-    """The endpoints of these slice ports (in slice order) sorted by ``Endpoint.sort_key``,
-    one per address:port, the one ``merge_endpoint_slices`` keeps: the last non-terminating
-    copy, else the first; and the IP versions among them. (Sorting first and comparing
-    neighbours avoids hashing every address, which ``ipaddress`` does in Python: a first sync
-    merges every endpoint.)"""
-    keyed = [
-        (ep.sort_key, order, ep) for order, ep in enumerate(itertools.chain.from_iterable(groups))
-    ]
-    keyed.sort()  # (sort_key, order): equal addresses stay in slice order, ep never compared
-    out: list[Endpoint] = []
-    previous = None
-    for sort_key, _, endpoint in keyed:
-        if sort_key != previous:
-            out.append(endpoint)
-            previous = sort_key
-        elif not endpoint.terminating:
-            out[-1] = endpoint  # a later non-terminating copy wins
-    return tuple(out), {key[0][0] for key in keyed}
 
 
 class ChangeTracker:
