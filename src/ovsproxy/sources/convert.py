@@ -746,9 +746,6 @@ def _trigger_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
     return parsed
 
 
-_NO_NAMES: frozenset[str] = frozenset()
-
-
 def _hint_names(
     check: _Checker, hints: Mapping[str, Any], key: str, path: FieldPath
 ) -> frozenset[str]:
