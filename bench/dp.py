@@ -377,6 +377,7 @@ async def floor(sb: Sandbox, messages: Sequence[of.Message], chunk: int = 256 * 
         if parts:
             blobs.append(b"".join(parts))
         conn = bundle.conn
+        await bundle.drain()  # the OPEN goes out with the first write now: before ours
         gc.collect()
         started = time.perf_counter()
         for blob in blobs:
