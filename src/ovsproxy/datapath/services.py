@@ -29,7 +29,7 @@ ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
 IPPROTO_TCP = 6
-TCP_RST, TCP_ACK = 0x004, 0x010  # tcp_flags bits
+TCP_SYN, TCP_RST, TCP_ACK = 0x002, 0x004, 0x010  # tcp_flags bits
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -198,6 +198,45 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
                 ),
                 of.Resubmit(t.forwarding),
             ),
+        )
+        # ...and a SYN-ACK, when no agent flushed that entry in time (or at all: an agent
+        # restart). The endpoint answers the client's SYN retransmission, which met the entry
+        # the stray ACK spoiled; its SYN-ACK is invalid there. A forced commit in the reply
+        # direction deletes the entry (a SYN-ACK can create none); Open vSwitch refuses a
+        # commit in a flow matching +inv, so the packet is marked STALE and resubmitted. A
+        # Service connection's SYN-ACK is then dropped (its NAT went with the entry): the
+        # client's next SYN retransmission starts a fresh entry. Any other connection's (not
+        # NATed: the endpoint's node of a connection from another node) goes on unchanged, and
+        # its next packet starts a fresh entry (stale_reset).
+        stale = pl.Selection.STALE.value_bits
+        service = (pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
+        for ct_mark, then in ((service, ()), ((0, pl.CT_MARK_SERVICE_MASK), (t.forwarding,))):
+            add(
+                t.conntrack_state,
+                pl.PRIORITY_INVALID_SYN_ACK,
+                of.Match(
+                    eth_type=eth_type(family),
+                    ip_proto=IPPROTO_TCP,
+                    ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                    ct_mark=ct_mark,
+                    tcp_flags=(TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
+                ),
+                _apply(
+                    of.SetField(pl.SELECTION_REG, stale, pl.SELECTION_MASK),
+                    of.Resubmit(t.conntrack_state),
+                    *(of.Resubmit(table) for table in then),
+                ),
+            )
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_STALE_ENTRY,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                tcp_flags=(TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
+                **{pl.SELECTION_REG: (stale, pl.SELECTION_MASK)},
+            ),
+            _apply(of.CT(commit=True, force=True, zone=pl.ct_zone(family))),
         )
         # Established, related and reply packets skip Service selection.
         add(
