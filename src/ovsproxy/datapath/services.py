@@ -29,7 +29,7 @@ ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
 IPPROTO_TCP = 6
-TCP_SYN, TCP_RST, TCP_ACK = 0x002, 0x004, 0x010  # tcp_flags bits
+TCP_FIN, TCP_SYN, TCP_RST, TCP_ACK = 0x001, 0x002, 0x004, 0x010  # tcp_flags bits
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -208,6 +208,21 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         # client's next SYN retransmission starts a fresh entry. Any other connection's (not
         # NATed: the endpoint's node of a connection from another node) goes on unchanged, and
         # its next packet starts a fresh entry (stale_reset).
+        # A SYN conntrack calls invalid meets the entry of an earlier connection with the
+        # same tuple that conntrack did not see end (one the stray ACK spoiled, on this node
+        # or, a connection from another node, on the endpoint's): it goes on, NATed like that
+        # entry, so the endpoint's answer can replace the entry (the SYN-ACK below).
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_INVALID_SYN,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                tcp_flags=(TCP_SYN, TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN),
+            ),
+            _apply(of.Resubmit(t.forwarding)),
+        )
         stale = pl.Selection.STALE.value_bits
         service = (pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
         for ct_mark, then in ((service, ()), ((0, pl.CT_MARK_SERVICE_MASK), (t.forwarding,))):
