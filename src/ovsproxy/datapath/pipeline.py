@@ -19,8 +19,9 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              agent, which flushes its conntrack entry, and on to Forwarding,
                              NATed like its connection) and a TCP SYN-ACK (INVALID_SYN_ACK:
                              marked STALE in reg4 and resubmitted; STALE_ENTRY:
-                             ct(commit, force, zone=Z) deletes its entry, then dropped for
-                             a Service connection, else forwarded) and a TCP SYN without ACK
+                             ct(commit, force, zone=Z) deletes its entry, then dropped, or
+                             forwarded when a local pod sent it outside a Service
+                             connection) and a TCP SYN without ACK
                              (INVALID_SYN: on to Forwarding, NATed like its entry);
                              established/related -> Forwarding
                              (skip Service selection); new -> SessionAffinity
@@ -260,10 +261,11 @@ PRIORITY_INVALID_RST = 215
 # commit in a flow that matches +inv) and is dropped: the entry of stale_reset, undone by the
 # switch itself when no agent flushed it (an agent restart).
 PRIORITY_INVALID_SYN_ACK = 216
+PRIORITY_INVALID_POD_SYN_ACK = 217  # a local pod's, outside a Service connection: forwarded
 # ConntrackState: a TCP SYN conntrack calls invalid (an entry of an earlier connection with
 # the same tuple, not seen to end) goes on to forwarding, NATed like that entry.
 PRIORITY_INVALID_SYN = 214
-PRIORITY_STALE_ENTRY = 217
+PRIORITY_STALE_ENTRY = 218
 PRIORITY_HIGH = 210
 PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200

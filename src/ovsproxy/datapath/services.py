@@ -203,11 +203,9 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         # restart). The endpoint answers the client's SYN retransmission, which met the entry
         # the stray ACK spoiled; its SYN-ACK is invalid there. A forced commit in the reply
         # direction deletes the entry (a SYN-ACK can create none); Open vSwitch refuses a
-        # commit in a flow matching +inv, so the packet is marked STALE and resubmitted. A
-        # Service connection's SYN-ACK is then dropped (its NAT went with the entry): the
-        # client's next SYN retransmission starts a fresh entry. Any other connection's (not
-        # NATed: the endpoint's node of a connection from another node) goes on unchanged, and
-        # its next packet starts a fresh entry (stale_reset).
+        # commit in a flow matching +inv, so the packet is marked STALE and resubmitted. The
+        # SYN-ACK is then dropped (a Service connection's NAT went with the entry): the
+        # client's next SYN retransmission starts a fresh entry (stale_reset).
         # A SYN conntrack calls invalid meets the entry of an earlier connection with the
         # same tuple that conntrack did not see end (one the stray ACK spoiled, on this node
         # or, a connection from another node, on the endpoint's): it goes on, NATed like that
@@ -224,23 +222,30 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             _apply(of.Resubmit(t.forwarding)),
         )
         stale = pl.Selection.STALE.value_bits
-        service = (pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
-        for ct_mark, then in ((service, ()), ((0, pl.CT_MARK_SERVICE_MASK), (t.forwarding,))):
+        mark_stale = (
+            of.SetField(pl.SELECTION_REG, stale, pl.SELECTION_MASK),
+            of.Resubmit(t.conntrack_state),
+        )
+        syn_ack = {
+            "eth_type": eth_type(family),
+            "ip_proto": IPPROTO_TCP,
+            "ct_state": (of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+            "tcp_flags": (TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
+        }
+        invalid_syn_ack = of.Match(**syn_ack)
+        add(t.conntrack_state, pl.PRIORITY_INVALID_SYN_ACK, invalid_syn_ack, _apply(*mark_stale))
+        if ctx.standalone:
+            # A local pod's SYN-ACK outside a Service connection (no NAT to undo: the endpoint
+            # of a connection from another node) goes on as it is.
             add(
                 t.conntrack_state,
-                pl.PRIORITY_INVALID_SYN_ACK,
+                pl.PRIORITY_INVALID_POD_SYN_ACK,
                 of.Match(
-                    eth_type=eth_type(family),
-                    ip_proto=IPPROTO_TCP,
-                    ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
-                    ct_mark=ct_mark,
-                    tcp_flags=(TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
+                    **syn_ack,
+                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
+                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
                 ),
-                _apply(
-                    of.SetField(pl.SELECTION_REG, stale, pl.SELECTION_MASK),
-                    of.Resubmit(t.conntrack_state),
-                    *(of.Resubmit(table) for table in then),
-                ),
+                _apply(*mark_stale, of.Resubmit(t.forwarding)),
             )
         add(
             t.conntrack_state,

@@ -442,7 +442,9 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
         if prio == pl.PRIORITY_INVALID_SYN:
             return "an invalid TCP SYN (a stale entry of the same tuple): forwarded"
         if prio == pl.PRIORITY_INVALID_SYN_ACK:
-            return "an invalid TCP SYN-ACK: its stale entry is to be deleted"
+            return "an invalid TCP SYN-ACK: its stale entry is deleted, the SYN-ACK dropped"
+        if prio == pl.PRIORITY_INVALID_POD_SYN_ACK:
+            return "a local pod's invalid TCP SYN-ACK: its stale entry is deleted, it goes on"
         if prio == pl.PRIORITY_STALE_ENTRY:
             return "the stale entry deleted (ct commit, force)"
         if "drop" in texts or not texts:
