@@ -551,7 +551,8 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     lab: Lab, cluster_np: LabService
 ) -> None:
     """``nft list`` of every table but ours is byte-identical before a restart, after it,
-    after syncs and after ``--cleanup``, which removes our table, rules and routes."""
+    after syncs, after ``--cleanup`` (which removes our table, rules and routes) and after a
+    first start that creates our table."""
     node = lab.nodes["node-2"]
     subprocess.run(
         ["ip", "netns", "exec", node.netns, "nft", "-f", "-"],
@@ -580,9 +581,15 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         lab.stop_agent("node-2")
         assert capture_state(node.netns) == (False, "", "")
         assert foreign_ruleset(node.netns) == before
-    finally:
+        # A first start on a node without our table (the rebuild path) leaves the rest alone.
         lab.agent_args = saved
         lab.start_agent("node-2")
+        assert capture_state(node.netns)[0]
+        assert foreign_ruleset(node.netns) == before
+    finally:
+        lab.agent_args = saved
+        if node.agent is None:
+            lab.start_agent("node-2")
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "inet", "someone-else")
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "ip", "legacy")
         remove(lab, nodeport_service(lab, "np-more", 44, 30104))
