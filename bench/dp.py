@@ -75,7 +75,7 @@ def clear_value_caches() -> None:
         if callable(getattr(value, "cache_clear", None)):
             value.cache_clear()
     # hand-made endpoint value caches (and the templates: rebuilt too)
-    for name in ("_dnat_flows", "_bucket_actions"):
+    for name in ("_bucket_actions",):
         cache = getattr(svc, name, None)
         if cache is not None:
             cache.clear()
@@ -211,7 +211,7 @@ def stage_cluster(dp: Datapath, ports: Cluster, ctx: svc.Context) -> tuple[float
     for index, (port, endpoints) in enumerate(ports):
         objects = service_objects(ctx, port, endpoints, group_ids(index))
         before = clock()
-        stage(port.name, objects.groups, objects.flows)
+        stage(port.name, objects.groups, objects.staged)
         staging += clock() - before
     return clock() - started - staging, staging
 

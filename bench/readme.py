@@ -72,6 +72,16 @@ def _full_sync(fs: dict[str, Any]) -> list[str]:
         f" state to the commit reply we take {head['ratio_staged_vs_ofctl']:.2f}x ofctl's time;"
         f' building the values takes {_s(head["ours_build_s"])} of our total. See "Where the'
         ' time goes" below.',
+        *(
+            [
+                "",
+                f"Goals: <= {fs['goal_ratio_vs_ofctl']}x ovs-ofctl and <= "
+                f"{fs['goal_ratio_vs_floor']}x the floor at 10,000 x 10: {_met(fs['goal_met'])}"
+                f" ({fs['ratio_vs_ofctl']:.2f}x, {fs['ratio_vs_floor']:.2f}x).",
+            ]
+            if "goal_met" in fs
+            else []
+        ),
         "",
     ]
     return out
@@ -208,13 +218,24 @@ def _memory(mem: dict[str, Any]) -> list[str]:
         f"Resident set size of a fresh process holding {mem['services']:,} Services x "
         f"{mem['endpoints_per_service']} endpoints ({mem['flows']:,} flows, {mem['groups']:,} "
         f"groups): **{mem['rss_total_mb']} MB** in all -- interpreter and imports "
-        f"{mem['rss_baseline_mb']} MB, model {mem['model_mb']} MB, desired state (values and "
-        f"their caches, staged) {mem['desired_mb']} MB, installed-state cache "
+        f"{mem['rss_baseline_mb']} MB, model {mem['model_mb']} MB, desired state (staged: "
+        f"flows as their bytes, groups' bucket values) {mem['desired_mb']} MB, the commit "
+        f"(installed state, and what the bundle holds until its reply) "
         f"{mem['installed_mb']} MB. Per Service (the difference to a "
         f"{mem['small_cluster']['services']:,}-Service cluster): **{mem['per_service_kb']} kB**,"
         f" of which the datapath {mem['per_service_datapath_kb']} kB "
         f"({mem['per_endpoint_datapath_bytes']:,} bytes per endpoint) and the model "
         f"{mem['per_service_model_kb']} kB.",
+        *(
+            [
+                "",
+                f"Goals: <= {mem['goal_rss_total_mb']} MB in all and <= "
+                f"{mem['goal_per_endpoint_datapath_bytes']:,} bytes per endpoint in the "
+                f"datapath: {_met(mem['goal_met'])}.",
+            ]
+            if "goal_met" in mem
+            else []
+        ),
         "",
     ]
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from ovsproxy.ovs.namespaces import create_netns, delete_netns, record_netns
 from ovsproxy.ovs.sandbox import NETNS_PREFIX, Sandbox, netns_exists
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -67,7 +68,11 @@ class Node:
 def node(tmp_path: Path) -> Iterator[Node]:
     node = Node(tmp_path)
     Sandbox.created_netns.update([node.netns, *node.pod_netns()])
-    subprocess.run(["ip", "netns", "add", node.netns], check=True)
+    # Recorded first, the pods' too (the README's commands create those): a killed run's
+    # namespaces are swept by the next sandbox start.
+    for pod_ns in node.pod_netns():
+        record_netns(pod_ns)
+    create_netns(node.netns)
     subprocess.run(["ip", "netns", "exec", node.netns, "ip", "link", "set", "lo", "up"], check=True)
     try:
         yield node
@@ -89,7 +94,7 @@ def _force_cleanup(node: Node) -> None:
             for pid in pids.stdout.split():
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(int(pid), signal.SIGKILL)
-            subprocess.run(["ip", "netns", "del", ns], check=False)
+        delete_netns(ns)  # and its record
 
 
 def _wait_healthy(node: Node, agent: subprocess.Popen[bytes], log: Path) -> None:

@@ -241,11 +241,11 @@ async def _ours_live(sb: Any, sizes: list[int]) -> dict[int, int]:
             port, endpoints = dp.cluster(1, n, namespace=f"plot{n}")[0]
             gid = 100 + n
             objects = svc.service_objects(ctx, port, endpoints[:-1], {IPFamily.IPv4: gid})
-            datapath.stage(port.name, objects.groups, objects.flows)
+            datapath.stage(port.name, objects.groups, objects.staged)
             await datapath.commit()
             wire = Wire(channel)
             objects = svc.service_objects(ctx, port, endpoints, {IPFamily.IPv4: gid})
-            datapath.stage(port.name, objects.groups, objects.flows)
+            datapath.stage(port.name, objects.groups, objects.staged)
             await datapath.commit()
             measured[n] = wire.delta()["group_bytes"]
             datapath.unstage(port.name)  # the next size reuses the ClusterIP and endpoints

@@ -42,6 +42,7 @@ from ovsproxy.model import (
     ServicePortName,
     ServiceType,
 )
+from ovsproxy.ovs.namespaces import create_netns, delete_netns
 
 NAME = "nodeport"
 DESCRIPTION = "NodePort capture: time and nft transaction size to add one Service, 1k vs 10k"
@@ -106,7 +107,7 @@ class _Setup:
     def __init__(self, n: int) -> None:
         self.n = n
         self.netns = f"ovsp-bench-np-{n}-{uuid.uuid4().hex[:8]}"
-        subprocess.run(["ip", "netns", "add", self.netns], check=True)
+        create_netns(self.netns)  # recorded first: a killed run's namespace is swept
         self.addresses = NodePortAddresses()
         self.ports = [service(i) for i in range(1, n + 1)]
         self.tracker = CaptureTracker(NODE_IPS, self.addresses)
@@ -177,8 +178,7 @@ class _Setup:
             await self.table.cleanup()
             await self.table.close()
         finally:
-            cmd = ["ip", "netns", "del", self.netns]
-            await asyncio.to_thread(subprocess.run, cmd, capture_output=True)
+            await asyncio.to_thread(delete_netns, self.netns)
 
 
 async def _measure(sizes: tuple[int, int]) -> dict[int, dict[str, Any]]:

@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 from ovsproxy.model import IPAddress, IPFamily
+from ovsproxy.ovs.namespaces import create_netns, delete_netns
 from ovsproxy.routes import RouteManager
 from ovsproxy.routes.linux import ROUTE_PROTOCOL, LinuxRouteBackend
 from ovsproxy.servicecidr import ServiceCIDRDiscoverer
@@ -52,7 +53,7 @@ class Namespace:
         return done.stdout
 
     def __enter__(self) -> Namespace:
-        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        create_netns(self.name)  # recorded first: a killed run's namespace is swept
         try:
             self.ip("link", "add", GATEWAY, "type", "veth", "peer", "name", f"{GATEWAY}p")
             for dev in ("lo", GATEWAY, f"{GATEWAY}p"):
@@ -63,7 +64,7 @@ class Namespace:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        delete_netns(self.name)
 
     def our_routes(self) -> list[str]:
         found = []

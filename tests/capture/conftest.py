@@ -28,6 +28,7 @@ from ovsproxy.datapath.pipeline import (
     VIRTUAL_NODEPORT_IP,
 )
 from ovsproxy.model import IPFamily
+from ovsproxy.ovs.namespaces import create_netns, delete_netns
 
 PREFIX = "ovsp-cap-"
 PROBE = Path(__file__).with_name("probe.py")
@@ -112,7 +113,7 @@ class Node:
 
 def _build(n: Node) -> None:
     for ns in (n.node, n.client, n.ovs):
-        sh("ip", "netns", "add", ns)
+        create_netns(ns)  # recorded first: a killed run's namespaces are swept
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         for key in ("net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"):
             n.run(ns, "sysctl", "-qw", f"{key}=0")
@@ -193,4 +194,4 @@ def node() -> Iterator[Node]:
             proc.terminate()
             proc.wait(timeout=5)
         for ns in (n.node, n.client, n.ovs):
-            sh("ip", "netns", "del", ns, check=False)
+            delete_netns(ns)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import subprocess
 import time
 
@@ -20,6 +21,7 @@ from ovsproxy.capture import (
     NodePortAddresses,
     desired_state,
 )
+from ovsproxy.capture.compare import compare_table
 from ovsproxy.capture.render import TABLE
 from ovsproxy.datapath.pipeline import VIRTUAL_NODEPORT_IP
 from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
@@ -292,6 +294,54 @@ async def test_a_rejected_transaction_names_what_failed(node: Node) -> None:
         assert table.installed is None
         good = desired_state([svc(1, 30001)], NODE_IPS, ADDRESSES)
         assert (await table.sync(good)).kind == "rebuild"
+    finally:
+        await table.cleanup()
+        await table.close()
+
+
+async def test_compare_table_names_each_difference_in_nft_syntax(node: Node) -> None:
+    """What ``ovsproxy verify`` prints for the capture table: nothing when it holds the
+    desired state; else each missing or unexpected element, a chain whose rules changed,
+    and a missing table. The agent's own check (``verify``) sees the same drift."""
+    table = CaptureTable(node.node)
+    desired = desired_state(
+        [svc(1, 30001), svc(2, 30002, external=("192.0.2.7",))], NODE_IPS, ADDRESSES
+    )
+    try:
+        await table.sync(desired)
+        assert compare_table(await table.listing(), desired) == []
+        node.nft("delete", "element", "inet", TABLE, "nodeports-v4", "{ tcp . 30002 }")
+        node.nft("add", "element", "inet", TABLE, "external-v4", "{ 192.0.2.9 . udp . 53 }")
+        diffs = compare_table(await table.listing(), desired)
+        assert [(d.kind, d.what, d.text) for d in diffs] == [
+            (
+                "unexpected",
+                "nftables element",
+                "element inet ovsproxy external-v4 { 192.0.2.9 . udp . 53 }",
+            ),
+            ("missing", "nftables element", "element inet ovsproxy nodeports-v4 { tcp . 30002 }"),
+        ]
+        assert not await table.verify()
+        await table.sync(desired)  # rebuilt
+        assert compare_table(await table.listing(), desired) == []
+
+        node.nft("flush", "chain", "inet", TABLE, "capture-mark")
+        (chain,) = compare_table(await table.listing(), desired)
+        assert (chain.kind, chain.what, chain.text) == (
+            "differs",
+            "nftables chain",
+            "chain inet ovsproxy capture-mark",
+        )
+        assert re.fullmatch(r"0 rule\(s\), wanted \d+", chain.detail), chain.detail
+        # The agent's periodic check notices a changed chain too, so its next sync rebuilds.
+        assert not await table.verify()
+        assert (await table.sync(desired)).kind == "rebuild"
+        assert compare_table(await table.listing(), desired) == []
+
+        node.nft("delete", "table", "inet", TABLE)
+        assert await table.listing() is None
+        (gone,) = compare_table(None, desired)
+        assert (gone.kind, gone.text) == ("missing", "table inet ovsproxy")
     finally:
         await table.cleanup()
         await table.close()

@@ -74,7 +74,10 @@ def _reference(
         if not fset.frontends:
             continue
         buckets = tuple(
-            BucketSpec((ep.ip, ep.port), _ref_bucket_actions(ep.ip, ep.port, affinity, t))
+            BucketSpec(
+                (int(ep.ip), ep.port, ep.ip.version),  # the endpoint's key: ints
+                _ref_bucket_actions(ep.ip, ep.port, affinity, t),
+            )
             for ep in fset.endpoints
         )
         groups.append(GroupSpec(fset.group_id, buckets, svc.GROUP_SELECTION_METHOD))

@@ -221,3 +221,53 @@ def test_verify_a_group_too_large_to_dump_by_count_and_bucket_probe(node: Node) 
     assert "bucket ids not 0..1198" in drift.stdout
     repaired = node.wait_clean()  # bucket counts are in the agent's drift check
     assert repaired.returncode == 0, repaired.stdout
+
+
+NODEPORT_SERVICE = """\
+apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: demo}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.40
+  externalIPs: [192.0.2.30]
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: np-1, namespace: demo, labels: {kubernetes.io/service-name: np}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+  - addresses: [10.244.0.11]
+    conditions: {ready: true}
+"""
+
+
+def test_verify_checks_the_capture_table(node: Node) -> None:
+    (node.manifests / "np.yaml").write_text(NODEPORT_SERVICE)
+    node.agent.wait_for(
+        lambda: "30080" in node.sandbox.exec("nft", "list", "table", "inet", "ovsproxy").stdout,
+        timeout=30,
+        what="the NodePort in the capture table",
+    )
+    clean = node.wait_clean()
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert re.search(r", [1-9]\d* capture elements\)$", clean.stdout.strip()), clean.stdout
+
+    # One of our set elements and a rule of one of our chains deleted by hand.
+    element = "element inet ovsproxy nodeports-v4 { tcp . 30080 }"
+    with node.agent_paused():
+        node.sandbox.exec(*f"nft delete {element}".split())
+        node.sandbox.exec("nft", "flush", "chain", "inet", "ovsproxy", "nat-output")
+        drift = node.verify()
+    assert drift.returncode == 1, drift.stdout + drift.stderr
+    assert f"missing nftables element: {element}\n" in drift.stdout, drift.stdout
+    assert (
+        "differs nftables chain: chain inet ovsproxy nat-output "
+        "{ type nat hook output priority -100; policy accept; }\n    0 rule(s), wanted "
+    ) in drift.stdout, drift.stdout
+    assert "2 difference(s)" in drift.stdout, drift.stdout
+    # The agent's periodic check sees the drift and rebuilds the table.
+    repaired = node.wait_clean()
+    assert repaired.returncode == 0, repaired.stdout + node.agent.log()[-2000:]

@@ -1,6 +1,7 @@
 """`ovsproxy verify` on every node of a 3-node lab: clean when converged (Services with
-endpoints on every node), exit 1 on the node whose flow and route were deleted by hand (and
-only there), clean again once that node's agent has repaired them."""
+endpoints on every node), exit 1 on the node whose flow, route and capture-table element (its
+own node IP, read from its devices) were deleted by hand (and only there), clean again once
+that node's agent has repaired them."""
 
 from __future__ import annotations
 
@@ -57,6 +58,8 @@ def test_verify_on_every_node_of_the_lab(lab: Lab) -> None:
     try:
         node.sandbox.ofctl("del-flows", "--strict", f"table=13,priority={match}")
         node.exec("ip", "route", "del", prefix, "proto", "155")
+        element = "element inet ovsproxy nodeport-ips-v4 { 192.168.50.2 }"
+        node.exec(*f"nft delete {element}".split())
         drift = verify(lab, "node-2")
         others = [verify(lab, n).returncode for n in ("node-1", "node-3")]
     finally:
@@ -64,6 +67,7 @@ def test_verify_on_every_node_of_the_lab(lab: Lab) -> None:
     assert drift.returncode == 1, drift.stdout + drift.stderr
     assert "missing flow: " in drift.stdout and "nw_dst=10.96.1.80" in drift.stdout
     assert f"missing route: {prefix} via " in drift.stdout
+    assert f"missing nftables element: {element}\n" in drift.stdout, drift.stdout
     assert others == [0, 0]
     deadline = time.monotonic() + 30
     while (again := verify(lab, "node-2")).returncode != 0 and time.monotonic() < deadline:

@@ -285,6 +285,28 @@ def test_group_round_trip(group: of.GroupMod, xid: int) -> None:
 
 
 @SETTINGS
+@given(flows(), groups(), u32)
+def test_encoded_messages_frame_and_decode_as_the_values(
+    flow: of.FlowMod, group: of.GroupMod, xid: int
+) -> None:
+    """What the datapath keeps and sends instead of the values: the same bytes on the wire,
+    in a bundle too, and the same value and text back."""
+    for value, encoded in (
+        (flow, of.EncodedFlowMod.of(flow)),
+        (group, of.EncodedGroupMod.of(group)),
+    ):
+        assert of.encode(encoded, xid) == of.encode(value, xid)
+        assert of.encode_bundle_add(7, encoded, xid) == of.encode_bundle_add(7, value, xid)
+        back = encoded.decoded()
+        assert type(back) is type(value) and back == value
+        assert encoded.to_text() == value.to_text()
+        assert type(encoded)(value.wire) == encoded
+    assert of.decode_flow_mod(flow.wire) == flow
+    assert of.EncodedGroupMod.of(group).command == group.command
+    assert of.EncodedGroupMod.of(group).group_id == group.group_id
+
+
+@SETTINGS
 @given(matches())
 def test_match_round_trips_through_its_own_keywords(match: of.Match) -> None:
     assert of.Match(**match.as_kwargs()) == match

@@ -467,8 +467,15 @@ def test_closing_after_the_handshake_fails_everything_outstanding_and_says_how_l
     assert set(failed) == {plain, dump, tracked, bundle.open_xid}
     assert all(isinstance(e, ConnectionLost) for e in failed.values())
     assert bundle.state == "lost"
-    with pytest.raises(ChannelError, match="is lost"):
+    # A bundle still being streamed learns how its connection ended (not just "lost").
+    lost_with = f"bundle {bundle.bundle_id:#x} was lost with its connection: {closed.error}"
+    with pytest.raises(ConnectionLost) as added:
         session.bundle_add(bundle, flow())
+    assert str(added.value) == lost_with
+    with pytest.raises(ConnectionLost) as encoded:
+        session.bundle_add_encoded(bundle, flow().encode(0))
+    assert str(encoded.value) == lost_with
+    assert session.lost is closed.error
     with pytest.raises(ConnectionLost):
         session.request(of.BarrierRequest())
     assert session.data_to_send() == b""

@@ -84,6 +84,7 @@ def test_endpoint_dnat_flows_are_the_generic_flows(shape: dict, data: st.DataObj
         ip = data.draw(addresses(shape["version"]))
         port = data.draw(ports)
         same(flows.flow(ip, port), flows.generic(ip, port))
+        assert flows.wire(ip, port) == flows.generic(ip, port).wire
 
 
 @pytest.mark.parametrize("version", [4, 6])
@@ -100,8 +101,11 @@ def test_endpoint_dnat_outside_the_fast_path_is_generic_even_in_its_errors(
     except Exception as exc:  # the generic constructors refuse it: so does the template
         with pytest.raises(type(exc)):
             flows.flow(ip, port)
+        with pytest.raises(type(exc)):
+            flows.wire(ip, port)
     else:
         same(flows.flow(ip, port), expected)
+        assert flows.wire(ip, port) == expected.wire
 
 
 def test_a_shape_the_template_cannot_cut_is_built_generically() -> None:
@@ -112,6 +116,7 @@ def test_a_shape_the_template_cannot_cut_is_built_generically() -> None:
     )  # fmt: skip
     assert not flows.fast
     same(flows.flow(0x0A000001, 80), flows.generic(0x0A000001, 80))
+    assert flows.wire(0x0A000001, 80) == flows.generic(0x0A000001, 80).wire
 
 
 action_lists = st.one_of(

@@ -158,7 +158,7 @@ def apply(tracker: ChangeTracker, p: ServicePort, endpoints) -> None:
 
 def service_lb(proxier: Proxier, name: str) -> list[of.FlowMod]:
     owner = next(n for n in proxier.services if n.name == name)
-    flows = proxier.datapath._owners[owner].flows.values()
+    flows = proxier.datapath.owner_flows(owner)
     return [f for f in flows if f.table_id == proxier.ctx.tables.service_lb]
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ovsproxy.model import IPFamily, IPNetwork
+from ovsproxy.ovs.namespaces import create_netns, delete_netns
 
 PREFIX = "ovsp-rt-"
 GATEWAY = "gw0"
@@ -99,7 +100,7 @@ def netns() -> Iterator[Netns]:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a network namespace")
     name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    _ip("netns", "add", name)
+    create_netns(name)  # recorded first: a killed run's namespace is swept
     try:
         ns = Netns(name)
         # veth, because this kernel has no dummy module; the peer stays in the namespace.
@@ -108,4 +109,4 @@ def netns() -> Iterator[Netns]:
             ns.ip("link", "set", dev, "up")
         yield ns
     finally:
-        _ip("netns", "del", name, check=False)
+        delete_netns(name)

@@ -1,20 +1,27 @@
 """What the node holds, for ``ovsproxy verify``: our groups read over OpenFlow (probed where
 OVS cannot describe them), our Service routes through the route backend, and the routes
-compared with the desired prefixes. Nothing on the node is changed: a probe is a bundle built
-to fail, and nothing of a failed bundle is applied.
+compared with the desired prefixes; the ``inet ovsproxy`` capture table through libnftables
+(compared by ``capture.compare``), and the node IPs its desired content depends on. Nothing on
+the node is changed: a probe is a bundle built to fail, and nothing of a failed bundle is
+applied.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ovsproxy.agent.wiring import build_route_backend
+from ovsproxy.capture import CaptureState, CaptureTable
+from ovsproxy.capture.compare import compare_table
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
-from ovsproxy.model import IPFamily, IPNetwork
+from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import BundleError, Channel
+from ovsproxy.routes.capture import CaptureRoutes
 
 
 async def _probe(channel: Channel, messages: list[of.Message]) -> str:
@@ -175,3 +182,29 @@ def compare_routes(
                     )
                 )
     return diffs
+
+
+async def node_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
+    """The node's IPs as the agent decides them: configured, else read from the node's
+    devices (the capture table's content depends on them)."""
+    if config.node_ips:
+        return config.node_ips
+    routes = CaptureRoutes(config.gateway, config.netns)
+    await routes.open()
+    try:
+        return tuple(await routes.node_addresses())
+    finally:
+        await routes.close()
+
+
+async def read_capture_table(config: AgentConfig) -> dict[str, Any] | None:
+    """The ``inet ovsproxy`` table as listed (None: absent)."""
+    table = CaptureTable(config.netns)
+    try:
+        return await table.listing()
+    finally:
+        await table.close()
+
+
+def compare_capture(listing: dict[str, Any] | None, desired: CaptureState) -> list[Difference]:
+    return [Difference(d.kind, d.what, d.text, d.detail) for d in compare_table(listing, desired)]

@@ -6,7 +6,10 @@ proxier stages every Service port, the local pods (standalone) and the pipeline 
 ``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
 discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
 flows (our cookie) and groups (our id range) through OVS's OpenFlow dumps, our routes (proto
-155) through the route backend, the cookie generation and group-id registry from OVSDB.
+155) through the route backend, the cookie generation and group-id registry from OVSDB, and
+(when the agent captures NodePorts) the ``inet ovsproxy`` nftables table: its chains, sets and
+every element, against the content the capture tracker derives from the same Service ports
+and the node's IPs.
 
 Nothing is changed on the node. A group too large for OVS to describe (GROUP_DESC over 64 KB,
 see README "Known limits") is compared by its bucket count from group statistics, and a
@@ -21,15 +24,23 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from ovsproxy.agent.installed import compare_routes, read_groups, read_routes
+from ovsproxy.agent.installed import (
+    compare_capture,
+    compare_routes,
+    node_ips,
+    read_capture_table,
+    read_groups,
+    read_routes,
+)
 from ovsproxy.agent.wiring import build_source, manifest_paths
+from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.reject import Rejector
-from ovsproxy.model import IPNetwork
+from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -47,6 +58,7 @@ class Desired:
     groups: dict[int, GroupView]
     routes: frozenset[IPNetwork] | None  # None: routes not managed
     services: int
+    capture: CaptureState | None = None  # None: no node-side capture
 
 
 @dataclass
@@ -87,8 +99,10 @@ async def build_desired(
     generation: int,
     *,
     timeout: float = 60.0,
+    capture_node_ips: tuple[IPAddress, ...] | None = None,
 ) -> Desired:
-    """What a fresh agent with this configuration installs (see the module docstring)."""
+    """What a fresh agent with this configuration installs (see the module docstring);
+    with ``capture_node_ips``, the capture table's content on a node with those IPs."""
     tracker = ChangeTracker()
     discoverer = None
     if config.manage_routes:
@@ -103,6 +117,9 @@ async def build_desired(
     async def current_pods() -> list[PodPort]:
         return pods
 
+    addresses = NodePortAddresses.parse(config.node_port_addresses)
+    ips = capture_node_ips or ()
+    selected = addresses.select(ips)
     proxier = Proxier(
         tracker,
         datapath,
@@ -110,6 +127,9 @@ async def build_desired(
         zone=config.zone,
         pods=current_pods,
         on_cluster_ips=ClusterIPFeed(discoverer) if discoverer is not None else None,
+        # As the agent wires it: NodePort flows only where the node side captures.
+        node_ports=capture_node_ips is not None,
+        node_port_ips=tuple(ip for ip in ips if ip in selected),
         reject_action=Rejector(None).reject_action,
     )
     source = build_source(config, tracker)
@@ -135,11 +155,19 @@ async def build_desired(
     groups = {
         gid: compare.desired_group_view(group) for gid, group in datapath.installed_groups.items()
     }
+    capture = None
+    if capture_node_ips is not None:
+        capture = desired_state(
+            (installed.state.port for installed in proxier.services.values()),
+            capture_node_ips,
+            addresses,
+        )
     return Desired(
         flows=dict(datapath.installed_flows),
         groups=groups,
         routes=discoverer.desired() if discoverer is not None else None,
         services=len(proxier.services),
+        capture=capture,
     )
 
 
@@ -163,7 +191,10 @@ async def verify(config: AgentConfig, *, timeout: float = 60.0) -> VerifyReport:
             pods = await asyncio.to_thread(ovsdb.pod_ports, config.bridge)
     finally:
         await asyncio.to_thread(ovsdb.close)
-    desired = await build_desired(config, pods, generation or 1, timeout=timeout)
+    ips = await node_ips(config) if config.captures else None
+    desired = await build_desired(
+        config, pods, generation or 1, timeout=timeout, capture_node_ips=ips
+    )
     channel = Channel(config.openflow)
     await channel.start(timeout=timeout)
     try:
@@ -208,6 +239,9 @@ async def verify(config: AgentConfig, *, timeout: float = 60.0) -> VerifyReport:
         installed_routes, hops = await read_routes(config)
         diffs += compare_routes(desired.routes, installed_routes, hops, config.gateway)
         report.checked["routes"] = len(desired.routes)
+    if desired.capture is not None:
+        diffs += compare_capture(await read_capture_table(config), desired.capture)
+        report.checked["capture elements"] = desired.capture.size
     report.differences = diffs
     return report
 

@@ -20,7 +20,8 @@ written. Every sync is one transaction (one libnftables batch, atomic in the ker
   the work is proportional to the change). A patch the kernel rejects (someone deleted our
   table or an element: drift) is answered by a full rebuild in the same sync. ``verify``
   reads the table back and compares (the periodic resync's check; additions by others are
-  found there).
+  found there). ``listing`` reads the whole table back for ``ovsproxy verify``
+  (``capture.compare``).
 
 Network namespaces: a netlink socket belongs to the namespace of the thread that opens it,
 so all library calls run on one worker thread that first joins ``netns`` (``setns``), which
@@ -232,6 +233,11 @@ class CaptureTable:
         self.last = result
         return result
 
+    async def listing(self) -> dict[str, Any] | None:
+        """The table as ``list table inet ovsproxy`` answers in JSON (None when absent)."""
+        listing: dict[str, Any] | None = await self._call(self._read_blocking)
+        return listing
+
     async def read(self) -> CaptureState | None:
         """The table's current set content, parsed back (None when the table is absent)."""
         listing = await self._call(self._read_blocking)
@@ -251,10 +257,15 @@ class CaptureTable:
         return True
 
     async def verify(self) -> bool:
-        """True when the kernel's table holds exactly what we installed; else forget it, so
-        the next sync rebuilds."""
-        current = await self.read()
-        ok = self._installed is not None and current == self.installed
+        """True when the kernel's table holds exactly what we installed (every element) in our
+        shape (chains, rule counts, sets); else forget it, so the next sync rebuilds."""
+        listing = await self._call(self._read_blocking)
+        ok = (
+            self._installed is not None
+            and listing is not None
+            and _our_shape(listing)
+            and parse_listing(listing) == self.installed
+        )
         if not ok:
             self._installed = None
         return ok

@@ -13,6 +13,12 @@ Flows are identified as OpenFlow identifies them: (table, priority, match), kept
 key (its hash is computed once and cached by Python). A flow several owners want (an
 EndpointDNAT flow shared by two Services) is installed while any of them wants it.
 
+Flows are kept as their encodings (``FlowMod.wire``), desired and installed: a flow's value
+tree (match, instructions, actions, each with its own encoding) costs several times its bytes.
+``installed_flows``, ``desired_flow`` and ``owner_flows`` decode on reading; what is sent is
+``EncodedFlowMod``/``EncodedGroupMod`` (a bundle keeps every message until its commit, to name
+failures: the encodings only, not the values of a group's buckets).
+
 Streaming: the bundle is streamed (``Switch.bundle()``): messages are planned, encoded and
 written while Open vSwitch decodes the ones before them, so a full sync costs about
 max(planning, OVS) instead of their sum. To keep both sides busy, the flows that use no group
@@ -49,17 +55,15 @@ import contextlib
 import gc
 import itertools
 import logging
-import operator
 import struct
 import time
 from collections import Counter
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.groups import (
-    GroupPlan,
     GroupSpec,
     InstalledGroup,
     SelectionMethod,
@@ -77,8 +81,18 @@ FlowKey = bytes  # table (1 byte), priority (2 bytes), then the match's wire enc
 _KEY_HEAD = struct.Struct("!BH")
 _GROUP_KINDS = {int(c): f"group_{c.name.lower()}" for c in of.GroupModCommand}
 _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
-_DELETED = GroupPlan((), None, "delete")
-_COMMAND = operator.itemgetter(7)  # a FlowMod's command
+_DELETED: tuple[InstalledGroup | None, str] = (None, "delete")
+
+
+def _command(flow: _Flow) -> int:
+    """A flow's command (a FlowMod's, or read from a wire)."""
+    return flow[17] if isinstance(flow, bytes) else flow[7]
+
+
+_MATCH_AT = 40  # where a FlowMod's match starts in its wire
+_ENCODED_FLOW = of.EncodedFlowMod
+_ENCODED_GROUP = of.EncodedGroupMod
+_new_tuple = tuple.__new__
 # A commit that touches more groups + flows than this pauses the cyclic GC while it runs.
 GC_PAUSE_THRESHOLD = 5000
 # Streaming: yield to the event loop (so the transport writes) every this many messages.
@@ -110,6 +124,57 @@ _GROUP_USERS = frozenset({of.GroupAction, of.RawAction})
 def flow_key(flow: of.FlowMod) -> FlowKey:
     """The identity of a flow in its table: (table, priority, match), as bytes."""
     return _KEY_HEAD.pack(flow.table_id, flow.priority) + flow.match.wire
+
+
+class EncodedFlow(NamedTuple):
+    """A flow staged as its encoding: its key and its ``FlowMod.wire``, for the shapes built
+    by the hundred thousand (EndpointDNAT), without the value. Only for a flow that sends to
+    no group (the datapath orders flows after the groups they use by reading the values)."""
+
+    key: FlowKey
+    wire: bytes
+
+
+_U16 = struct.Struct("!H")
+
+
+def encoded_flow(wire: bytes) -> EncodedFlow:
+    """The ``EncodedFlow`` of a FlowMod's wire: the key is read from it."""
+    end = _MATCH_AT + ((_U16.unpack_from(wire, _MATCH_AT + 2)[0] + 7) & ~7)
+    key = b"".join((wire[16:17], wire[22:24], wire[_MATCH_AT:end]))
+    return _new_tuple(EncodedFlow, (key, wire))
+
+
+def _delete_strict(key: FlowKey) -> of.FlowMod:
+    """The DELETE_STRICT of the flow with this key (any cookie)."""
+    table, priority = _KEY_HEAD.unpack_from(key)
+    match, _ = of.Match.decode(key, _KEY_HEAD.size)
+    return of.FlowMod.delete(table, match, priority=priority, strict=True)
+
+
+def _value(flow: _Flow) -> of.FlowMod:
+    return of.decode_flow_mod(flow) if isinstance(flow, bytes) else flow
+
+
+class InstalledFlows(Mapping[FlowKey, of.FlowMod]):
+    """The installed flows by key, read-only; those kept encoded are decoded as read."""
+
+    __slots__ = ("_wires",)
+
+    def __init__(self, wires: dict[FlowKey, _Flow]) -> None:
+        self._wires = wires
+
+    def __getitem__(self, key: FlowKey) -> of.FlowMod:
+        return _value(self._wires[key])
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._wires
+
+    def __iter__(self) -> Iterator[FlowKey]:
+        return iter(self._wires)
+
+    def __len__(self) -> int:
+        return len(self._wires)
 
 
 class StreamingBundle(Protocol):
@@ -167,9 +232,12 @@ class _Owner:
 
     key: Hashable
     groups: dict[int, GroupSpec] = field(default_factory=dict)
-    flows: dict[FlowKey, of.FlowMod] = field(default_factory=dict)
+    # each flow as staged: a value, or (staged as an ``EncodedFlow``) its encoding only
+    flows: dict[FlowKey, _Flow] = field(default_factory=dict)
 
 
+# A flow as the datapath keeps it: a value, or the wire of one (bytes; see EncodedFlow).
+_Flow = of.FlowMod | bytes
 # Who wants a flow: its one owner, or (shared) the owners in the order they asked.
 _FlowRef = _Owner | dict[_Owner, None]
 
@@ -213,9 +281,11 @@ class _Commit:
         self.dirty_groups = dirty_groups
         self.dirty_flows = dirty_flows
         self.stale = stale
-        self.plans: dict[int, GroupPlan] = {}
+        # each dirty group's (installed state once committed, plan kind): not the plan's
+        # messages, which are garbage once written (a full sync's would all stay alive)
+        self.plans: dict[int, tuple[InstalledGroup | None, str]] = {}
         self.add_keys: list[FlowKey] = []
-        self.add_flows: list[of.FlowMod] = []
+        self.add_flows: list[_Flow] = []
         self.delete_keys: list[FlowKey] = []
         self.stats = CommitStats()
         self.committing = False  # past this point a failure may hide a successful commit
@@ -264,7 +334,8 @@ class Datapath:
         self._flow_refs: dict[FlowKey, _FlowRef] = {}
         self._group_owner: dict[int, _Owner] = {}
         # installed state (what the switch holds once the last commit succeeded)
-        self.installed_flows: dict[FlowKey, of.FlowMod] = {}
+        # (flows as staged, values or wires: ``installed_flows`` decodes the wires)
+        self._installed_flows: dict[FlowKey, _Flow] = {}
         self.installed_groups: dict[int, InstalledGroup] = {}
         # groups the switch may hold with content we do not know (agent restart, uncertain
         # commit): rewritten whole, or deleted, before their id is trusted
@@ -284,15 +355,22 @@ class Datapath:
 
     # -- staging ----------------------------------------------------------------------------
     def stage(
-        self, owner: Hashable, groups: Iterable[GroupSpec], flows: Iterable[of.FlowMod]
+        self,
+        owner: Hashable,
+        groups: Iterable[GroupSpec],
+        flows: Iterable[of.FlowMod | EncodedFlow],
     ) -> None:
         """Replace everything `owner` wants. Cost: the size of the owner's old + new sets."""
         if self._gc_burst is None:
             self._pause_gc_for_burst()
         pack = _KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
-        # flow_key(f): table, priority, the match's wire
-        new_flows = {pack(f[1], f[2]) + f[3][0]: f for f in flows}
+        new_flows: dict[FlowKey, _Flow] = {}
+        for f in flows:
+            if isinstance(f, EncodedFlow):
+                new_flows[f[0]] = f[1]
+            else:  # flow_key(f): table, priority, the match's wire
+                new_flows[pack(f[1], f[2]) + f[3][0]] = f
         old = self._owners.get(owner)
         group_owner = self._group_owner
         for gid in new_groups:
@@ -392,14 +470,25 @@ class Datapath:
         ref = self._flow_refs.get(key)
         if ref is None:
             return None
-        return ref.flows[key] if isinstance(ref, _Owner) else self._shared_flow(key, ref)
+        owner = ref if isinstance(ref, _Owner) else self._shared_owner(key, ref)
+        return _value(owner.flows[key])
 
-    def _shared_flow(self, key: FlowKey, sharers: dict[_Owner, None]) -> of.FlowMod:
+    def owner_flows(self, owner: Hashable) -> list[of.FlowMod]:
+        """The flows ``owner`` has staged (decoded)."""
+        found = self._owners.get(owner)
+        return [] if found is None else [_value(f) for f in found.flows.values()]
+
+    @property
+    def installed_flows(self) -> InstalledFlows:
+        """What the switch holds once the last commit succeeded: flows by key."""
+        return InstalledFlows(self._installed_flows)
+
+    def _shared_owner(self, key: FlowKey, sharers: dict[_Owner, None]) -> _Owner:
         # Owners that share a flow want the same one; if not, the newest wins (and we say so).
         flows = [o.flows[key] for o in sharers]
         if any(f != flows[0] for f in flows[1:]):
             log.warning("owners %s want different flows for %r", [o.key for o in sharers], key)
-        return flows[-1]
+        return next(reversed(sharers))
 
     def desired_group(self, gid: int) -> GroupSpec | None:
         owner = self._group_owner.get(gid)
@@ -444,21 +533,27 @@ class Datapath:
                 plans[gid] = _DELETED
                 continue
             plan = plan_group(desired, installed, present_unknown=unknown)
-            plans[gid] = plan
             kind = plan.kind
+            plans[gid] = (plan.result, kind)
             if kind == "add":
                 stats.groups_added += 1
             elif kind == "modify":
                 stats.groups_modified += 1
             elif kind == "incremental":
                 stats.groups_incremental += 1
-            for msg in plan.messages:
+            messages = plan.messages
+            for msg in messages:
                 name = _GROUP_KINDS[msg.command]
                 kinds[name] = kinds.get(name, 0) + 1
-                yield msg
-            stats.group_messages += len(plan.messages)
+                # The bundle keeps what it is given until its commit (to name failures): the
+                # encoding only, not the buckets' values.
+                yield _new_tuple(_ENCODED_GROUP, (msg[0],))
+            stats.group_messages += len(messages)
             pending.discard(gid)
             for flow in itertools.islice(flow_adds, per_group):
+                if isinstance(flow, bytes):  # an EncodedFlow: sends to no group
+                    yield _new_tuple(_ENCODED_FLOW, (flow,))
+                    continue
                 # (inline for the usual shape: one apply-actions instruction of one action)
                 instructions = flow[4]
                 if (
@@ -476,16 +571,16 @@ class Datapath:
                     yield flow
         # Groups before the flows that use them...
         yield from after_groups
-        yield from flow_adds
+        for flow in flow_adds:
+            yield _new_tuple(_ENCODED_FLOW, (flow,)) if isinstance(flow, bytes) else flow
         add_flows, delete_keys = diff.add_flows, diff.delete_keys
-        for command, count in Counter(map(_COMMAND, add_flows)).items():
+        for command, count in Counter(map(_command, add_flows)).items():
             name = _FLOW_KINDS.get(command, "flow")
             kinds[name] = kinds.get(name, 0) + count
         stats.flows_added = len(add_flows)
-        installed_flows = self.installed_flows
         # ...flows before the groups they used.
         for key in delete_keys:
-            yield installed_flows[key].as_delete(same_cookie=False)
+            yield _delete_strict(key)
         if delete_keys:
             kinds["flow_delete_strict"] = kinds.get("flow_delete_strict", 0) + len(delete_keys)
         for gen in sorted(diff.stale):
@@ -503,10 +598,10 @@ class Datapath:
         stats.flow_messages = stats.flows_added + stats.flows_deleted
         stats.messages = stats.group_messages + stats.flow_messages
 
-    def _flow_adds(self, diff: _Commit) -> Iterator[of.FlowMod]:
+    def _flow_adds(self, diff: _Commit) -> Iterator[_Flow]:
         """The flows to add (or replace), recorded in the diff as they are consumed; the keys
         to delete are collected on the way."""
-        installed_flows = self.installed_flows
+        installed_flows = self._installed_flows
         refs = self._flow_refs
         add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
         add_key, add_flow = add_keys.append, add_flows.append
@@ -517,8 +612,9 @@ class Datapath:
                 if have is not None:
                     delete_keys.append(key)
                 continue
-            want = ref.flows[key] if isinstance(ref, _Owner) else self._shared_flow(key, ref)
-            if want is have or (have is not None and want == have):
+            owner = ref if isinstance(ref, _Owner) else self._shared_owner(key, ref)
+            want = owner.flows[key]
+            if want is have or want == have:
                 continue
             # ADD replaces a flow with the same match and priority
             add_key(key)
@@ -602,9 +698,12 @@ class Datapath:
                     self._mark_uncertain(diff.plans)
                 elif not isinstance(exc, ChannelError):
                     raise  # a planning bug: the bundle was discarded, nothing was applied
-                raise DatapathError(
-                    f"bundle of {diff.stats.messages} messages failed: {exc}"
-                ) from exc
+                what = (
+                    f"bundle of {diff.stats.messages} messages"
+                    if diff.stats.messages
+                    else "bundle (before all its messages were sent)"
+                )
+                raise DatapathError(f"{what} failed: {exc}") from exc
             self._record(diff)
             if big and self.freeze_gc:
                 gc.freeze()  # the collector is paused here: nothing young is traversed first
@@ -622,6 +721,8 @@ class Datapath:
         for failure in exc.failures:
             msg = failure.message
             found: Any = None
+            if isinstance(msg, (of.EncodedFlowMod, of.EncodedGroupMod)):
+                msg = msg.decoded()
             if isinstance(msg, of.FlowMod):
                 found = self._flow_refs.get(flow_key(msg))
             elif isinstance(msg, of.GroupMod):
@@ -635,13 +736,13 @@ class Datapath:
     def _record(self, diff: _Commit) -> None:
         installed_groups = self.installed_groups
         unknown = self._unknown_groups
-        for gid, plan in diff.plans.items():
-            if plan.result is None:
+        for gid, (result, _) in diff.plans.items():
+            if result is None:
                 installed_groups.pop(gid, None)
             else:
-                installed_groups[gid] = plan.result
+                installed_groups[gid] = result
             unknown.discard(gid)
-        installed_flows = self.installed_flows
+        installed_flows = self._installed_flows
         installed_flows.update(zip(diff.add_keys, diff.add_flows, strict=True))
         for key in diff.delete_keys:
             installed_flows.pop(key, None)
@@ -653,9 +754,9 @@ class Datapath:
         self._dirty_flows = diff.dirty_flows
         self._stale_generations |= diff.stale
 
-    def _mark_uncertain(self, plans: dict[int, GroupPlan]) -> None:
-        for gid, plan in plans.items():
-            if plan.kind in ("add", "modify", "incremental"):
+    def _mark_uncertain(self, plans: dict[int, tuple[InstalledGroup | None, str]]) -> None:
+        for gid, (_, kind) in plans.items():
+            if kind in ("add", "modify", "incremental"):
                 self._unknown_groups.add(gid)
                 self.installed_groups.pop(gid, None)
 
@@ -680,7 +781,7 @@ class Datapath:
             self.generation << pl.COOKIE_GENERATION_SHIFT
         )
         cookies = await self.switch.flow_cookies(cookie, pl.COOKIE_APP_GENERATION_MASK)
-        if len(cookies) != len(self.installed_flows):
+        if len(cookies) != len(self._installed_flows):
             return True
         return await self._groups_drifted()
 
@@ -765,13 +866,13 @@ class Datapath:
         # Forget what we thought was installed: rewrite everything we want, and delete what
         # we installed and no longer want (a DELETE_STRICT of a missing flow is harmless).
         refs = self._flow_refs
-        self.installed_flows = {k: f for k, f in self.installed_flows.items() if k not in refs}
+        self._installed_flows = {k: f for k, f in self._installed_flows.items() if k not in refs}
         self.installed_groups.clear()
         # Every group we want is written whole with ADD_OR_MOD: right whether the switch lost
         # it (vswitchd restart) or holds an older agent's version of it.
         self._unknown_groups = set(present) | set(self._group_owner)
         self._dirty_groups = set(self._unknown_groups)
-        self._dirty_flows = dict.fromkeys(self.installed_flows)
+        self._dirty_flows = dict.fromkeys(self._installed_flows)
         if self._dirty_flows:
             self._dirty_flows.update(dict.fromkeys(refs))
         else:

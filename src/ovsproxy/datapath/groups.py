@@ -49,7 +49,7 @@ _BASE_OVERHEAD = of.group_mod_overhead(None)
 class BucketSpec(NamedTuple):
     """One endpoint's bucket, before it has an id."""
 
-    key: Hashable  # the endpoint's identity in its group, e.g. (ip, port)
+    key: Hashable  # the endpoint's identity in its group (services: (int address, port, version))
     actions: tuple[of.Action, ...]
     weight: int = 100
 

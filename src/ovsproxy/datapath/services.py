@@ -1,12 +1,13 @@
 """What to install for a Service port and for the fixed pipeline: flows and groups as values.
 
 Pure: (ServicePort, endpoints, group ids, tables, generation) in, (groups, flows) out. The
-datapath diffs these against what is installed. Flow values are cached per endpoint and per
-pipeline, so a full resync re-uses the same objects (and their encoded bytes) instead of
-rebuilding 100,000 of them. The shapes built per endpoint and per frontend (EndpointDNAT and
-ServiceLB flows, the endpoint's set_field) come from the codec's templates
-(``openflow.protocol.templates``): the values the generic constructors build, several times
-cheaper (bench ``encode``).
+datapath diffs these against what is installed (and keeps the flows as their encodings).
+Bucket actions are cached per endpoint and per pipeline, so a re-build re-uses the same
+objects (compared by identity) and Services sharing an endpoint share them; flows are built
+afresh, as the datapath keeps only their bytes. The shapes built per endpoint and per
+frontend (EndpointDNAT and ServiceLB flows, the endpoint's set_field) come from the codec's
+templates (``openflow.protocol.templates``): the values the generic constructors build,
+several times cheaper (bench ``encode``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.datapath import EncodedFlow, encoded_flow
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
@@ -475,15 +477,16 @@ def pod_forwarding_flows(
 
 
 # -- Services -----------------------------------------------------------------------------
-# Endpoint values are cached: a full resync re-uses the same objects (equal by identity, so
-# staging compares them for free), and an endpoint's values are built once however many
+# Endpoint bucket actions are cached: a re-build re-uses the same objects (equal by identity,
+# so staging compares them for free), and an endpoint's actions are built once however many
 # Services share it. The caches are bounded (pods come and go with new addresses).
 ENDPOINT_CACHE_SIZE = 1 << 18
 _new_tuple = tuple.__new__
 
 
-# Endpoint values are keyed by (address as an int, port, IP version): a tuple of ints hashes
-# in C (an (ipaddress, port) key hashes in Python, per endpoint). The address and version
+# Endpoint values, and a Service's buckets in its groups (``BucketSpec.key``), are keyed by
+# (address as an int, port, IP version): a tuple of ints hashes in C (an (ipaddress, port)
+# key hashes in Python, per endpoint). The address and version
 # are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
 EndpointKey = tuple[int, int, int]
 _IPV4 = ipaddress.IPv4Address
@@ -615,10 +618,9 @@ def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templa
 
 
 # The templates of the last (context, protocol), remembered by identity (the lru_caches hash
-# the Context dataclass in Python), by IP version: EndpointDNAT templates with their flow
-# caches, and ServiceLB templates.
+# the Context dataclass in Python), by IP version: EndpointDNAT and ServiceLB templates.
 _last_templates: list[Any] = [None, None, None, None]
-_DnatTemplates = dict[int, tuple[templates.EndpointDnatFlows, dict[EndpointKey, of.FlowMod]]]
+_DnatTemplates = dict[int, templates.EndpointDnatFlows]
 
 
 def _templates(
@@ -626,36 +628,22 @@ def _templates(
 ) -> tuple[_DnatTemplates, dict[int, templates.FrontendFlows]]:
     last = _last_templates
     if last[0] is not ctx or last[1] is not protocol:
-        dnat = {}
-        for version in (4, 6):
-            template = _dnat_template(ctx, version, protocol)
-            cache = _dnat_flows.get(template)
-            if cache is None:
-                cache = _dnat_flows[template] = {}
-            dnat[version] = (template, cache)
         last[:] = (
             ctx,
             protocol,
-            dnat,
+            {v: _dnat_template(ctx, v, protocol) for v in (4, 6)},
             {v: _frontend_template(ctx, v, protocol) for v in (4, 6)},
         )
     return last[2], last[3]
 
 
-# Per template, {endpoint key: flow}; oldest first, so the bound evicts the least recently
-# *built* flow.
-_dnat_flows: dict[templates.EndpointDnatFlows, dict[EndpointKey, of.FlowMod]] = {}
-
-
+# EndpointDNAT flows are not cached: the datapath keeps what it was given as its encoding
+# only, and a cache of the values would keep every flow's value tree (several times its
+# bytes) alive as well.
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
     key = _endpoint_key(ip, port)
-    template, cache = _templates(ctx, protocol)[0][key[2]]
-    flow = cache.get(key)
-    if flow is None:
-        flow = template.flow(key[0], port)
-        _bounded_put(cache, key, flow)
-    return flow
+    return _templates(ctx, protocol)[0][key[2]].flow(key[0], port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:
@@ -802,7 +790,16 @@ class FrontendSet:
 @dataclass(frozen=True, slots=True)
 class ServiceObjects:
     groups: tuple[GroupSpec, ...]
-    flows: tuple[of.FlowMod, ...]
+    # what ``Datapath.stage`` takes: the EndpointDNAT flows as their encodings only
+    staged: tuple[of.FlowMod | EncodedFlow, ...]
+
+    @property
+    def flows(self) -> tuple[of.FlowMod, ...]:
+        """The flows as values (decoded where staged encoded)."""
+        return tuple(
+            of.decode_flow_mod(f.wire) if type(f) is EncodedFlow else f  # type: ignore[misc]
+            for f in self.staged
+        )
 
 
 def frontend_objects(
@@ -831,7 +828,7 @@ def frontend_objects(
     limit = ENDPOINT_CACHE_SIZE
     ipv4 = _IPV4
     # The EndpointDNAT flows of the port's endpoints, each once.
-    dnat: dict[EndpointKey, of.FlowMod] = {}
+    dnat: dict[EndpointKey, EncodedFlow] = {}
     for fset in sets:
         if not (fset.frontends or fset.node_port_frontends or fset.group_only):
             continue
@@ -852,16 +849,11 @@ def frontend_objects(
                     if len(bucket_cache) >= limit:
                         _evict_oldest(bucket_cache)
                     bucket_cache[key] = actions
-            append(_new_tuple(BucketSpec, ((ip, ep_port), actions, 100)))
+            # keyed by the endpoint key: hashed in C, and (built on a cache miss) the very
+            # tuple the cache holds
+            append(_new_tuple(BucketSpec, (key, actions, 100)))
             if key not in dnat:
-                template, cache = dnat_templates[version]
-                flow = cache.get(key)
-                if flow is None:
-                    flow = template.flow(key[0], ep_port)
-                    if len(cache) >= limit:  # (_bounded_put, inline)
-                        _evict_oldest(cache)
-                    cache[key] = flow
-                dnat[key] = flow
+                dnat[key] = encoded_flow(dnat_templates[version].wire(key[0], ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
@@ -914,8 +906,7 @@ def frontend_objects(
                     flows.append(
                         _accept_learned(ctx, port, ip, l4_port, ep, **{pl.FROM_POD_REG: (bit, bit)})
                     )
-    flows.extend(dnat.values())
-    return ServiceObjects(tuple(groups), tuple(flows))
+    return ServiceObjects(tuple(groups), (*flows, *dnat.values()))
 
 
 def _accept_learned(

@@ -49,6 +49,7 @@ from typing import Any, Self
 from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
+from ovsproxy.ovs.namespaces import NETNS_PREFIX, netns_exists
 from ovsproxy.ovs.sandbox import Pod, Sandbox, SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class LabRecord:
     def is_leftover(self) -> bool:
         if not self.persistent:
             return sb._start_time(self.owner_pid) != self.owner_started
-        if not all(sb.netns_exists(ns) for ns in self.netns):
+        if not all(netns_exists(ns) for ns in self.netns):
             return True
         for name in self.sandboxes:
             record = SandboxRecord.load(sb.REGISTRY / f"{name}.json")
@@ -145,9 +146,12 @@ def cleanup_lab_record(record: LabRecord) -> None:
         sandbox_record = SandboxRecord.load(sb.REGISTRY / f"{name}.json")
         if sandbox_record is not None:
             sb.cleanup_record(sandbox_record)
-    for ns in record.netns:
-        sb._delete_netns(ns)
+    gone = [sb._delete_netns(ns) for ns in record.netns]
     shutil.rmtree(record.workdir, ignore_errors=True)
+    if not all(gone):
+        # Kept: without its record, a namespace left here would be nobody's to remove.
+        log.warning("lab %s: a namespace is still there; its record is kept", record.name)
+        return
     with contextlib.suppress(FileNotFoundError):
         record.path.unlink()
 
@@ -236,8 +240,8 @@ class Lab:
         self.run_agents = agents
         self.source_args = tuple(source_args)
         self.agent_args = tuple(agent_args)
-        self.underlay_netns = f"{sb.NETNS_PREFIX}{self.name}-ul"
-        self.external_netns = f"{sb.NETNS_PREFIX}{self.name}-ext"
+        self.underlay_netns = f"{NETNS_PREFIX}{self.name}-ul"
+        self.external_netns = f"{NETNS_PREFIX}{self.name}-ext"
         self.workdir = Path()
         self.nodes: dict[str, LabNode] = {}
         self.record: LabRecord | None = None

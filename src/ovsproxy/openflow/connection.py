@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow import session as ses
@@ -221,21 +221,38 @@ class _Connection(asyncio.Protocol):
             self.write(data)
         return len(data)
 
+    def _closed_error(self) -> ConnectionLost:
+        """How the connection ended (the session's account once it knows), to raise."""
+        lost = self.session.lost  # a new exception each time: raised in many tasks
+        return ConnectionLost(str(lost or f"{self.channel.endpoint}: connection closed"))
+
     def write(self, data: bytes) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing():
-            raise ConnectionLost(f"{self.channel.endpoint}: connection closed")
+        if transport is None:
+            raise self._closed_error()
+        if transport.is_closing():
+            # Dropped: asyncio calls connection_lost once a closing transport is done, and the
+            # session then fails every request outstanding, saying how the connection ended.
+            return
         transport.write(data)
 
     async def drain(self) -> None:
-        if self.transport is None or self.transport.is_closing():
-            raise ConnectionLost(f"{self.channel.endpoint}: connection closed")
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            await self._raise_closed()
         # Yield even when not paused: the loop must run to push buffered bytes to the
         # socket (so the switch works while we encode) and to read its errors.
         await asyncio.sleep(0)
         await self._can_write.wait()
-        if self.transport.is_closing():
-            raise ConnectionLost(f"{self.channel.endpoint}: connection closed")
+        if transport.is_closing():
+            await self._raise_closed()
+
+    async def _raise_closed(self) -> NoReturn:
+        # A closing transport calls connection_lost within a loop turn or two: wait for it,
+        # so the error says how the connection ended (reset, closed, dropped by us and why).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self.closed), 1.0)
+        raise self._closed_error()
 
     def abort(self, reason: str | None = None) -> None:
         """Drops the connection at once (``reason``: why, for the session's report)."""
@@ -267,6 +284,11 @@ class _Connection(asyncio.Protocol):
 # -- bundles ------------------------------------------------------------------------------------
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class Bundle:
     """An OpenFlow bundle being streamed. Get one from ``Channel.bundle()``::
 
@@ -290,6 +312,9 @@ class Bundle:
         # The OPEN is pipelined: its reply (or error) is checked at commit time.
         self._state = session.open_bundle(flags)
         self._open_future = conn._future(self._state.open_xid)
+        # Only a commit awaits the OPEN's reply: a bundle discarded (or abandoned) when its
+        # connection is lost must not leave an exception nobody retrieved.
+        self._open_future.add_done_callback(_retrieved)
         conn.flush()
         self._since_drain = 0
 
@@ -348,6 +373,7 @@ class Bundle:
     def _control(self, ctrl: of.BundleCtrlType) -> asyncio.Future[Any]:
         xid = self._session.bundle_control(self._state, ctrl)
         future = self.conn._future(xid)
+        future.add_done_callback(_retrieved)  # CLOSE's, when the OPEN's reply failed first
         self.conn.flush()
         return future
 
@@ -355,7 +381,7 @@ class Bundle:
         """Closes and commits. Raises ``BundleError`` (after discarding) if anything failed."""
         state = self._state
         if state.state != "open":
-            raise ChannelError(f"bundle {state.bundle_id:#x} is {state.state}")
+            raise state.not_open()
         state.state = "committing"
         channel = self.channel
         timeout = channel.bundle_timeout if timeout is None else timeout

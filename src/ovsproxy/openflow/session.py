@@ -147,10 +147,19 @@ class BundleState:
     switch reported for them, and per-kind tallies counted when it commits.
 
     ``state``: open -> committing -> committed | failed; discarding -> discarded; lost when
-    the connection closes under it.
+    the connection closes under it (``lost`` then says how).
     """
 
-    __slots__ = ("_inner", "bundle_id", "errors", "flags", "messages", "open_xid", "state")
+    __slots__ = (
+        "_inner",
+        "bundle_id",
+        "errors",
+        "flags",
+        "lost",
+        "messages",
+        "open_xid",
+        "state",
+    )
 
     def __init__(self, bundle_id: int, flags: int) -> None:
         self.bundle_id = bundle_id
@@ -159,7 +168,17 @@ class BundleState:
         self.errors: list[OpenFlowError] = []
         self.state = "open"
         self.open_xid = 0
+        self.lost: ConnectionLost | None = None
         self._inner: dict[int, list[int]] = {}  # msg_type -> [messages, bytes]
+
+    def not_open(self) -> ChannelError:
+        """Why nothing more can be added to (or committed from) this bundle: for a bundle
+        whose connection closed, a ``ConnectionLost`` that says how the connection ended."""
+        if self.lost is not None:
+            return ConnectionLost(
+                f"bundle {self.bundle_id:#x} was lost with its connection: {self.lost}"
+            )
+        return ChannelError(f"bundle {self.bundle_id:#x} is {self.state}")
 
     def failure(self, error: OpenFlowError | None, stage: str) -> BundleError:
         """The ``BundleError`` for this bundle: the messages that failed, or ``error`` (the
@@ -228,6 +247,7 @@ class Session:
         self._echo_xid = 0
         self._echo_sent_at: float | None = None
         self._closing: ChannelError | None = None  # why we are dropping the connection
+        self.lost: ConnectionLost | None = None  # how the connection ended, once it has
 
     # -- output ---------------------------------------------------------------------------
 
@@ -297,6 +317,7 @@ class Session:
         else:
             error = ConnectionLost(f"{self.peer}: connection lost ({exc}) {self._when(now)}")
         lost = error if isinstance(error, ConnectionLost) else ConnectionLost(str(error))
+        self.lost = lost
         events: list[Event] = []
         handshaking = self.phase in _HANDSHAKE
         self.phase = Phase.CLOSED
@@ -304,6 +325,7 @@ class Session:
         self._pending.clear()
         for bundle in self._bundles.values():
             bundle.state = "lost"
+            bundle.lost = lost
         self._bundles.clear()
         self._out.clear()
         self.pending_output = self._others_out = self._others_out_bytes = 0
@@ -383,7 +405,7 @@ class Session:
             raise ConnectionLost(str(self._closing))
         if self.phase is not Phase.OPEN:
             if self.phase is Phase.CLOSED:
-                raise ConnectionLost(f"{self.peer}: connection closed")
+                raise ConnectionLost(str(self.lost or f"{self.peer}: connection closed"))
             raise ChannelNotReady(f"{self.peer}: handshake in progress ({self.phase.value})")
 
     def request(self, msg: of.Message) -> int:
@@ -428,7 +450,7 @@ class Session:
         """Queues a FLOW_MOD, GROUP_MOD or PACKET_OUT into the bundle; returns its xid."""
         # The hot path of a full sync (one call per message): kept inline.
         if bundle.state != "open":
-            raise ChannelError(f"bundle {bundle.bundle_id:#x} is {bundle.state}")
+            raise bundle.not_open()
         xid = next(self._xids) & 0xFFFFFFFF or self._next_xid()
         data = _encode_bundle_add(bundle.bundle_id, msg, xid, bundle.flags)
         bundle.messages[xid] = msg
@@ -448,7 +470,7 @@ class Session:
     ) -> int:
         """Queues an already-encoded message into the bundle (its xid is rewritten)."""
         if bundle.state != "open":
-            raise ChannelError(f"bundle {bundle.bundle_id:#x} is {bundle.state}")
+            raise bundle.not_open()
         xid = self._next_xid()
         data = of.bundle_add(bundle.bundle_id, inner, xid, bundle.flags)
         bundle.messages[xid] = msg if msg is not None else of.decode(inner)

@@ -8,7 +8,9 @@ sandboxes can run side by side, next to a system Open vSwitch.
 
 Every sandbox is recorded in ``/run/ovsproxy/sandboxes/<name>.json`` before anything is created.
 A record whose processes died, or whose (non-persistent) owner process is gone, is a leftover of a
-crashed run: the next sandbox start cleans it up (processes by pid, namespaces, run directory).
+crashed run: the next sandbox start cleans it up (processes by pid, namespaces, run directory),
+and then sweeps ``ovsp-`` namespaces no live run owns (``ovs.namespaces``). A record is removed
+only once every namespace it names is gone.
 
 Usable as a context manager, as the ``sandbox`` pytest fixture (tests/conftest.py) and from the
 CLI (``ovsproxy sandbox up|status|down``).
@@ -32,6 +34,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from ovsproxy.ovs.namespaces import (
+    NETNS_PREFIX,
+    delete_netns,
+    netns_exists,
+    start_time,
+    sweep_orphan_netns,
+)
 from ovsproxy.ovs.ovsdb import (
     EXT_POD_IPS,
     EXT_POD_MAC,
@@ -44,7 +53,6 @@ from ovsproxy.ovs.ovsdb import (
 log = logging.getLogger(__name__)
 
 REGISTRY = Path(os.environ.get("OVSPROXY_SANDBOX_REGISTRY", "/run/ovsproxy/sandboxes"))
-NETNS_PREFIX = "ovsp-"
 VSCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 DEFAULT_POD_CIDR_V4 = ipaddress.ip_network("10.244.0.0/24")
 DEFAULT_POD_CIDR_V6 = ipaddress.ip_network("fd00:10:244::/64")
@@ -86,12 +94,7 @@ def _pid_alive(pid: int, marker: str | None = None) -> bool:
         return False
 
 
-def _start_time(pid: int) -> int | None:
-    """When a process started (clock ticks since boot), or None when it does not exist."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
+_start_time = start_time
 
 
 def _kill(pid: int, marker: str | None, timeout: float = 5.0, sig: int = signal.SIGTERM) -> None:
@@ -112,18 +115,8 @@ def _kill(pid: int, marker: str | None, timeout: float = 5.0, sig: int = signal.
         os.waitpid(pid, 0)
 
 
-def netns_exists(name: str) -> bool:
-    return Path("/run/netns", name).exists()
-
-
-def _delete_netns(name: str) -> None:
-    if not netns_exists(name):
-        return
-    # Anything still running inside would keep the namespace's devices alive.
-    pids = _run(["ip", "netns", "pids", name], check=False).stdout.split()
-    for pid in pids:
-        _kill(int(pid), None, timeout=2)
-    _run(["ip", "netns", "del", name], check=False)
+def _delete_netns(name: str) -> bool:
+    return delete_netns(name)
 
 
 @dataclass
@@ -176,10 +169,12 @@ def cleanup_record(record: SandboxRecord) -> None:
     """Remove everything a record names: processes (by pid), namespaces, run directory."""
     for pid in record.pids.values():
         _kill(pid, record.rundir)
-    for ns in record.pod_netns:
-        _delete_netns(ns)
-    _delete_netns(record.netns)
+    gone = [_delete_netns(ns) for ns in [*record.pod_netns, record.netns]]
     shutil.rmtree(record.rundir, ignore_errors=True)
+    if not all(gone):
+        # Kept: without its record, a namespace left here would be nobody's to remove.
+        log.warning("sandbox %s: a namespace is still there; its record is kept", record.name)
+        return
     with contextlib.suppress(FileNotFoundError):
         record.path.unlink()
 
@@ -201,6 +196,7 @@ def sweep_leftovers() -> list[str]:
             )
             cleanup_record(record)
             cleaned.append(record.name)
+    sweep_orphan_netns(record_dirs=[REGISTRY])
     return cleaned
 
 
@@ -496,6 +492,11 @@ class Sandbox:
     def restart_vswitchd(self, *, kill: bool = True) -> None:
         """Kill (SIGKILL by default: a crash) and restart ovs-vswitchd. Flows and groups are
         gone afterwards; the gateway port is recreated with the node's addresses."""
+        self.stop_vswitchd(kill=kill)
+        self.start_vswitchd()
+
+    def stop_vswitchd(self, *, kill: bool = True) -> None:
+        """Kill (SIGKILL by default: a crash) ovs-vswitchd; ``start_vswitchd`` brings it back."""
         assert self.record is not None
         pid = self.record.pids.get("ovs-vswitchd")
         if pid:
@@ -508,6 +509,10 @@ class Sandbox:
             (self.rundir / f"{self.bridge}.mgmt").unlink()
         with contextlib.suppress(FileNotFoundError):
             (self.rundir / "ovs-vswitchd.ctl").unlink()
+
+    def start_vswitchd(self) -> None:
+        """Start ovs-vswitchd again (after ``stop_vswitchd``): an empty bridge, the gateway
+        port recreated with the node's addresses, the pods' ports up."""
         self._start_vswitchd()
         self._wait_for_bridge()
         self._configure_gateway()

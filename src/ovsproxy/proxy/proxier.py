@@ -537,7 +537,7 @@ class Proxier:
             for ep in (*sel.endpoints, *sel.external_endpoints, *(in_cluster or ())):
                 used.setdefault((ep.ip, ep.port), ep)
         objects = self._objects_for(port, sets)
-        self.datapath.stage(port.name, objects.groups, objects.flows)
+        self.datapath.stage(port.name, objects.groups, objects.staged)
         previous = self.services.get(port.name)
         installed = InstalledService(
             state,

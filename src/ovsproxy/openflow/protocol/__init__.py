@@ -98,6 +98,7 @@ from .constants import (
     PacketInReason,
 )
 from .decode import decode
+from .encoded import EncodedFlowMod, EncodedGroupMod, decode_flow_mod
 from .errors import MessageTooLarge, OpenFlowCodecError, OpenFlowDecodeError, OpenFlowEncodeError
 from .fields import FIELDS, Field, Match, Subfield, get_field
 from .flows import FlowMod, format_flow
@@ -166,6 +167,7 @@ __all__ = [
     "CT_TRK",
     "CTClear",
     "decode",
+    "decode_flow_mod",
     "DecTTL",
     "EchoReply",
     "EchoRequest",
@@ -183,6 +185,8 @@ __all__ = [
     "FlowDesc",
     "FlowDescReply",
     "FlowDescRequest",
+    "EncodedFlowMod",
+    "EncodedGroupMod",
     "FlowMod",
     "FlowModCommand",
     "FlowModFlags",

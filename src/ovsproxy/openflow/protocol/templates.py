@@ -141,8 +141,9 @@ class EndpointDnatFlows:
                                   actions=ct_actions)])],
                 cookie=cookie)
 
-    ``flows.flow(ip, port)`` with the address as an int; ``flows.generic(ip, port)`` builds
-    the same flow with the generic constructors.
+    ``flows.flow(ip, port)`` with the address as an int; ``flows.wire(ip, port)`` is its
+    encoding only (``flow(ip, port).wire``, without building the value); ``flows.generic(ip,
+    port)`` builds the same flow with the generic constructors.
     """
 
     def __init__(
@@ -175,12 +176,18 @@ class EndpointDnatFlows:
             ct_table,
             tuple(ct_actions),
         )
+        self.wire: Callable[[int, int], bytes]
         try:
             self.flow: Callable[[int, int], FlowMod] = self._make()
             self.fast = True
         except TemplateError:  # built generically, then
             self.flow = self.generic
+            self.wire = self._generic_wire
             self.fast = False
+
+    def _generic_wire(self, ip: int, port: int) -> bytes:
+        wire: bytes = self.generic(ip, port)[0]
+        return wire
 
     def generic(self, ip: int, port: int) -> FlowMod:
         """The flow, built by the generic constructors."""
@@ -308,9 +315,23 @@ class EndpointDnatFlows:
                 ),
             )
 
+        def wire_of(ip: int, port: int) -> bytes:
+            if not (0 < ip < ip_limit and 0 < port <= 0xFFFF):
+                wire: bytes = generic(ip, port)[0]
+                return wire
+            ipb = ip.to_bytes(n_bytes, "big")
+            portb = port.to_bytes(2, "big")
+            encoded: bytes = flow_fmt % pick(
+                (ipb, ipb[:8], ipb[8:], portb) if split else (ipb, ipb, ipb, portb)
+            )
+            return encoded
+
         for ip, port in ((sample_ip, sample_port), (other_ip, other_port)):
             if not identical(flow(ip, port), self.generic(ip, port)):
                 raise TemplateError("the template does not reproduce the generic flow")
+            if wire_of(ip, port) != self.generic(ip, port)[0]:
+                raise TemplateError("the template does not reproduce the generic encoding")
+        self.wire = wire_of
         return flow
 
 
