@@ -33,17 +33,43 @@ def _error_kind(exc: BaseException) -> str:
         return "reset"
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return "unreachable"
+    if type(exc) is OSError and exc.errno in errno.errorcode:
+        return errno.errorcode[exc.errno]  # e.g. EADDRINUSE, not a bare "OSError"
     return type(exc).__name__
+
+
+class _BoundConnection(http.client.HTTPConnection):
+    """An HTTP connection from a given source port, bound with SO_REUSEADDR: a previous
+    connection from that port may still be in TIME_WAIT here (when this side closed first),
+    and a plain bind would then fail with EADDRINUSE."""
+
+    def __init__(self, host: str, port: int, timeout: float, source_port: int) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.source_port = source_port
+
+    def connect(self) -> None:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.settimeout(self.timeout)
+            sock.bind(("", self.source_port))
+            sock.connect((self.host, self.port))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 def http_once(url: str, timeout: float, source_port: int = 0) -> tuple[str, str, str]:
     """One request on a new connection: (pod name, served port, client address seen).
     ``source_port`` binds the client's port (a known 5-tuple, e.g. to compare with a trace)."""
     parts = urllib.parse.urlsplit(url)
-    source = ("", source_port) if source_port else None
-    conn = http.client.HTTPConnection(
-        parts.hostname or "", parts.port or 80, timeout=timeout, source_address=source
-    )
+    conn: http.client.HTTPConnection
+    if source_port:
+        conn = _BoundConnection(parts.hostname or "", parts.port or 80, timeout, source_port)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
     try:
         conn.request("GET", parts.path or "/")
         response = conn.getresponse()
