@@ -33,8 +33,9 @@ def _error_kind(exc: BaseException) -> str:
         return "reset"
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return "unreachable"
-    if type(exc) is OSError and exc.errno in errno.errorcode:
-        return errno.errorcode[exc.errno]  # e.g. EADDRINUSE, not a bare "OSError"
+    code = exc.errno if type(exc) is OSError else None
+    if code is not None and code in errno.errorcode:
+        return errno.errorcode[code]  # e.g. EADDRINUSE, not a bare "OSError"
     return type(exc).__name__
 
 
