@@ -1,5 +1,8 @@
 """Benchmark entry point: ``python -m bench SCENARIO|all [--quick] [--json]``.
 
+A scenario may take options of its own (``add_arguments``, e.g. ``chaos --nodes 3 --minutes 5
+--seed 7``), and one with ``IN_ALL = False`` runs only when named (``all`` skips it).
+
 Every scenario measures its baseline in the same invocation and reports ratios, because
 absolute times on shared machines drift. Results go to ``bench/results/<date>-<scenario>.json``
 plus a Markdown summary next to it.
@@ -33,6 +36,7 @@ ORDER = [
     "cold-start",
     "churn",
     "scale",
+    "chaos",
 ]
 
 
@@ -120,9 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes, for CI and smoke runs")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results")
+    for module in found.values():
+        if hasattr(module, "add_arguments"):
+            module.add_arguments(parser)
     args = parser.parse_args(argv)
 
-    names = list(found) if args.scenario == "all" else [args.scenario]
+    if args.scenario == "all":
+        names = [name for name, module in found.items() if getattr(module, "IN_ALL", True)]
+    else:
+        names = [args.scenario]
     today = dt.date.today().isoformat()
     report: dict[str, Any] = {
         "date": today,
@@ -136,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
         try:
-            result = found[name].run(quick=args.quick)
+            options = {key: getattr(args, key) for key in getattr(found[name], "OPTIONS", ())}
+            result = found[name].run(quick=args.quick, **options)
         except Exception as exc:  # one broken scenario must not hide the others' figures
             failed = True
             result = {"error": f"{type(exc).__name__}: {exc}"}

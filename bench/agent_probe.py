@@ -29,7 +29,11 @@ Phases (seconds; sums of the wrapped calls, wall time where said):
 
 Event latency (churn): the bench stamps each EndpointSlice update with its send time
 (annotation ``bench.ovsproxy/sent``); the informer's update handler notes it, the tracker's
-checkpoint hands the noted events to that sync, and the sync's commit reply ends them.
+checkpoint hands the noted events to that sync, and the sync's commit reply ends them. The
+report also gives each event's delivery (send -> the informer's handler: the fake API, the
+HTTP stream and the decode) and a per-sync log (start, wall, commit, changes, events). With
+``"stall_log": PATH`` in the spec, a thread writes the main thread's stack to PATH whenever
+the event loop is late by more than 50 ms (diagnostics; off in the benchmarks).
 """
 
 from __future__ import annotations
@@ -128,9 +132,13 @@ class Probe:
         self.gc_by_generation: dict[str, list[float]] = {}  # generation -> [count, seconds]
         self.syncs: list[dict[str, float]] = []
         # event latency: stamps noted by the informer, handed to a sync at its checkpoint
-        self.noted: list[float] = []
-        self.in_sync: list[float] = []
-        self.latencies: list[float] = []
+        # (sent, noted): the bench's stamp and when the informer's handler saw the event
+        self.noted: list[tuple[float, float]] = []
+        self.in_sync: list[tuple[float, float]] = []
+        self.latencies: list[float] = []  # sent -> commit reply
+        self.window_started_at = 0.0  # events sent earlier are not the window's
+        self.carried_over = 0
+        self.deliveries: list[float] = []  # sent -> the informer's handler
         self.committed_at = 0.0
         self.agent: Any = None
 
@@ -176,12 +184,17 @@ class Probe:
                     probe.marks["sync_done"] = time.time() - spawned
                 t["sync"].seconds += wall
                 t["sync"].calls += 1
+                events = 0
                 if probe.in_sync and result.commit.messages:
-                    probe.latencies.extend(probe.committed_at - s for s in probe.in_sync)
+                    probe.latencies.extend(probe.committed_at - s for s, _ in probe.in_sync)
+                    probe.deliveries.extend(n - s for s, n in probe.in_sync)
+                    events = len(probe.in_sync)
                     probe.in_sync = []
                 if result.changed or result.full:
                     entry = {k: t[k].seconds - v for k, v in before.items()}
                     entry.update(
+                        at=started_at,
+                        events=events,
                         wall=wall,
                         changed=result.changed,
                         messages=result.commit.messages,
@@ -230,7 +243,11 @@ class Probe:
             def noted(events: Any, old: Any, new: Any) -> None:
                 stamp = ((new.get("metadata") or {}).get("annotations") or {}).get(STAMP)
                 if stamp is not None:
-                    probe.noted.append(float(stamp))
+                    sent = float(stamp)
+                    if sent >= probe.window_started_at:
+                        probe.noted.append((sent, time.time()))
+                    else:  # sent before this window: the last window's backlog
+                        probe.carried_over += 1
                 method(events, old, new)
 
             return noted
@@ -279,7 +296,7 @@ class Probe:
         """Time the tracker's handlers (the sources bind them at start) and hand the noted
         events to the sync whose checkpoint consumes them."""
         self.agent = agent
-        tracker = agent.tracker
+        tracker = agent.parts.tracker
         for name in (
             "on_service_add",
             "on_service_update",
@@ -325,18 +342,22 @@ class Probe:
             "rss_kb": rss_kb(),
             "rss_kb_at": probe_rss(self),
             "cpu_s": round(time.process_time(), 3),  # the process's, all threads, to ready
-            "flows": len(self.agent.datapath.installed_flows),
-            "groups": len(self.agent.datapath.installed_groups),
+            "flows": len(self.agent.parts.datapath.installed_flows),
+            "groups": len(self.agent.parts.datapath.installed_groups),
         }
 
     def window(self) -> dict[str, Any]:
         self.latencies = []
+        self.deliveries = []
         self.noted = []
         self.in_sync = []
+        self.window_started_at = time.time()
+        self.carried_over = 0
         self._window = {
             "started": time.perf_counter(),
+            "started_at": time.time(),
             "cpu": time.process_time(),
-            "sent": self.agent.channel.counters.total("sent"),
+            "sent": self.agent.parts.channel.counters.total("sent"),
             "syncs": len(self.syncs),
             "gc": self.gc_seconds,
             "gc_gen": {g: list(v) for g, v in self.gc_by_generation.items()},
@@ -352,11 +373,14 @@ class Probe:
             await asyncio.sleep(0.01)
         w = self._window
         wall = time.perf_counter() - w["started"]
-        messages, sent = self.agent.channel.counters.total("sent")
+        messages, sent = self.agent.parts.channel.counters.total("sent")
         syncs = self.syncs[w["syncs"] :]
         return {
             "event": "report",
             "latencies": self.latencies,
+            "deliveries": self.deliveries,
+            # events sent before the window that reached the informer during it (not timed)
+            "carried_over": self.carried_over,
             "events_noted_pending": len(self.noted) + len(self.in_sync),
             "wall_s": wall,
             "cpu_s": time.process_time() - w["cpu"],
@@ -369,6 +393,17 @@ class Probe:
             "sync_stage_s": sum(s["stage"] for s in syncs),
             "sync_track_s": sum(s["sync_track"] for s in syncs),
             "changed": sum(s["changed"] for s in syncs),
+            # per sync: start (s after the window's), wall, commit (s), changes, events
+            "sync_log": [
+                [
+                    round(s["at"] - w["started_at"], 4),
+                    round(s["wall"], 5),
+                    round(s["commit"], 5),
+                    s["changed"],
+                    s["events"],
+                ]
+                for s in syncs
+            ],
             "decode_s": self.timers["decode"].seconds - w["decode"],
             "convert_s": self.timers["convert"].seconds - w["convert"],
             "track_s": self.timers["track"].seconds - w["track"],
@@ -401,6 +436,37 @@ def emit(payload: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _watch_stalls(path: str, threshold: float = 0.05) -> None:
+    """Diagnostics: a thread that writes the main thread's stack to ``path`` whenever the
+    event loop has not run a 10 ms heartbeat for ``threshold`` seconds."""
+    import traceback
+
+    loop = asyncio.get_running_loop()
+    main_id = threading.get_ident()
+    beat = [time.perf_counter()]
+
+    def tick() -> None:
+        beat[0] = time.perf_counter()
+        loop.call_later(0.01, tick)
+
+    tick()
+
+    def watch() -> None:
+        reported = 0.0
+        with open(path, "a") as out:
+            while True:
+                time.sleep(0.02)
+                lag = time.perf_counter() - beat[0]
+                if lag > threshold and beat[0] != reported:
+                    frame = sys._current_frames().get(main_id)
+                    stack = "".join(traceback.format_stack(frame)[-12:]) if frame else ""
+                    out.write(f"--- {time.time():.3f} loop late {lag * 1000:.0f} ms\n{stack}")
+                    out.flush()
+                    reported = beat[0]
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 async def main(spec: dict[str, Any]) -> None:
     probe = Probe(spec)
     probe.mark("started")
@@ -423,6 +489,8 @@ async def main(spec: dict[str, Any]) -> None:
         raise RuntimeError("the agent stopped before its first sync")
     probe.mark("ready")
     emit(probe.ready_report())
+    if spec.get("stall_log"):
+        _watch_stalls(spec["stall_log"])
 
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue[str] = asyncio.Queue()
@@ -440,8 +508,8 @@ async def main(spec: dict[str, Any]) -> None:
             if cmd == "stop":
                 break
             if cmd == "min_interval":
-                agent.runner.min_interval = float(command["value"])
-                emit({"event": "min_interval", "value": agent.runner.min_interval})
+                agent.parts.runner.min_interval = float(command["value"])
+                emit({"event": "min_interval", "value": agent.parts.runner.min_interval})
             elif cmd == "window":
                 emit(probe.window())
             elif cmd == "report":

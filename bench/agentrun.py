@@ -220,9 +220,11 @@ class ProbeProcess:
                 await self.proc.wait()
 
 
-async def start_probe(config: dict[str, Any], decoder: str = "msgspec", timeout: float = 600):
+async def start_probe(
+    config: dict[str, Any], decoder: str = "msgspec", timeout: float = 600, **options: Any
+):
     spawned = time.time()
-    spec = {"config": config, "decoder": decoder, "spawned_at": spawned}
+    spec = {"config": config, "decoder": decoder, "spawned_at": spawned, **options}
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -351,7 +351,9 @@ def _cold_memory(cs: dict[str, Any]) -> list[str]:
 
 def _churn(ch: dict[str, Any]) -> list[str]:
     rows = []
-    for w in ch["windows"].values():
+    windows = list(ch["windows"].values())
+    delivery = all("delivery_p50_ms" in w for w in windows)  # (older result files lack it)
+    for w in windows:
         goal = ""
         if "goal_p99_met" in w:
             goal = (
@@ -364,6 +366,13 @@ def _churn(ch: dict[str, Any]) -> list[str]:
             f" | {w['messages_per_s']:,.0f} | {w['bytes_per_s'] / 1e3:,.1f} kB"
             f" | {w['agent_cpu_percent']:.0f}% | {goal} |"
         )
+        if delivery:
+            rows[-1] = rows[-1].replace(
+                f" | {w['syncs_per_s']:g} |",
+                f" | {w['delivery_p50_ms']:.1f} / {w['delivery_p99_ms']:.1f}"
+                f" | {w['syncs_per_s']:g} |",
+                1,
+            )
     return [
         "### Endpoint churn (`churn`)",
         "",
@@ -372,11 +381,19 @@ def _churn(ch: dict[str, Any]) -> list[str]:
         " (one endpoint change each, on a Service picked at random: a pod goes, or a new pod"
         f" comes), {ch['seconds_per_window']:g} s a window. Latency: from the update's send"
         " to the reply to the commit of the sync that consumed it. CPU: the agent's, all its"
-        f" threads, as a share of one core (idle: {ch['idle_cpu_percent']:.1f}%).",
+        f" threads, as a share of one core (idle: {ch['idle_cpu_percent']:.1f}%)."
+        + (
+            " Of the latency, the watch's delivery: from the send to the agent's informer"
+            " handler (the fake API and the generator share the bench's process, whose"
+            " setup heap is frozen out of its collector)."
+            if delivery
+            else ""
+        ),
         "",
-        "| changes | min-sync-interval | p50 / p99 / max ms | syncs/s | OpenFlow msgs/s"
-        " | bytes/s | agent CPU | goal |",
-        "|---|---|---|---|---|---|---|---|",
+        "| changes | min-sync-interval | p50 / p99 / max ms"
+        + (" | delivery p50 / p99 ms" if delivery else "")
+        + " | syncs/s | OpenFlow msgs/s | bytes/s | agent CPU | goal |",
+        "|---|---|---|---|---|---|---|---|" + ("---|" if delivery else ""),
         *rows,
         "",
     ]
@@ -418,6 +435,60 @@ def _scale(sc: dict[str, Any], plot: str) -> list[str]:
         + ". "
         + " ".join(note[0].upper() + note[1:] + "." for note in sc["not_linear"]),
         "",
+    ]
+
+
+def _chaos(ch: dict[str, Any], source: str) -> list[str]:
+    """The chaos run (its own result file: ``all`` does not run it)."""
+    goals = [
+        f"| {g['goal']} | {g['target']} | **{g['value']}** | {_met(bool(g['met']))} |"
+        for g in ch["goals"]
+    ]
+    kinds = [
+        f"| `{kind}` | {row['faults']} | {row['requests']:,} | {row['failed']} "
+        f"| {row['worst_converge_s']} |"
+        for kind, row in ch["by_kind"].items()
+    ]
+    load = ch.get("load_average_start", ["?"])[0]
+    resolution = []
+    if "faults_clean_at_first_check" in ch:
+        resolution = [
+            "A convergence time is an upper bound: it ends with the first clean check. In"
+            f" {ch['faults_clean_at_first_check']} of {ch['faults']} faults every node's first"
+            " check (desired state built from the API, then the node read and compared) was"
+            " already clean, so there the figure is that check's own time (median check"
+            f" {ch['median_check_s']} s).",
+            "",
+        ]
+    return [
+        "### Chaos (`chaos`)",
+        "",
+        f"`python -m bench chaos --nodes {ch['nodes']} --minutes {ch['minutes']:g} --seed"
+        f" {ch['seed']}` (not part of `all`): a {ch['nodes']}-node dual-stack lab whose agents"
+        " read the fake Kubernetes API, under continuous traffic (every node's client pod to a"
+        " ClusterIP and a NodePort Service's ClusterIPs, the external client to the NodePort on"
+        " every node IP; TCP and UDP, IPv4 and IPv6; a new connection or socket per request),"
+        " and a seeded random schedule of faults: endpoint churn, Service add and delete, agent"
+        " SIGKILL and restart, ovs-vswitchd kill -9 and restart, ovsdb-server kill and restart,"
+        " a broken Service (port 70000) appearing then fixed, every watch cut or expired (410,"
+        " then a relist) with a change made meanwhile. After each fault `ovsproxy verify` runs"
+        " on every node until clean; a fault's requests are those from its start to its"
+        " convergence + 1 s. From"
+        f" `{source}`{_provenance(ch)}; load average {load} at the start:"
+        f" {ch['faults']} faults, {ch['requests']:,} requests, {ch['failed']} failed"
+        f" ({ch['failed_outside_fault_windows']} outside the faults' windows).",
+        "",
+        f"![chaos timeline](results/{Path(ch['plot']).name})",
+        "",
+        "| goal (issue 17) | target | measured | |",
+        "|---|---|---|---|",
+        *goals,
+        "",
+        "| fault | times | requests in its windows | failed | slowest convergence (s) |",
+        "|---|---|---|---|---|",
+        *kinds,
+        "",
+        *resolution,
     ]
 
 
@@ -515,8 +586,8 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         "",
         "Root is needed for the private OVS sandbox and the network namespaces. Each run writes"
         " `bench/results/<date>-<scenario>[-quick].json` and `.md`, `all` also"
-        " `<date>-all[-quick].json`, and `incremental` and `scale` their plots. Every result"
-        " file records the commit it measured and whether the tree was clean.",
+        " `<date>-all[-quick].json`, and `incremental`, `scale` and `chaos` their plots. Every"
+        " result file records the commit it measured and whether the tree was clean.",
         "",
         f"Figures below: `{source}`{' (quick sizes)' if quick else ''}, on {report['date']}"
         f"{_provenance(report)}: {_machine(report['machine'])}.",
@@ -528,6 +599,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *(_cold_start(report["cold-start"]) if _ok(report, "cold-start") else []),
         *(_churn(report["churn"]) if _ok(report, "churn") else []),
         *(_scale(report["scale"], report["scale"]["plot"]) if _ok(report, "scale") else []),
+        *(_chaos(report["chaos"], report["chaos"]["source"]) if _ok(report, "chaos") else []),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"
@@ -570,9 +642,28 @@ def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
     report[name]["clean"] = payload.get("tree_clean", payload.get("clean"))
 
 
+def _chaos_result(report: dict[str, Any], result: Path) -> None:
+    """The newest chaos result next to ``result`` (its own run, with its own commit)."""
+    if _ok(report, "chaos"):
+        return
+    found = sorted(p for p in result.parent.glob("*-chaos.json"))
+    if not found:
+        return
+    payload = json.loads(found[-1].read_text())
+    if "error" in payload.get("chaos", {"error": ""}):
+        return
+    report["chaos"] = {
+        **payload["chaos"],
+        "source": f"bench/results/{found[-1].name}",
+        "commit": payload.get("commit"),
+        "tree_clean": payload.get("tree_clean"),
+    }
+
+
 def render_files(result: Path, quick: Path | None = None) -> str:
     report = json.loads(result.read_text())
     _own_result(report, result, "scale")
+    _chaos_result(report, result)
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:

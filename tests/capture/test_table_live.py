@@ -263,6 +263,10 @@ async def test_tracker_changes_are_patched_and_drift_rebuilds(node: Node) -> Non
         lines = monitor.stop()
         assert (result.kind, result.elements, generations(lines)) == ("patch", 4, 1)
         assert await table.read() == tracker.state()
+        # no change (an endpoint change of a ClusterIP Service): no transaction at all
+        monitor = Monitor(node)
+        result = await table.sync_changes(tracker.take_changes(), tracker.state)
+        assert (result.kind, result.elements, generations(monitor.stop())) == ("none", 0, 0)
         # drift: our table deleted behind our back; the next change rebuilds it whole
         node.nft("delete", "table", "inet", TABLE)
         tracker.update(svc(22, 30022))

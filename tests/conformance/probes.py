@@ -137,6 +137,31 @@ def assert_not_programmed(lab: Lab, ip: str, timeout: float = 10) -> None:
     eventually(check, timeout)
 
 
+def failure_evidence(lab: Lab, out: dict[str, Any]) -> dict[str, Any]:
+    """Where the failed requests of ``out`` went, for the assertion message: each one's phase,
+    source port and start time (the traffic client's ``failed_requests``), every node's
+    conntrack entries of those source ports (an un-NATed SYN_SENT entry on the client's node:
+    its SYN met the switch before the Service's flows; a NATed one: lost past the DNAT; none:
+    dropped before conntrack), and each agent's last sync (wall clock)."""
+    failed = out.get("failed_requests", [])
+    ports = {f"sport={f['source_port']}," for f in failed if f.get("source_port")}
+    entries: dict[str, list[str]] = {}
+    for name, node in lab.nodes.items():
+        try:
+            text = node.sandbox.appctl("dpctl/dump-conntrack")
+        except Exception as exc:  # evidence only: never hide the real failure
+            entries[name] = [f"dump-conntrack failed: {exc}"]
+            continue
+        entries[name] = [line for line in text.splitlines() if any(p in line for p in ports)]
+    syncs: dict[str, Any] = {}
+    for name in lab.nodes:
+        try:
+            syncs[name] = lab.agent_status(name).get("last_sync")
+        except Exception as exc:
+            syncs[name] = f"status failed: {exc}"
+    return {"failed_requests": failed, "conntrack": entries, "last_sync": syncs}
+
+
 def assert_reaches(
     lab: Lab,
     ip: str,
@@ -151,7 +176,9 @@ def assert_reaches(
     ``pods`` (and, when given, on the pods' port ``served_port``)."""
     for label, netns in clients(lab, nodes=nodes):
         out = http(netns, ip, port, count)
-        assert out["failed"] == 0, (label, ip, port, out["failures"], out)
+        if out["failed"]:
+            evidence = failure_evidence(lab, out)
+            raise AssertionError((label, ip, port, out["failures"], out, evidence))
         assert set(out["counts"]) == pods, (label, ip, port, out["counts"])
         if served_port is not None:
             assert set(out["ports"]) == {str(served_port)}, (label, out["ports"])

@@ -28,6 +28,7 @@ from .probes import (
     assert_reaches,
     client_pod,
     endpoints_of,
+    failure_evidence,
     http,
     node_ip,
     port_name,
@@ -81,6 +82,8 @@ def assert_nodeport_reaches(
             or (protocol == "TCP" and count >= 10 * len(pods) and answered != pods)
         ):
             entry = (label, "->", node, out["counts"], out["failures"])
+            if out["failed"]:
+                entry += (failure_evidence(lab, out),)
             (gaps.seen if label == f"{node} pod" else wrong).append(entry)
     assert not wrong, (f"{protocol} {family.name} nodePort {node_port}", wrong)
 

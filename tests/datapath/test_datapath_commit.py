@@ -318,3 +318,48 @@ def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
         assert known_plan.result.bucket_bytes == unknown_plan.result.bucket_bytes
         wire = sum(len(of.Bucket(0, b.actions, b.weight).wire) for b in spec(after).buckets)
         assert known_plan.result.bucket_bytes == wire
+
+
+class RecordingRegistry:
+    """A group-id registry that keeps every save (OVSDB's is tests/sandbox's)."""
+
+    def __init__(self) -> None:
+        self.saves: list[set[int]] = []
+
+    async def load(self) -> set[int] | None:
+        return self.saves[-1] if self.saves else None
+
+    async def save(self, group_ids: set[int]) -> None:
+        self.saves.append(set(group_ids))
+
+
+async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_then() -> None:
+    registry = RecordingRegistry()
+    switch = FakeSwitch()
+    dp = Datapath(switch, CONFIG, 1, registry=registry)
+    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    await dp.commit()
+    assert registry.saves == [set()]
+    a = stage(dp, "a", 2, gid=1)
+    await dp.commit()
+    stage(dp, "a", 3, gid=1)  # buckets only: the same ids
+    await dp.commit()
+    assert registry.saves == [set(), {1}]
+    stage(dp, "b", 2, gid=2, first=10, vip="10.96.0.11")
+    await dp.commit()
+    dp.unstage(a)
+    await dp.commit()
+    assert registry.saves == [set(), {1}, {1, 2}, {2}]
+    # An uncertain commit forgets group 2's content; the retry that lands has the same ids.
+    stage(dp, "b", 3, gid=2, first=10, vip="10.96.0.11")
+    switch.fail = RequestTimeout("no reply to bundle commit")
+    with pytest.raises(DatapathError):
+        await dp.commit()
+    await dp.commit()
+    assert registry.saves[-1] == {2} and 2 in dp.installed_groups
+    # A group that came back under an uncertain commit and then went is saved as gone.
+    stage(dp, "c", 1, gid=3, first=20, vip="10.96.0.12")
+    await dp.commit()
+    assert registry.saves[-1] == {2, 3}
+    await dp.resync_switch()
+    assert registry.saves[-1] == {2, 3}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -122,6 +123,37 @@ def test_endpoint_removed_gets_nothing_and_added_one_gets_traffic(lab: Lab) -> N
     )
     both = lab.http(WEB, 60)
     assert set(both["counts"]) == {"web-1", "api-2"} and both["failed"] == 0, both
+
+
+def test_status_shows_a_service_only_once_the_switch_has_it(lab: Lab) -> None:
+    """/status is what a client waits on before it sends (the conformance probes do): it must
+    not list a Service whose flows are still on their way to the switch. A SYN sent then
+    leaves an un-NATed conntrack entry, and the connection's SYN retransmissions meet it
+    even after the flows arrive: one 2 s timeout (issue 15, under load)."""
+    new = (lab.manifests / "web.yaml").read_text()
+    new = new.replace("name: web\n", "name: late\n").replace("10.96.0.10", "10.96.0.77")
+    new = new.replace("kubernetes.io/service-name: web", "kubernetes.io/service-name: late")
+    new = new.replace("name: web-abc12", "name: late-abc12")
+    assert lab.sandbox.record is not None
+    vswitchd = lab.sandbox.record.pids["ovs-vswitchd"]
+    os.kill(vswitchd, signal.SIGSTOP)  # a switch slow to apply the commit (a loaded machine)
+    try:
+        (lab.manifests / "late.yaml").write_text(new)
+        # The agent reads it within its 0.5 s manifest poll and stages it at once; its
+        # commit then waits for the stopped switch.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            names = [s["name"] for s in lab.agent.status()["services"]]
+            assert "demo/late:http/TCP" not in names, "listed before the switch has its flows"
+            time.sleep(0.05)
+    finally:
+        os.kill(vswitchd, signal.SIGCONT)
+    lab.agent.wait_for(
+        lambda: any(s["name"] == "demo/late:http/TCP" for s in lab.agent.status()["services"]),
+        what="late to be listed",
+    )
+    first = lab.http("http://10.96.0.77/", 1, timeout=2)  # at once: it must work
+    assert first["failed"] == 0 and first["counts"], first
 
 
 def _service(lab: Lab, name: str) -> dict[str, Any]:

@@ -73,3 +73,22 @@ def test_verify_on_every_node_of_the_lab(lab: Lab) -> None:
     while (again := verify(lab, "node-2")).returncode != 0 and time.monotonic() < deadline:
         time.sleep(0.5)
     assert again.returncode == 0, again.stdout
+
+
+def test_verify_clean_with_a_nodeport_service(lab: Lab) -> None:
+    """The agents install NodePort frontends (the virtual NodePort IP and the node IPs with the
+    nodePort): verify's desired state has them too, so a converged node is clean."""
+    svc = LabService(
+        "verify-np",
+        addresses("10.96.1.90", "fd00:10:96::1:5a"),
+        (LabPort("http", 80, 8080, node_port=30790), LabPort("dns", 53, 5353, "UDP", 30790)),
+        lab.endpoints("web-1", "web-2", "web-3"),
+        type="NodePort",
+    )
+    install(lab, svc)
+    for name in lab.nodes:
+        flows = lab.nodes[name].sandbox.ofctl("dump-flows", "table=13")
+        assert "tp_dst=30790" in flows, (name, flows)
+        result = verify(lab, name)
+        assert result.returncode == 0, (name, result.stdout, result.stderr)
+        assert "converged: no difference" in result.stdout

@@ -128,6 +128,35 @@ async def test_group_and_flows_in_one_bundle_appear_exactly(
     assert sorted(await channel.flow_cookies(0x50, 0xF0)) == [0x51, 0x52]
 
 
+async def test_a_small_bundle_is_two_writes_open_adds_close_then_commit(
+    sandbox: Sandbox, channel: Channel
+) -> None:
+    # Each write wakes the switch: a small bundle costs two (CLOSE's reply must come back
+    # before the COMMIT, so that an add refused at add time is never committed without it).
+    conn = channel._conn
+    assert conn is not None
+    writes: list[list[str]] = []
+    real_write = conn.write
+
+    def name(msg: of.Message) -> str:
+        if isinstance(msg, of.BundleCtrl):
+            return of.BundleCtrlType(msg.ctrl_type).name
+        return type(msg).__name__
+
+    def write(data: bytes) -> None:
+        parser = of.Parser()
+        parser.feed(data)
+        writes.append([name(of.decode(m)) for m in parser])
+        real_write(data)
+
+    conn.write = write  # type: ignore[method-assign]
+    group = service_group()
+    await channel.commit_bundle([group, *service_flows()])
+    adds = ["BundleAdd"] * (1 + len(service_flows()))
+    assert writes == [["OPEN_REQUEST", *adds, "CLOSE_REQUEST"], ["COMMIT_REQUEST"]]
+    assert ofctl_groups(sandbox) == [of.format_group(group)]
+
+
 async def test_flow_options_appear_as_ovs_ofctl_prints_them(
     sandbox: Sandbox, channel: Channel
 ) -> None:

@@ -167,7 +167,7 @@ class StatusPages:
         parts = self.parts
         services = []
         if parts.proxier is not None:
-            for name, inst in sorted(parts.proxier.services.items(), key=lambda kv: str(kv[0])):
+            for name, inst in sorted(parts.proxier.programmed.items(), key=lambda kv: str(kv[0])):
                 port = inst.state.port
                 entry = {
                     "name": str(name),

@@ -180,8 +180,22 @@ async def verify(config: AgentConfig, *, timeout: float = 60.0) -> VerifyReport:
         raise ConfigError(
             "verify needs the OVS to check: give --ovsdb and --openflow (as to `ovsproxy run`)"
         )
-    assert config.ovsdb is not None and config.openflow is not None
-    report = VerifyReport()
+    held = await read_ovsdb(config)
+    desired = await desired_for(config, held, timeout=timeout)
+    return await compare_node(config, desired, held, timeout=timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class OVSDBState:
+    """What verify reads from OVSDB: the cookie generation, the group-id registry, the pods."""
+
+    generation: int | None
+    registry: set[int] | None
+    pods: list[PodPort]
+
+
+async def read_ovsdb(config: AgentConfig) -> OVSDBState:
+    assert config.ovsdb is not None
     ovsdb = await asyncio.to_thread(OVSDB, config.ovsdb)
     try:
         generation = await asyncio.to_thread(ovsdb.generation, config.bridge)
@@ -191,10 +205,25 @@ async def verify(config: AgentConfig, *, timeout: float = 60.0) -> VerifyReport:
             pods = await asyncio.to_thread(ovsdb.pod_ports, config.bridge)
     finally:
         await asyncio.to_thread(ovsdb.close)
+    return OVSDBState(generation, registry, pods)
+
+
+async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float = 60.0) -> Desired:
+    """The desired state for the node whose OVSDB holds ``held`` (and its node IPs)."""
     ips = await node_ips(config) if config.captures else None
-    desired = await build_desired(
-        config, pods, generation or 1, timeout=timeout, capture_node_ips=ips
+    return await build_desired(
+        config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
     )
+
+
+async def compare_node(
+    config: AgentConfig, desired: Desired, held: OVSDBState, *, timeout: float = 60.0
+) -> VerifyReport:
+    """The node's flows, groups, routes and capture table against ``desired`` (one desired
+    state can be compared again and again while a node converges to it, as bench chaos does)."""
+    assert config.openflow is not None
+    generation, registry = held.generation, held.registry
+    report = VerifyReport()
     channel = Channel(config.openflow)
     await channel.start(timeout=timeout)
     try:

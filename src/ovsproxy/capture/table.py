@@ -229,7 +229,12 @@ class CaptureTable:
         """One transaction applying ``change`` (a ``CaptureTracker``'s pending change): work
         proportional to the change. ``desired`` gives the whole state for a first sync or a
         rebuild after drift."""
-        result: SyncResult = await self._call(self._sync_changes_blocking, change, desired)
+        result: SyncResult
+        if not change and self._installed is not None:
+            # Nothing to patch (most endpoint changes): no hop to the worker thread.
+            result = SyncResult("none", 0, 0, 0, 0.0)
+        else:
+            result = await self._call(self._sync_changes_blocking, change, desired)
         self.last = result
         return result
 

@@ -325,6 +325,9 @@ class Datapath:
         self.switch = switch
         self.registry = registry
         self._saved_group_ids: set[int] | None = None
+        # set when the ids of installed_groups may have changed since the last save (most
+        # commits change buckets only: no set of every id is built for them)
+        self._group_ids_changed = True
         self.config = config
         self.tables = pl.Tables.for_config(config)
         self.generation = generation
@@ -738,8 +741,11 @@ class Datapath:
         unknown = self._unknown_groups
         for gid, (result, _) in diff.plans.items():
             if result is None:
-                installed_groups.pop(gid, None)
+                if installed_groups.pop(gid, None) is not None:
+                    self._group_ids_changed = True
             else:
+                if gid not in installed_groups:
+                    self._group_ids_changed = True
                 installed_groups[gid] = result
             unknown.discard(gid)
         installed_flows = self._installed_flows
@@ -759,6 +765,7 @@ class Datapath:
             if kind in ("add", "modify", "incremental"):
                 self._unknown_groups.add(gid)
                 self.installed_groups.pop(gid, None)
+                self._group_ids_changed = True
 
     # -- the switch's own state -------------------------------------------------------------
     def _ours(self, gid: int) -> bool:
@@ -845,12 +852,13 @@ class Datapath:
         return {gid for gid in listed | believed if self._ours(gid)}
 
     async def _save_group_ids(self) -> None:
-        if self.registry is None:
+        if self.registry is None or not self._group_ids_changed:
             return
         ids = set(self.installed_groups)
         if ids != self._saved_group_ids:
             await self.registry.save(ids)
             self._saved_group_ids = ids
+        self._group_ids_changed = False
 
     async def _resync_locked(self) -> CommitStats:
         present = await self._group_ids_in_switch()
@@ -868,6 +876,7 @@ class Datapath:
         refs = self._flow_refs
         self._installed_flows = {k: f for k, f in self._installed_flows.items() if k not in refs}
         self.installed_groups.clear()
+        self._group_ids_changed = True
         # Every group we want is written whole with ADD_OR_MOD: right whether the switch lost
         # it (vswitchd restart) or holds an older agent's version of it.
         self._unknown_groups = set(present) | set(self._group_owner)

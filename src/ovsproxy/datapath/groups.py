@@ -147,10 +147,14 @@ def bucket_of(spec: BucketSpec, bucket_id: int) -> of.Bucket:
 
 
 def _assign_ids(
-    desired: GroupSpec, installed: InstalledGroup | None
+    desired: GroupSpec,
+    installed: InstalledGroup | None,
+    wanted: dict[Hashable, BucketSpec] | None = None,
 ) -> tuple[dict[Hashable, int], dict[Hashable, BucketSpec]]:
-    """Keep every surviving endpoint's bucket id; give new endpoints the lowest free ids."""
-    wanted = desired.by_key()
+    """Keep every surviving endpoint's bucket id; give new endpoints the lowest free ids.
+    ``wanted``: ``desired.by_key()``, when the caller has it already."""
+    if wanted is None:
+        wanted = desired.by_key()
     if installed is None or not installed.ids:
         return dict(zip(wanted, range(len(wanted)), strict=True)), wanted
     old_ids = installed.ids
@@ -290,7 +294,7 @@ def plan_group(
     if installed.selection_method == method and installed.buckets == wanted:
         # Every endpoint is there with the same bucket: ids are kept, nothing to send.
         return GroupPlan((), installed, "none")
-    ids, wanted = _assign_ids(desired, installed)
+    ids, wanted = _assign_ids(desired, installed, wanted)
     ordered = sorted(wanted, key=ids.__getitem__)
     if installed.selection_method != method:
         all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]

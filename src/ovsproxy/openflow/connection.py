@@ -309,13 +309,14 @@ class Bundle:
         self.conn = conn
         session = conn.session
         self._session = session
-        # The OPEN is pipelined: its reply (or error) is checked at commit time.
+        # The OPEN is pipelined: its reply (or error) is checked at commit time. It is not
+        # written yet: a small bundle goes out as one write, OPEN, adds and CLOSE (each write
+        # wakes the switch, and on a busy machine each wake-up costs a scheduling delay).
         self._state = session.open_bundle(flags)
         self._open_future = conn._future(self._state.open_xid)
         # Only a commit awaits the OPEN's reply: a bundle discarded (or abandoned) when its
         # connection is lost must not leave an exception nobody retrieved.
         self._open_future.add_done_callback(_retrieved)
-        conn.flush()
         self._since_drain = 0
 
     @property
@@ -387,9 +388,10 @@ class Bundle:
         timeout = channel.bundle_timeout if timeout is None else timeout
         ended = "failed"
         try:
-            await self.drain()
             # CLOSE's reply comes after every add was processed, so every add error is in.
+            # Queued behind what is buffered and written with it (one write).
             close = self._control(of.BundleCtrlType.CLOSE_REQUEST)
+            self._since_drain = 0
             try:
                 await channel._await(self._open_future, timeout, "bundle open")
                 await channel._await(close, timeout, "bundle close")

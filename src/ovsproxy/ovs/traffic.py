@@ -39,47 +39,55 @@ def _error_kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class _BoundConnection(http.client.HTTPConnection):
-    """An HTTP connection from a given source port, bound with SO_REUSEADDR: a previous
-    connection from that port may still be in TIME_WAIT here (when this side closed first),
-    and a plain bind would then fail with EADDRINUSE."""
+class RequestFailed(Exception):
+    """A request that failed, with where it was: ``phase`` ("connect" or "response"), the
+    client's source port (0 before it had one) and the CLOCK_MONOTONIC time it started."""
 
-    def __init__(self, host: str, port: int, timeout: float, source_port: int) -> None:
-        super().__init__(host, port, timeout=timeout)
-        self.source_port = source_port
-
-    def connect(self) -> None:
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.settimeout(self.timeout)
-            sock.bind(("", self.source_port))
-            sock.connect((self.host, self.port))
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+    def __init__(self, cause: BaseException, phase: str, source_port: int, started: float):
+        super().__init__(f"{phase}: {cause!r}")
+        self.cause, self.phase, self.source_port, self.started = cause, phase, source_port, started
 
 
 def http_once(url: str, timeout: float, source_port: int = 0) -> tuple[str, str, str]:
     """One request on a new connection: (pod name, served port, client address seen).
-    ``source_port`` binds the client's port (a known 5-tuple, e.g. to compare with a trace)."""
+    ``source_port`` binds the client's port (a known 5-tuple, e.g. to compare with a trace).
+    Failures raise :class:`RequestFailed`, its cause the socket's error."""
     parts = urllib.parse.urlsplit(url)
-    conn: http.client.HTTPConnection
-    if source_port:
-        conn = _BoundConnection(parts.hostname or "", parts.port or 80, timeout, source_port)
-    else:
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
+    host, port = parts.hostname or "", parts.port or 80
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    started, phase = time.monotonic(), "connect"
     try:
-        conn.request("GET", parts.path or "/")
-        response = conn.getresponse()
-        body = response.read().decode().strip()
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}")
-        return body, response.getheader("X-Served-Port", ""), response.getheader("X-Client", "")
+        try:
+            sock.settimeout(timeout)
+            if source_port:
+                # An earlier connection from this port may be in TIME_WAIT here (this side
+                # closed first): without SO_REUSEADDR the bind fails with EADDRINUSE.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(("", source_port))
+            sock.connect((host, port))
+            conn.sock = sock
+            phase = "response"
+            return _exchange(conn, parts.path or "/")
+        except Exception as exc:
+            try:
+                bound = int(sock.getsockname()[1])
+            except OSError:
+                bound = source_port
+            raise RequestFailed(exc, phase, bound, started) from exc
     finally:
         conn.close()
+        sock.close()
+
+
+def _exchange(conn: http.client.HTTPConnection, path: str) -> tuple[str, str, str]:
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = response.read().decode().strip()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}")
+    return body, response.getheader("X-Served-Port", ""), response.getheader("X-Client", "")
 
 
 def http_load(
@@ -96,6 +104,7 @@ def http_load(
     seen_as: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
     failure_times: list[float] = []
+    failed_requests: list[dict[str, Any]] = []  # each failure: kind, phase, port, start time
     latencies: list[float] = []
     started = time.monotonic()
     sent = 0
@@ -108,10 +117,22 @@ def http_load(
             ports[port] += 1
             seen_as[client.removeprefix("::ffff:")] += 1
             latencies.append(time.monotonic() - t0)
-        except Exception as exc:
-            failures[_error_kind(exc)] += 1
+        except RequestFailed as exc:
+            kind = _error_kind(exc.cause)
+            failures[kind] += 1
             failure_times.append(round(time.monotonic() - started, 3))
             latencies.append(time.monotonic() - t0)
+            if len(failed_requests) < 50:
+                failed_requests.append(
+                    {
+                        "kind": kind,
+                        "phase": exc.phase,
+                        "source_port": exc.source_port,
+                        "t": round(exc.started, 4),
+                        "wall": round(time.time() - (time.monotonic() - exc.started), 4),
+                        "took_s": round(time.monotonic() - exc.started, 4),
+                    }
+                )
         if interval:
             time.sleep(interval)
     return {
@@ -123,6 +144,8 @@ def http_load(
         "failed": sum(failures.values()),
         "failures": dict(failures),
         "failure_times": failure_times[:50],
+        "failed_requests": failed_requests,
+        "started": round(started, 4),
         "max_latency_s": round(max(latencies, default=0.0), 4),
         "elapsed_s": round(time.monotonic() - started, 3),
     }

@@ -427,7 +427,18 @@ class Proxier:
             node_ips=config.node_ips if config.mode == pl.Mode.STANDALONE else (),
         )
         self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
+        # What each Service port is being programmed to (staged; ahead of the switch while a
+        # commit is in flight) ...
         self.services: dict[ServicePortName, InstalledService] = {}
+        # len(endpoints) summed over services, kept as they change (a sum per sync would
+        # cost the cluster's size on every endpoint change)
+        self._endpoint_total = 0
+        # ... and what it is programmed to: published once the sync that carried it is done
+        # (the commit acknowledged, routes and node side updated). /status shows this, so a
+        # client that waits for it never sends before the flows exist (such a SYN leaves an
+        # un-NATed conntrack entry that its retransmissions keep meeting).
+        self.programmed: dict[ServicePortName, InstalledService] = {}
+        self._unpublished: dict[ServicePortName, None] = {}  # touched, not yet in programmed
         self._pod_owners: dict[tuple[str, str], PodPort] = {}  # what is staged, by owner
         self._synced_once = False
         self.last_result = SyncResult()
@@ -556,6 +567,9 @@ class Proxier:
         )
         self._after_change(previous, installed)
         self.services[port.name] = installed
+        self._endpoint_total += len(installed.endpoints) - (
+            len(previous.endpoints) if previous is not None else 0
+        )
 
     def _objects_for(self, port: ServicePort, sets: list[svc.FrontendSet]) -> svc.ServiceObjects:
         """The groups and flows of one Service port (a seam for tests of refused ports)."""
@@ -566,6 +580,7 @@ class Proxier:
         self.groups.release(name)
         previous = self.services.pop(name, None)
         if previous is not None:
+            self._endpoint_total -= len(previous.endpoints)
             self._after_change(previous, None)
 
     def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
@@ -677,6 +692,7 @@ class Proxier:
                 touched[name] = change.current
             changed = len(changes)
         await self._stage_pods()
+        self._unpublished.update(dict.fromkeys(touched))  # kept if this sync fails
         commit = await self._commit_isolating(touched)
         committed = time.time()
         latencies = tuple(committed - t for t in self._trigger_times)
@@ -691,6 +707,7 @@ class Proxier:
             # endpoint change would make every sync cost the size of the cluster.
             await self._on_cluster_ips(self.tracker.cluster_ips())
             self._cluster_ips_version = version
+        self._publish()
         result = SyncResult(
             changed=changed,
             full=full,
@@ -708,6 +725,16 @@ class Proxier:
                 " (full)" if full else "",
             )
         return result
+
+    def _publish(self) -> None:
+        """The touched ports' installed state becomes what they are programmed to."""
+        for name in self._unpublished:
+            installed = self.services.get(name)
+            if installed is None:
+                self.programmed.pop(name, None)
+            else:
+                self.programmed[name] = installed
+        self._unpublished.clear()
 
     async def _commit_isolating(
         self, touched: dict[ServicePortName, ServiceState | None]
@@ -759,4 +786,5 @@ class Proxier:
 
     # -- status -----------------------------------------------------------------------------
     def endpoint_count(self) -> int:
-        return sum(len(s.endpoints) for s in self.services.values())
+        """Endpoints programmed, summed over Service ports (O(1))."""
+        return self._endpoint_total

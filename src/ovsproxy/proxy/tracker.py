@@ -15,6 +15,7 @@ Model values only: the sources convert Kubernetes objects before they get here.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from collections import Counter
@@ -58,20 +59,29 @@ class TrackerStats:
     changes: int = 0  # ServicePortNames handed out by checkpoints
 
 
+# An endpoint's place in a port's endpoints: (IP version, address as an int, port), which is
+# ``Endpoint.sort_key``, built without its Python-level calls (an ipaddress hashes and converts
+# in Python; this runs per endpoint of every changed Service).
+EndpointOrder = tuple[int, int, int]
+_IPV4 = ipaddress.IPv4Address
+
+
 def merge_endpoint_slices(
     slices: Iterable[EndpointSlice],
-) -> dict[tuple[str, Protocol], dict[tuple[IPAddress, int], Endpoint]]:
-    """All endpoints of a Service's slices, per (port name, protocol), one per address:port.
+) -> dict[tuple[str, Protocol], dict[EndpointOrder, Endpoint]]:
+    """All endpoints of a Service's slices, per (port name, protocol), one per address:port
+    (keyed by ``Endpoint.sort_key``).
 
     An endpoint seen in two slices (it is moving between them, or a new pod reuses a
     terminating pod's IP) resolves as kube-proxy does: a non-terminating copy wins.
     """
-    merged: dict[tuple[str, Protocol], dict[tuple[IPAddress, int], Endpoint]] = {}
+    merged: dict[tuple[str, Protocol], dict[EndpointOrder, Endpoint]] = {}
     for endpoint_slice in slices:
         for slice_port in endpoint_slice.ports:
             by_address = merged.setdefault((slice_port.name, slice_port.protocol), {})
             for endpoint in slice_port.endpoints:
-                key = (endpoint.ip, endpoint.port)
+                ip = endpoint.ip
+                key = (4 if type(ip) is _IPV4 else 6, ip._ip, endpoint.port)  # type: ignore[union-attr]
                 if key not in by_address or not endpoint.terminating:
                     by_address[key] = endpoint
     return merged
@@ -92,16 +102,10 @@ def service_states(
     for port in ports:
         by_address = merged.get((port.name.port, port.protocol), {})
         families = {ip.version for ip in port.cluster_ips}
-        endpoints = sorted(
-            (ep for ep in by_address.values() if ep.ip.version in families),
-            key=_sort_key,
-        )
-        states[port.name] = ServiceState(port, tuple(endpoints))
+        # in sort_key order (the keys are unique: the endpoints are never compared)
+        endpoints = tuple(ep for key, ep in sorted(by_address.items()) if key[0] in families)
+        states[port.name] = ServiceState(port, endpoints)
     return states
-
-
-def _sort_key(endpoint: Endpoint) -> tuple[int, int, int]:
-    return endpoint.sort_key
 
 
 class ChangeTracker:

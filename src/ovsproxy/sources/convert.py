@@ -685,6 +685,9 @@ def _trigger_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
     return parsed
 
 
+_NO_NAMES: frozenset[str] = frozenset()
+
+
 def _hint_names(
     check: _Checker, hints: Mapping[str, Any], key: str, path: FieldPath
 ) -> frozenset[str]:
@@ -695,4 +698,6 @@ def _hint_names(
             check.error((*path, key, index, "name"), name, "required, a string")
         else:
             names.append(name)
-    return frozenset(names)
+    # Most endpoints have no hints: one shared empty set (each frozenset() is a new
+    # collector-tracked object, two per endpoint)
+    return frozenset(names) if names else _NO_NAMES
