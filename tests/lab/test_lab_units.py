@@ -60,8 +60,12 @@ def test_without_host_snat_no_snat_flows() -> None:
 
 
 def test_integrated_mode_installs_none_of_it() -> None:
-    text = "\n".join(_texts(svc.pipeline_flows(_ctx(pl.Mode.INTEGRATED))))
-    assert "commit" not in text and "65522" not in text and "aa:bb:cc:dd:ee:ff" not in text
+    texts = _texts(svc.pipeline_flows(_ctx(pl.Mode.INTEGRATED)))
+    text = "\n".join(texts)
+    assert "65522" not in text and "aa:bb:cc:dd:ee:ff" not in text
+    # the only commit: ConntrackState's forced delete of a stale entry (both modes)
+    commits = [t for t in texts if "commit" in t]
+    assert len(commits) == 2 and all("ct(commit,force,zone=" in t for t in commits), commits
 
 
 def test_pod_flows_mark_the_pod_port_and_drop_its_address_from_elsewhere() -> None:

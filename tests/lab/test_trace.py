@@ -152,13 +152,6 @@ def test_local_policy_from_the_wrong_node_says_dropped_and_why(lab: Lab) -> None
     assert answer["counts"] == {"web-3": 1}, answer
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known failure, cause not found: on the clean-checkout CI run of the merged NodePort "
-    "wiring, a pod's request to its own node's IP:nodePort (source port 42000, traced to a "
-    "remote endpoint) got no answer, while the trace and the external client's requests were "
-    "right; tests/lab/test_nodeport.py's own pod-to-own-NodePort test passed in the same run",
-)
 def test_nodeport_from_outside_and_from_a_pod(lab: Lab) -> None:
     """A NodePort traced from the external client (through the node's capture table, then
     OVS) and from a pod (matched in OVS at once), each against a real request. Runs once the

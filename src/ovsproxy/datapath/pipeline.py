@@ -17,7 +17,13 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              reply to the host-SNAT address in zone S (HIGH)
      11    ConntrackState    +inv -> drop, except a TCP RST without ACK (INVALID_RST: to the
                              agent, which flushes its conntrack entry, and on to Forwarding,
-                             NATed like its connection); established/related -> Forwarding
+                             NATed like its connection) and a TCP SYN-ACK (INVALID_SYN_ACK:
+                             marked STALE in reg4 and resubmitted; STALE_ENTRY:
+                             ct(commit, force, zone=Z) deletes its entry, then dropped, or
+                             forwarded when a local pod sent it outside a Service
+                             connection) and a TCP SYN without ACK
+                             (INVALID_SYN: on to Forwarding, NATed like its entry);
+                             established/related -> Forwarding
                              (skip Service selection); new -> SessionAffinity
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
                              it used last (reg3/xxreg3, reg4), idle timeout = the affinity
@@ -131,7 +137,8 @@ Registers (Antrea's layout)::
     xxreg3        endpoint IPv6 address (= reg12..reg15)
     reg4[0..15]   endpoint port
     reg4[16..18]  selection state: 1 = endpoint to select, 2 = endpoint selected,
-                  3 = endpoint selected, learn it (session affinity)
+                  3 = endpoint selected, learn it (session affinity); 4 = a conntrack-invalid
+                  SYN-ACK whose entry ConntrackState deletes (STALE)
     ct_mark       bit 4 (0x10): connection was load-balanced by a Service
 
 Cookies: ``app (16 bits) | generation (16) | category (8) | unused (24)``. A restarted agent
@@ -232,6 +239,8 @@ class Selection(enum.IntEnum):
     TO_SELECT = 0b001
     SELECTED = 0b010
     TO_LEARN = 0b011
+    # ConntrackState: a conntrack-invalid SYN-ACK whose entry is to be deleted (no selection)
+    STALE = 0b100
 
     @property
     def value_bits(self) -> int:
@@ -247,6 +256,16 @@ PRIORITY_HAIRPIN_SNAT = 220
 # ConntrackState: a TCP RST conntrack calls invalid is not dropped (see datapath.stale_reset:
 # after a vswitchd restart, the RST that ends an endpoint's TIME_WAIT for a reused 4-tuple).
 PRIORITY_INVALID_RST = 215
+# ConntrackState: a TCP SYN-ACK conntrack calls invalid is marked Selection.STALE and
+# resubmitted; at STALE_ENTRY it deletes its entry (ct commit, force; Open vSwitch refuses a
+# commit in a flow that matches +inv) and is dropped: the entry of stale_reset, undone by the
+# switch itself when no agent flushed it (an agent restart).
+PRIORITY_INVALID_SYN_ACK = 216
+PRIORITY_INVALID_POD_SYN_ACK = 217  # a local pod's, outside a Service connection: forwarded
+# ConntrackState: a TCP SYN conntrack calls invalid (an entry of an earlier connection with
+# the same tuple, not seen to end) goes on to forwarding, NATed like that entry.
+PRIORITY_INVALID_SYN = 214
+PRIORITY_STALE_ENTRY = 218
 PRIORITY_HIGH = 210
 PRIORITY_HAIRPIN_OUT = 205
 PRIORITY_NORMAL = 200

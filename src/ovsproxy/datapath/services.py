@@ -31,7 +31,7 @@ ETH_IPV6 = 0x86DD
 ETH_ARP = 0x0806
 IPPROTO_ICMPV6 = 58
 IPPROTO_TCP = 6
-TCP_RST, TCP_ACK = 0x004, 0x010  # tcp_flags bits
+TCP_FIN, TCP_SYN, TCP_RST, TCP_ACK = 0x001, 0x002, 0x004, 0x010  # tcp_flags bits
 ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
@@ -200,6 +200,65 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
                 ),
                 of.Resubmit(t.forwarding),
             ),
+        )
+        # ...and a SYN-ACK, when no agent flushed that entry in time (or at all: an agent
+        # restart). The endpoint answers the client's SYN retransmission, which met the entry
+        # the stray ACK spoiled; its SYN-ACK is invalid there. A forced commit in the reply
+        # direction deletes the entry (a SYN-ACK can create none); Open vSwitch refuses a
+        # commit in a flow matching +inv, so the packet is marked STALE and resubmitted. The
+        # SYN-ACK is then dropped (a Service connection's NAT went with the entry): the
+        # client's next SYN retransmission starts a fresh entry (stale_reset).
+        # A SYN conntrack calls invalid meets the entry of an earlier connection with the
+        # same tuple that conntrack did not see end (one the stray ACK spoiled, on this node
+        # or, a connection from another node, on the endpoint's): it goes on, NATed like that
+        # entry, so the endpoint's answer can replace the entry (the SYN-ACK below).
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_INVALID_SYN,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                tcp_flags=(TCP_SYN, TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN),
+            ),
+            _apply(of.Resubmit(t.forwarding)),
+        )
+        stale = pl.Selection.STALE.value_bits
+        mark_stale = (
+            of.SetField(pl.SELECTION_REG, stale, pl.SELECTION_MASK),
+            of.Resubmit(t.conntrack_state),
+        )
+        syn_ack = {
+            "eth_type": eth_type(family),
+            "ip_proto": IPPROTO_TCP,
+            "ct_state": (of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+            "tcp_flags": (TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
+        }
+        invalid_syn_ack = of.Match(**syn_ack)
+        add(t.conntrack_state, pl.PRIORITY_INVALID_SYN_ACK, invalid_syn_ack, _apply(*mark_stale))
+        if ctx.standalone:
+            # A local pod's SYN-ACK outside a Service connection (no NAT to undo: the endpoint
+            # of a connection from another node) goes on as it is.
+            add(
+                t.conntrack_state,
+                pl.PRIORITY_INVALID_POD_SYN_ACK,
+                of.Match(
+                    **syn_ack,
+                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
+                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
+                ),
+                _apply(*mark_stale, of.Resubmit(t.forwarding)),
+            )
+        add(
+            t.conntrack_state,
+            pl.PRIORITY_STALE_ENTRY,
+            of.Match(
+                eth_type=eth_type(family),
+                ip_proto=IPPROTO_TCP,
+                tcp_flags=(TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
+                **{pl.SELECTION_REG: (stale, pl.SELECTION_MASK)},
+            ),
+            _apply(of.CT(commit=True, force=True, zone=pl.ct_zone(family))),
         )
         # Established, related and reply packets skip Service selection.
         add(

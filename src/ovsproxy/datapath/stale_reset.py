@@ -26,6 +26,15 @@ and sends a copy to the agent (metered with the reject meter), which deletes the
 entry with NXT_CT_FLUSH (the zone from the packet-in, the reply tuple from the NATed RST: Open
 vSwitch gives no conntrack tuple for an invalid packet). The client's next SYN retransmission
 starts a fresh entry and connects.
+
+Without the agent (it restarts, or its flush comes after the client's quick SYN retry): the
+same collision happens without a vswitchd restart whenever Open vSwitch has forgotten a closed
+connection (30 s) that the endpoint still holds in TIME_WAIT (60 s). The switch then undoes the
+entry itself (``pipeline.PRIORITY_INVALID_SYN_ACK``): the endpoint's SYN-ACK, invalid in the
+spoiled entry, is committed with ``force`` in the reply direction, which deletes the entry (a
+SYN-ACK can create none), and dropped, so the client's next retransmission (1 s) starts afresh;
+an invalid SYN (a stale entry of the same tuple, e.g. on the endpoint's node) goes on NATed
+like that entry (``PRIORITY_INVALID_SYN``). The flush here only saves that second.
 """
 
 from __future__ import annotations

@@ -439,6 +439,14 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
     if t == tables.conntrack_state:
         if prio == pl.PRIORITY_INVALID_RST:
             return "an invalid TCP RST: to the agent (flushes the stale entry), then forwarded"
+        if prio == pl.PRIORITY_INVALID_SYN:
+            return "an invalid TCP SYN (a stale entry of the same tuple): forwarded"
+        if prio == pl.PRIORITY_INVALID_SYN_ACK:
+            return "an invalid TCP SYN-ACK: its stale entry is deleted, the SYN-ACK dropped"
+        if prio == pl.PRIORITY_INVALID_POD_SYN_ACK:
+            return "a local pod's invalid TCP SYN-ACK: its stale entry is deleted, it goes on"
+        if prio == pl.PRIORITY_STALE_ENTRY:
+            return "the stale entry deleted (ct commit, force)"
         if "drop" in texts or not texts:
             return "conntrack-invalid: dropped"
         if prio == pl.PRIORITY_NORMAL:

@@ -33,6 +33,9 @@ def _error_kind(exc: BaseException) -> str:
         return "reset"
     if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
         return "unreachable"
+    code = exc.errno if type(exc) is OSError else None
+    if code is not None and code in errno.errorcode:
+        return errno.errorcode[code]  # e.g. EADDRINUSE, not a bare "OSError"
     return type(exc).__name__
 
 
@@ -59,6 +62,9 @@ def http_once(url: str, timeout: float, source_port: int = 0) -> tuple[str, str,
         try:
             sock.settimeout(timeout)
             if source_port:
+                # An earlier connection from this port may be in TIME_WAIT here (this side
+                # closed first): without SO_REUSEADDR the bind fails with EADDRINUSE.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("", source_port))
             sock.connect((host, port))
             conn.sock = sock
