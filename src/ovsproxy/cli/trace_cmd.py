@@ -481,10 +481,9 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     )
     names = {ip: f"{p.namespace}/{p.name}" for ip, p in pod_ips.items()}
     node = f"node {status['node_name']}" if status.get("node_name") else "this node"
-    blocked = source_range_block(src_ip, dest) if source.kind != "pod" else ""
-    if blocked:  # never reaches the switch: nothing to trace
-        ex = tr.Explanation(verdict="dropped", reason=blocked, steps=())
-        result = report(
+
+    def reported(ex: tr.Explanation) -> dict[str, Any]:
+        return report(
             source=source,
             dest=dest,
             src_ip=src_ip,
@@ -494,6 +493,11 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
             pods_by_ip=names,
             node=node,
         )
+
+    blocked = source_range_block(src_ip, dest) if source.kind != "pod" else ""
+    if blocked:  # never reaches the switch: nothing to trace
+        ex = tr.Explanation(verdict="dropped", reason=blocked, steps=())
+        result = reported(ex)
         _print(result, as_json)
         return
     target = vswitchd_control_socket(str(ovs.get("openflow") or ""))
@@ -513,16 +517,7 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     }
     ports[gw_ofport] = tr.Port(gw_ofport, str(ovs["gateway"]), "gateway")
     ex = tr.explain(parsed, tables, mode, ports)
-    result = report(
-        source=source,
-        dest=dest,
-        src_ip=src_ip,
-        src_port=source_port,
-        ex=ex,
-        context=service_context(dest),
-        pods_by_ip=names,
-        node=node,
-    )
+    result = reported(ex)
     result["command"] = ["ovs-appctl", "-t", target, *args]
     result["before_ovs"] = before_ovs or None
     if raw:
