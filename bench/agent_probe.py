@@ -17,10 +17,14 @@ answers commands read from stdin, one JSON object a line, with one JSON line eac
 
 Phases (seconds; sums of the wrapped calls, wall time where said):
 
-* list: per informer, the paged list (HTTP and decode, wall), of which ``decode`` is the
-  JSON decoder; deliver: the list's objects handed to the handler (wall), of which
-  ``convert`` (``convert_service``/``convert_endpoint_slice``) and ``track`` (the tracker's
-  handlers);
+* list: per informer, the paged list (HTTP, decode and convert, wall), of which ``decode``
+  is the JSON decoder (the agent's: msgspec into ``sources.kubejson``'s Structs, and into
+  dicts for what does not fit them) and ``convert`` the Structs (or dicts) into model values
+  (``kubejson.service_value``/``slice_value``, ``convert_service``/``convert_endpoint_slice``);
+  deliver: the list's values handed to the handler (wall), of which ``track`` (the
+  tracker's handlers). With another ``decoder`` (``json``, ``orjson``, ``msgspec-dicts``),
+  the agent takes ``kubejson``'s dict path only: that decoder into dicts, then
+  ``convert_service``/``convert_endpoint_slice`` (how the agent listed before the Structs);
 * sync: the first full ``Proxier.sync`` (wall), of which ``track`` (checkpoint + snapshot),
   ``build`` (``services.frontend_objects``), ``stage`` (``Datapath.stage``), ``commit``
   (``Datapath.commit``: plan, encode, stream the bundle, OVS's reply); the rest is the
@@ -28,7 +32,8 @@ Phases (seconds; sums of the wrapped calls, wall time where said):
 * gc: cyclic garbage collections, everywhere.
 
 Event latency (churn): the bench stamps each EndpointSlice update with its send time
-(annotation ``bench.ovsproxy/sent``); the informer's update handler notes it, the tracker's
+(annotation ``bench.ovsproxy/sent``); the conversion of the slice reads it and the
+informer's update handler notes it, the tracker's
 checkpoint hands the noted events to that sync, and the sync's commit reply ends them. The
 report also gives each event's delivery (send -> the informer's handler: the fake API, the
 HTTP stream and the decode) and a per-sync log (start, wall, commit, changes, events). With
@@ -87,17 +92,30 @@ class Timer:
 
 
 def _decoder(name: str) -> Callable[[Any], Any]:
+    """A decoder into dicts, for ``kubejson``'s dict path."""
     if name == "json":
-        return json.loads  # what the agent used before
+        return json.loads
     if name == "orjson":
         import orjson
 
         return orjson.loads
-    if name == "msgspec":
+    if name == "msgspec-dicts":
         import msgspec
 
         return msgspec.json.Decoder().decode
     raise ValueError(f"unknown decoder {name!r}")
+
+
+# The agent's decoders (msgspec into kubejson's Structs, and into dicts for the rest).
+_TYPED_DECODERS = (
+    "decode_service_list",
+    "decode_slice_list",
+    "decode_service",
+    "decode_slice",
+    "decode_event",
+    "decode_keyed",
+    "decode_json",
+)
 
 
 def _patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
@@ -134,6 +152,8 @@ class Probe:
         # event latency: stamps noted by the informer, handed to a sync at its checkpoint
         # (sent, noted): the bench's stamp and when the informer's handler saw the event
         self.noted: list[tuple[float, float]] = []
+        # (kind, namespace, name) -> the stamp its conversion read, until its update is noted
+        self.stamps: dict[tuple[str, str, str], str] = {}
         self.in_sync: list[tuple[float, float]] = []
         self.latencies: list[float] = []  # sent -> commit reply
         self.window_started_at = 0.0  # events sent earlier are not the window's
@@ -150,15 +170,46 @@ class Probe:
         from ovsproxy.datapath import services as svc
         from ovsproxy.datapath.datapath import Datapath
         from ovsproxy.proxy.proxier import Proxier
+        from ovsproxy.sources import kubejson
         from ovsproxy.sources import kubernetes as k8s
 
         t = self.timers
-        k8s.decode_json = t["decode"].wrap(_decoder(self.spec.get("decoder", "msgspec")))
-        _patch(k8s, "convert_service", t["convert"].wrap)
-        _patch(k8s, "convert_endpoint_slice", t["convert"].wrap)
+        probe = self
+        decoder = self.spec.get("decoder", "msgspec")
+        if decoder == "msgspec":
+            for name in _TYPED_DECODERS:
+                _patch(kubejson, name, t["decode"].wrap)
+        else:
+            kubejson.decode_json = t["decode"].wrap(_decoder(decoder))
+            _patch(kubejson, "service_codec", lambda _: kubejson.dict_service_codec)
+            _patch(kubejson, "endpoint_slice_codec", lambda _: kubejson.dict_endpoint_slice_codec)
+
+        def stamped(read: Callable[[Any], Any]) -> Callable[[Any], Callable[..., Any]]:
+            def wrap(convert: Callable[..., Any]) -> Callable[..., Any]:
+                def converted(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                    value = convert(obj, *args, **kwargs)
+                    stamp = read(obj)
+                    if stamp is not None:
+                        probe.stamps[type(value).__name__, value.namespace, value.name] = stamp
+                    return value
+
+                return t["convert"].wrap(converted)
+
+            return wrap
+
+        def struct_stamp(obj: Any) -> Any:
+            annotations = obj.metadata.annotations if obj.metadata is not None else None
+            return annotations.get(STAMP) if annotations else None
+
+        def dict_stamp(obj: Any) -> Any:
+            return ((obj.get("metadata") or {}).get("annotations") or {}).get(STAMP)
+
+        _patch(kubejson, "service_value", t["convert"].wrap)
+        _patch(kubejson, "slice_value", stamped(struct_stamp))
+        _patch(kubejson, "convert_service", t["convert"].wrap)
+        _patch(kubejson, "convert_endpoint_slice", stamped(dict_stamp))
         _patch(svc, "frontend_objects", t["build"].wrap)
         _patch(Datapath, "stage", t["stage"].wrap)
-        probe = self
 
         def wrap_commit(commit: Callable[..., Any]) -> Callable[..., Any]:
             timed = t["commit"].wrap_async(commit)
@@ -240,15 +291,20 @@ class Probe:
         _patch(k8s.Informer, "_relist", wrap_relist)
 
         def wrap_update(method: Callable[..., Any]) -> Callable[..., Any]:
-            def noted(events: Any, old: Any, new: Any) -> None:
-                stamp = ((new.get("metadata") or {}).get("annotations") or {}).get(STAMP)
+            def noted(events: Any, value: Any) -> None:
+                key = (
+                    type(value).__name__,
+                    getattr(value, "namespace", ""),
+                    getattr(value, "name", ""),
+                )
+                stamp = probe.stamps.pop(key, None)
                 if stamp is not None:
                     sent = float(stamp)
                     if sent >= probe.window_started_at:
                         probe.noted.append((sent, time.time()))
                     else:  # sent before this window: the last window's backlog
                         probe.carried_over += 1
-                method(events, old, new)
+                method(events, value)
 
             return noted
 

@@ -317,7 +317,9 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
             f"`{k}` {_s(v)}" + (f" ({_s(cpu[k])} of CPU)" if k in cpu else "")
             for k, v in e2e.items()
         )
-        + f". The agent decodes with `{used}`"
+        + f" (`msgspec`: into the agent's Structs, then converted; the others: into dicts,"
+        " then converted by the agent's dict path). The agent decodes with"
+        f" `{used}`"
         + (
             " (the least CPU time end to end in this run)."
             if cs.get("agent_decoder_wins")
@@ -341,7 +343,7 @@ def _cold_memory(cs: dict[str, Any]) -> list[str]:
 
     return [
         "Where the memory goes (the probe's RSS when healthy): from the API "
-        + parts(api, "the informers' stores (the objects as listed)")
+        + parts(api, "the informers' stores (a resourceVersion per object)")
         + "; from manifests "
         + parts(man, "the manifest source's objects")
         + ".",

@@ -17,8 +17,10 @@ clock):
 
 Where the time goes: the same agent in ``bench.agent_probe`` (timers around the functions
 that own each phase: list, decode, convert, track, proxier, build, stage, commit). Decoders
-for the API's JSON: ``msgspec`` (what the agent uses), ``json`` (what it used before) and
-``orjson``, first on the very list pages the fake serves, then end to end in the probe
+for the API's JSON: ``msgspec`` (what the agent uses: into ``sources.kubejson``'s Structs,
+converted from those), and into dicts converted by ``sources.convert`` (the agent's dict
+path): ``msgspec-dicts`` (what the agent used before the Structs), ``json`` and ``orjson``;
+first on the very list pages the fake serves (decode only), then end to end in the probe
 (spawn to healthy, wall and the agent's CPU time), alternating.
 """
 
@@ -37,20 +39,29 @@ NAME = "cold-start"
 DESCRIPTION = "10,000 Services x 10 endpoints from the API (and manifests) to a healthy agent"
 
 GOAL_RATIO_API = 1.5
-AGENT_DECODER = "msgspec"  # what ovsproxy.sources.kubernetes decodes with
-DECODERS = (AGENT_DECODER, "json", "orjson")
+AGENT_DECODER = "msgspec"  # what ovsproxy.sources.kubernetes decodes with (into Structs)
+DECODERS = (AGENT_DECODER, "msgspec-dicts", "json", "orjson")
 
 
 def _available(decoder: str) -> bool:
     try:
-        __import__(decoder)
+        __import__(decoder.partition("-")[0])
     except ImportError:
         return False
     return True
 
 
+def _typed_decode(page: bytes) -> Any:
+    from ovsproxy.sources import kubejson
+
+    if b'"kind":"ServiceList"' in page[:200]:
+        return kubejson.decode_service_list(page)
+    return kubejson.decode_slice_list(page)
+
+
 def decode_pages(pages: list[bytes], rounds: int) -> dict[str, float]:
-    """Seconds to decode every list page, best of ``rounds``, per decoder."""
+    """Seconds to decode every list page, best of ``rounds``, per decoder (``msgspec``:
+    into the agent's Structs; the others into dicts)."""
     import json
 
     loads: dict[str, Any] = {"json": json.loads}
@@ -61,7 +72,8 @@ def decode_pages(pages: list[bytes], rounds: int) -> dict[str, float]:
     if _available("msgspec"):
         import msgspec
 
-        loads["msgspec"] = msgspec.json.Decoder().decode
+        loads["msgspec"] = _typed_decode
+        loads["msgspec-dicts"] = msgspec.json.Decoder().decode
     best = {name: float("inf") for name in loads}
     for _ in range(rounds):
         for name, decode in loads.items():

@@ -313,8 +313,8 @@ def test_informer_handler_falls_back_then_hands_over_to_the_api() -> None:
     handler.on_add(obj)
     handler.on_synced()
     assert news(seen[1:]) == [(V4, ("10.96.0.0/16",))]
-    handler.on_update(obj, {**obj, "spec": {"cidrs": ["10.96.0.0/15"]}})
+    handler.on_update({**obj, "spec": {"cidrs": ["10.96.0.0/15"]}})
     assert d.cidrs(V4) == (net("10.96.0.0/15"),)
-    handler.on_delete({"metadata": {"name": "kubernetes"}})
+    handler.on_delete(("", "kubernetes"))
     # the range is gone, the known ClusterIPs stay routed by the spill-over
     assert d.cidrs(V4) == (net("10.96.0.0/30"),)

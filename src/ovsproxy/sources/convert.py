@@ -86,9 +86,9 @@ DEFAULT_AFFINITY_TIMEOUT = 10800  # the API server's default for ClientIP affini
 MAX_AFFINITY_TIMEOUT = 86400
 DEFAULT_NAMESPACE = "default"
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _IANA_SVC_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?\Z")
 
 # RFC 3339 as Go's time.RFC3339Nano writes it (the controller's format).
@@ -96,11 +96,11 @@ _RFC3339 = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d
 
 log = logging.getLogger(__name__)
 
-_FAMILY_NAMES = {"IPv4": IPFamily.IPv4, "IPv6": IPFamily.IPv6}
-_PROTOCOLS = {p.value: p for p in Protocol}
-_SERVICE_TYPES = {t.value: t for t in ServiceType}
-_POLICIES = {p.value: p for p in TrafficPolicy}
-_DISTRIBUTIONS = {d.value: d for d in TrafficDistribution}
+FAMILY_NAMES = {"IPv4": IPFamily.IPv4, "IPv6": IPFamily.IPv6}
+PROTOCOLS = {p.value: p for p in Protocol}
+SERVICE_TYPES = {t.value: t for t in ServiceType}
+TRAFFIC_POLICIES = {p.value: p for p in TrafficPolicy}
+TRAFFIC_DISTRIBUTIONS = {d.value: d for d in TrafficDistribution}
 
 
 def parse_ip(text: object) -> IPAddress | None:
@@ -245,7 +245,7 @@ class _Checker:
         meta = self.mapping(obj, "metadata", ())
         name = meta.get("name")
         namespace = meta.get("namespace", DEFAULT_NAMESPACE)
-        if isinstance(namespace, str) and _DNS_LABEL.match(namespace) and len(namespace) <= 63:
+        if isinstance(namespace, str) and DNS_LABEL.match(namespace) and len(namespace) <= 63:
             self.namespace = namespace
         else:
             self.namespace = str(namespace)
@@ -318,7 +318,7 @@ def convert_service(
     ``service_ignored_reason``) converts to one with no ports after its metadata is checked.
     """
     check = _Checker("Service", location)
-    check.metadata(obj, _DNS1035_LABEL)
+    check.metadata(obj, DNS1035_LABEL)
     if service_ignored_reason(obj, service_proxy_name) is not None:
         check.raise_if_any()
         return Service(check.namespace, check.name)
@@ -328,7 +328,7 @@ def convert_service(
         check.raise_if_any()
         raise AssertionError  # unreachable: an error was just recorded
 
-    service_type = check.choice(spec, "type", ("spec",), _SERVICE_TYPES) or ServiceType.CLUSTER_IP
+    service_type = check.choice(spec, "type", ("spec",), SERVICE_TYPES) or ServiceType.CLUSTER_IP
     cluster_ips = _cluster_ips(check, spec)
     external_ips = _ip_list(check, spec, "externalIPs", ("spec",))
     lb_ips = _load_balancer_ips(check, obj)
@@ -352,13 +352,14 @@ def convert_service(
                 timeout,
                 f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds",
             )
+    policies = TRAFFIC_POLICIES
     internal_policy = (
-        check.choice(spec, "internalTrafficPolicy", ("spec",), _POLICIES) or TrafficPolicy.CLUSTER
+        check.choice(spec, "internalTrafficPolicy", ("spec",), policies) or TrafficPolicy.CLUSTER
     )
     external_policy = (
-        check.choice(spec, "externalTrafficPolicy", ("spec",), _POLICIES) or TrafficPolicy.CLUSTER
+        check.choice(spec, "externalTrafficPolicy", ("spec",), policies) or TrafficPolicy.CLUSTER
     )
-    distribution = check.choice(spec, "trafficDistribution", ("spec",), _DISTRIBUTIONS)
+    distribution = check.choice(spec, "trafficDistribution", ("spec",), TRAFFIC_DISTRIBUTIONS)
     source_ranges = _source_ranges(check, spec, service_type)
     health_check_port = check.port_number(spec, "healthCheckNodePort", ("spec",), required=False)
     if health_check_port and not (
@@ -389,12 +390,12 @@ def convert_service(
         name = check.string(raw, "name", path)
         if len(raw_ports) > 1 and not name:
             check.error((*path, "name"), None, "required when the Service has several ports")
-        elif name and not (_DNS_LABEL.match(name) and len(name) <= 63):
+        elif name and not (DNS_LABEL.match(name) and len(name) <= 63):
             check.error((*path, "name"), name, "must be a DNS label")
         elif name in seen_names:
             check.error((*path, "name"), name, f"duplicate of spec.ports[{seen_names[name]}].name")
         seen_names.setdefault(name, index)
-        protocol = check.choice(raw, "protocol", path, _PROTOCOLS) or Protocol.TCP
+        protocol = check.choice(raw, "protocol", path, PROTOCOLS) or Protocol.TCP
         port = check.port_number(raw, "port", path, required=True)
         if port and (port, protocol) in seen_ports:
             other = seen_ports[port, protocol]
@@ -470,7 +471,7 @@ def _cluster_ips(check: _Checker, spec: Mapping[str, Any]) -> tuple[IPAddress, .
 
     families = check.sequence(spec, "ipFamilies", ("spec",))
     for index, family_name in enumerate(families):
-        family = _FAMILY_NAMES.get(family_name) if isinstance(family_name, str) else None
+        family = FAMILY_NAMES.get(family_name) if isinstance(family_name, str) else None
         path = ("spec", "ipFamilies", index)
         if family is None:
             check.error(path, family_name, "must be IPv4 or IPv6")
@@ -521,7 +522,7 @@ def _source_ranges(
         return ()
     out: list[IPNetwork] = []
     for index, text in enumerate(raw):
-        network = _parse_cidr(text)
+        network = parse_cidr(text)
         if network is None:
             check.error(
                 ("spec", "loadBalancerSourceRanges", index),
@@ -533,7 +534,7 @@ def _source_ranges(
     return tuple(out)
 
 
-def _parse_cidr(text: object) -> IPNetwork | None:
+def parse_cidr(text: object) -> IPNetwork | None:
     if not isinstance(text, str) or "/" not in text or "%" in text:
         return None
     address, _, length = text.strip().partition("/")
@@ -572,10 +573,18 @@ def _check_target_port(check: _Checker, raw: Mapping[str, Any], path: FieldPath)
     if target is None:
         return
     if isinstance(target, str):
-        if not (len(target) <= 15 and _IANA_SVC_NAME.match(target) and re.search("[a-z]", target)):
+        if not valid_named_port(target):
             check.error((*path, "targetPort"), target, "must be a port number or an IANA port name")
     else:
         check.port_number(raw, "targetPort", path, required=False)
+
+
+def valid_named_port(name: str) -> bool:
+    """An IANA service name, as a named targetPort must be."""
+    return len(name) <= 15 and bool(_IANA_SVC_NAME.match(name)) and bool(_HAS_LETTER.search(name))
+
+
+_HAS_LETTER = re.compile("[a-z]")
 
 
 def convert_endpoint_slice(
@@ -587,7 +596,7 @@ def convert_endpoint_slice(
     without ports (nothing to program).
     """
     check = _Checker("EndpointSlice", location)
-    meta = check.metadata(obj, _DNS_SUBDOMAIN)
+    meta = check.metadata(obj, DNS_SUBDOMAIN)
     labels = meta.get("labels") or {}
     service = labels.get(SERVICE_NAME_LABEL)
     if not isinstance(service, str) or not service:
@@ -600,8 +609,8 @@ def convert_endpoint_slice(
     if address_type == "FQDN":
         check.raise_if_any()
         return EndpointSlice(check.namespace, check.name, service)
-    if isinstance(address_type, str) and address_type in _FAMILY_NAMES:
-        family = _FAMILY_NAMES[address_type]
+    if isinstance(address_type, str) and address_type in FAMILY_NAMES:
+        family = FAMILY_NAMES[address_type]
     else:
         check.error(("addressType",), address_type, "must be IPv4, IPv6 or FQDN")
 
@@ -613,7 +622,7 @@ def convert_endpoint_slice(
             check.error(path, raw, "must be a mapping")
             continue
         name = check.string(raw, "name", path)
-        protocol = check.choice(raw, "protocol", path, _PROTOCOLS) or Protocol.TCP
+        protocol = check.choice(raw, "protocol", path, PROTOCOLS) or Protocol.TCP
         port = check.port_number(raw, "port", path, required=True)
         if (name, protocol) in seen:
             check.error((*path, "name"), name, f"duplicate of ports[{seen[name, protocol]}]")
@@ -670,7 +679,7 @@ def convert_endpoint_slice(
     )
 
 
-_NO_NAMES: frozenset[str] = frozenset()
+NO_NAMES: frozenset[str] = frozenset()
 
 
 def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | None:
@@ -709,7 +718,7 @@ def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | N
     hints = raw.get("hints")
     if hints is not None and (type(hints) is not dict or hints):
         return None
-    return (ip, ready, serving, terminating, node_name or None, zone or None, _NO_NAMES, _NO_NAMES)
+    return (ip, ready, serving, terminating, node_name or None, zone or None, NO_NAMES, NO_NAMES)
 
 
 def parse_trigger_time(text: object) -> float | None:
@@ -733,13 +742,18 @@ def _trigger_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
     annotations = meta.get("annotations")
     if not isinstance(annotations, Mapping) or TRIGGER_TIME_ANNOTATION not in annotations:
         return None
-    value = annotations[TRIGGER_TIME_ANNOTATION]
+    return trigger_time(check.namespace, check.name, annotations[TRIGGER_TIME_ANNOTATION])
+
+
+def trigger_time(namespace: str, name: str, value: object) -> float | None:
+    """The trigger-time annotation's ``value`` of slice namespace/name as Unix seconds; None
+    (and a warning) for a malformed one."""
     parsed = parse_trigger_time(value)
     if parsed is None:
         log.warning(
             "EndpointSlice %s/%s: annotation %s=%r is not an RFC 3339 time; ignored",
-            check.namespace,
-            check.name,
+            namespace,
+            name,
             TRIGGER_TIME_ANNOTATION,
             value,
         )
@@ -758,4 +772,4 @@ def _hint_names(
             names.append(name)
     # Most endpoints have no hints: one shared empty set (each frozenset() is a new
     # collector-tracked object, two per endpoint)
-    return frozenset(names) if names else _NO_NAMES
+    return frozenset(names) if names else NO_NAMES

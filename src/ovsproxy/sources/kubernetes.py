@@ -12,23 +12,25 @@ without re-listing, which would lose the deletes that happened in the gap; so:
   store: deletes for objects that vanished during the gap, updates for changed ones;
 * any other failure reconnects after a capped exponential backoff with jitter.
 
-``Informer`` is generic over resources and delivers raw objects (dicts) to an
-``ObjectHandler``; ``KubernetesSource`` runs one for Services and one for EndpointSlices,
-converts their objects and delivers model values to a ``SourceHandler``. Both select objects
-with kube-proxy's label selector (``convert.proxy_label_selector``): those meant for this proxy
-by ``service.kubernetes.io/service-proxy-name`` (none: unlabelled ones), never headless ones.
+``Informer`` is generic over resources: a ``kubejson.Codec`` makes each list page and watch
+event into keys, resourceVersions and values, which it delivers to an ``ObjectHandler``. It
+keeps only each object's resourceVersion, by key: what a re-list diffs against and what tells
+an update from an add. ``KubernetesSource`` runs one for Services and one for EndpointSlices,
+whose codecs decode the API's JSON straight into model values (``kubejson``), and delivers
+them to a ``SourceHandler``. Both select objects with kube-proxy's label selector
+(``convert.proxy_label_selector``): those meant for this proxy by
+``service.kubernetes.io/service-proxy-name`` (none: unlabelled ones), never headless ones.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import os
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -43,13 +45,9 @@ from ovsproxy.model.handler import (
     SourceHandler,
 )
 from ovsproxy.model.problems import InvalidObject, InvalidObjectError, SourceError
-from ovsproxy.sources.convert import (
-    check_service_proxy_name,
-    convert_endpoint_slice,
-    convert_service,
-    object_key,
-    proxy_label_selector,
-)
+from ovsproxy.sources import kubejson
+from ovsproxy.sources.convert import check_service_proxy_name, proxy_label_selector
+from ovsproxy.sources.kubejson import Codec, DictCodec, Event, ObjKey
 from ovsproxy.sources.servicecidrs import ServiceCIDREvents
 
 try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
@@ -60,12 +58,9 @@ except ImportError:  # pragma: no cover - depends on the installed lightkube
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-# The API's JSON into plain dicts and lists, as json.loads would, in about half its time
-# (the cold-start benchmark measures both; msgspec comes with lightkube).
-decode_json: Callable[[bytes | str], Any] = msgspec.json.Decoder().decode
 # A list at least this long leaves its objects in the collector's permanent generation.
 FREEZE_AFTER_LIST = 1000
-ObjKey = tuple[str, str]  # (namespace or "", name)
+_Value = TypeVar("_Value")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,14 +110,15 @@ class ApiStatusError(Exception):
         self.code = code
 
 
-class ObjectHandler(Protocol):
-    """Raw events of one informer. ``on_delete`` gets the object's last known state."""
+class ObjectHandler(Protocol[_Value]):
+    """The events of one informer, as its codec's values. ``on_delete`` gets the key only:
+    the informer keeps no object."""
 
-    def on_add(self, obj: Obj) -> None: ...
+    def on_add(self, value: _Value) -> None: ...
 
-    def on_update(self, old: Obj, new: Obj) -> None: ...
+    def on_update(self, value: _Value) -> None: ...
 
-    def on_delete(self, obj: Obj) -> None: ...
+    def on_delete(self, key: ObjKey) -> None: ...
 
     def on_synced(self) -> None: ...
 
@@ -140,34 +136,16 @@ class InformerStats:
     failures: int = 0  # other errors (each followed by a backoff)
 
 
-def _key(obj: Mapping[str, Any]) -> ObjKey:
-    meta = obj.get("metadata") or {}
-    return (meta.get("namespace") or "", meta.get("name") or "")
-
-
-def _kept(obj: Obj) -> Obj:
-    """The object as the store keeps it: without its managedFields (server-side apply's
-    bookkeeping, read by no one here; a quarter of a list's decoded size)."""
-    meta = obj.get("metadata")
-    if type(meta) is dict:
-        meta.pop("managedFields", None)
-    return obj
-
-
-def _resource_version(obj: Mapping[str, Any]) -> str | None:
-    meta = obj.get("metadata") or {}
-    rv = meta.get("resourceVersion")
-    return rv if isinstance(rv, str) else None
-
-
-class Informer:
-    """List, then watch, one resource; keeps a store of its objects by (namespace, name)."""
+class Informer(Generic[_Value]):
+    """List, then watch, one resource; ``store`` maps each object's (namespace, name) to its
+    resourceVersion."""
 
     def __init__(
         self,
         client: httpx.AsyncClient,
         resource: Resource,
-        handler: ObjectHandler,
+        handler: ObjectHandler[_Value],
+        codec: Codec[_Value],
         *,
         label_selector: str | None = None,
         page_size: int = 500,
@@ -178,12 +156,13 @@ class Informer:
         self.client = client
         self.resource = resource
         self.handler = handler
+        self.codec = codec
         self.label_selector = label_selector
         self.page_size = page_size
         self.watch_timeout = watch_timeout  # each watch asks the server to end within this
         self.backoff = backoff
         self.request_timeout = request_timeout
-        self.store: dict[ObjKey, Obj] = {}
+        self.store: dict[ObjKey, str] = {}
         self.resource_version: str | None = None
         self.synced = False
         self.stats = InformerStats()
@@ -236,17 +215,19 @@ class Informer:
         # every page decoded so far, again and again). Process-wide, for the list's length.
         with gc_paused():
             items, resource_version = await self._list()
-            old, self.store = self.store, items
+            old = self.store
+            self.store = {key: rv for key, (rv, _) in items.items()}
             # Diff against what was known: the events the expired watch could not deliver.
-            for key, obj in items.items():
+            handler = self.handler
+            for key, (rv, value) in items.items():
                 previous = old.get(key)
                 if previous is None:
-                    self._deliver(self.handler.on_add, obj)
-                elif _resource_version(previous) != _resource_version(obj):
-                    self._deliver(self.handler.on_update, previous, obj)
-            for key, previous in old.items():
+                    self._deliver(handler.on_add, value)
+                elif previous != rv:
+                    self._deliver(handler.on_update, value)
+            for key in old:
                 if key not in items:
-                    self._deliver(self.handler.on_delete, previous)
+                    self._deliver(handler.on_delete, key)
             if len(items) >= FREEZE_AFTER_LIST:
                 gc.freeze()
         self.resource_version = resource_version
@@ -257,9 +238,9 @@ class Informer:
             self._synced_event.set()
             self._deliver(self.handler.on_synced)
 
-    async def _list(self) -> tuple[dict[ObjKey, Obj], str]:
+    async def _list(self) -> tuple[dict[ObjKey, tuple[str, _Value]], str]:
         params = {**self._params(), "limit": str(self.page_size)}
-        items: dict[ObjKey, Obj] = {}
+        items: dict[ObjKey, tuple[str, _Value]] = {}
         resource_version = ""
         while True:
             response = await self.client.get(
@@ -267,17 +248,15 @@ class Informer:
             )
             if response.status_code != 200:
                 raise _status_error(response.status_code, response.content)
-            body = decode_json(response.content)  # (the collector is paused: _relist)
+            page = self.codec.page(response.content)  # (the collector is paused: _relist)
             self.stats.pages += 1
-            for obj in body.get("items") or ():
-                items[_key(obj)] = _kept(obj)
-            meta = body.get("metadata") or {}
+            for key, rv, value in page.items:
+                items[key] = (rv, value)
             # Every page is a view of the first page's snapshot; watch from that version.
-            resource_version = resource_version or meta.get("resourceVersion") or ""
-            token = meta.get("continue")
-            if not token:
+            resource_version = resource_version or page.resource_version
+            if not page.continue_token:
                 return items, resource_version
-            params["continue"] = token
+            params["continue"] = page.continue_token
 
     async def _watch(self) -> None:
         low, high = self.watch_timeout
@@ -299,33 +278,30 @@ class Informer:
             self.stats.watches += 1
             async for line in response.aiter_lines():
                 if line.strip():
-                    self._on_event(decode_json(line))
+                    self._on_event(self.codec.event(line))
 
-    def _on_event(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        obj = event.get("object") or {}
+    def _on_event(self, event: Event[_Value]) -> None:
+        kind = event.type
         if kind == "ERROR":
-            code = obj.get("code") or 0
-            message = obj.get("message") or obj.get("reason") or "watch error"
+            status = event.status or {}
+            code = status.get("code") or 0
+            message = status.get("message") or status.get("reason") or "watch error"
             if code == 410:
                 raise ResourceExpired(message)
             raise ApiStatusError(code, message)
-        resource_version = _resource_version(obj)
+        resource_version = event.resource_version
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1
         elif kind in ("ADDED", "MODIFIED"):
-            obj = _kept(obj)
-            key = _key(obj)
-            previous = self.store.get(key)
-            self.store[key] = obj
-            if previous is None:
-                self._deliver(self.handler.on_add, obj)
-            else:
-                self._deliver(self.handler.on_update, previous, obj)
+            key = event.key
+            known = key in self.store
+            self.store[key] = resource_version
+            callback = self.handler.on_update if known else self.handler.on_add
+            self._deliver(callback, event.value)
         elif kind == "DELETED":
             # Also what the server sends when an object stops matching the label selector.
-            if self.store.pop(_key(obj), None) is not None:
-                self._deliver(self.handler.on_delete, obj)
+            if self.store.pop(event.key, None) is not None:
+                self._deliver(self.handler.on_delete, event.key)
         else:
             log.warning("%s: unknown watch event type %r", self._name, kind)
         self.stats.events += 1
@@ -333,7 +309,7 @@ class Informer:
             self.resource_version = resource_version
         self._failures = 0
 
-    def _deliver(self, callback: Callable[..., None], *args: Obj) -> None:
+    def _deliver(self, callback: Callable[..., None], *args: Any) -> None:
         # A handler bug must not stop the informer (nor lose its place in the stream).
         try:
             callback(*args)
@@ -345,7 +321,7 @@ class Informer:
 
 def _status_error(code: int, body: bytes) -> Exception:
     try:
-        status = decode_json(body)
+        status = kubejson.decode_json(body)
         message = status.get("message") or status.get("reason") or ""
     except (msgspec.DecodeError, AttributeError):
         message = body[:200].decode("utf-8", "replace")
@@ -381,34 +357,36 @@ def kube_http_client(
     return client
 
 
-_Value = TypeVar("_Value", Service, EndpointSlice)
+_Model = TypeVar("_Model", Service, EndpointSlice)
 
 
 @dataclass(slots=True)
-class _ModelEvents(Generic[_Value]):
-    """Raw objects of one kind -> validated model values -> the SourceHandler."""
+class _ModelEvents(Generic[_Model]):
+    """Converted objects of one kind (or why one was rejected) -> the SourceHandler."""
 
     handler: SourceHandler
     sync_name: str
-    convert: Callable[[Mapping[str, Any]], _Value]
-    add: Callable[[_Value], None]
-    update: Callable[[_Value], None]
+    add: Callable[[_Model], None]
+    update: Callable[[_Model], None]
     delete: Callable[[str, str], None]
 
-    def on_add(self, obj: Obj) -> None:
-        value = self._convert(obj)
-        if value is not None:
+    def on_add(self, value: _Model | InvalidObjectError) -> None:
+        if isinstance(value, InvalidObjectError):
+            self._rejected(value)
+        else:
             self.add(value)
 
-    def on_update(self, old: Obj, new: Obj) -> None:
-        value = self._convert(new)
-        if value is not None:
+    def on_update(self, value: _Model | InvalidObjectError) -> None:
+        # A rejected update is skipped: the handler keeps the last valid version, if any.
+        if isinstance(value, InvalidObjectError):
+            self._rejected(value)
+        else:
             self.update(value)
 
-    def on_delete(self, obj: Obj) -> None:
-        key = object_key(obj)
-        if key is not None:
-            self.delete(*key)
+    def on_delete(self, key: ObjKey) -> None:
+        namespace, name = key
+        if namespace and name:
+            self.delete(namespace, name)
 
     def on_synced(self) -> None:
         self.handler.on_synced(self.sync_name)
@@ -416,15 +394,10 @@ class _ModelEvents(Generic[_Value]):
     def on_error(self, problem: SourceError) -> None:
         self.handler.on_error(problem)
 
-    def _convert(self, obj: Obj) -> _Value | None:
-        try:
-            return self.convert(obj)
-        except InvalidObjectError as exc:
-            # Skipped: the handler keeps the last valid version, if it had one.
-            for error in exc.errors:
-                log.warning("%s", error)
-            self.handler.on_error(InvalidObject(exc.errors))
-            return None
+    def _rejected(self, exc: InvalidObjectError) -> None:
+        for error in exc.errors:
+            log.warning("%s", error)
+        self.handler.on_error(InvalidObject(exc.errors))
 
 
 class KubernetesSource:
@@ -437,8 +410,8 @@ class KubernetesSource:
     rest; ``service_cidrs(handler)`` runs the ServiceCIDR one, converting its objects.
     """
 
-    services: Informer  # set by start()
-    endpoint_slices: Informer
+    services: Informer[Service | InvalidObjectError]  # set by start()
+    endpoint_slices: Informer[EndpointSlice | InvalidObjectError]
 
     def __init__(
         self,
@@ -463,7 +436,7 @@ class KubernetesSource:
             "watch_timeout": watch_timeout,
             "backoff": backoff,
         }
-        self.informers: list[Informer] = []
+        self.informers: list[Informer[Any]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
     async def __aenter__(self) -> KubernetesSource:
@@ -489,7 +462,6 @@ class KubernetesSource:
         services = _ModelEvents(
             handler,
             SYNC_SERVICES,
-            functools.partial(convert_service, service_proxy_name=self.service_proxy_name),
             handler.on_service_add,
             handler.on_service_update,
             handler.on_service_delete,
@@ -497,26 +469,41 @@ class KubernetesSource:
         slices = _ModelEvents(
             handler,
             SYNC_ENDPOINT_SLICES,
-            convert_endpoint_slice,
             handler.on_endpoint_slice_add,
             handler.on_endpoint_slice_update,
             handler.on_endpoint_slice_delete,
         )
         selector = proxy_label_selector(self.service_proxy_name)
-        self.services = self.informer(SERVICES, services, label_selector=selector)
-        self.endpoint_slices = self.informer(ENDPOINT_SLICES, slices, label_selector=selector)
+        self.services = self.informer(
+            SERVICES,
+            services,
+            kubejson.service_codec(self.service_proxy_name),
+            label_selector=selector,
+        )
+        self.endpoint_slices = self.informer(
+            ENDPOINT_SLICES, slices, kubejson.endpoint_slice_codec(), label_selector=selector
+        )
 
     def informer(
-        self, resource: Resource, handler: ObjectHandler, *, label_selector: str | None = None
-    ) -> Informer:
+        self,
+        resource: Resource,
+        handler: ObjectHandler[_Value],
+        codec: Codec[_Value] | None = None,
+        *,
+        label_selector: str | None = None,
+    ) -> Informer[_Value]:
+        """Run an informer for ``resource`` on this client. Without a ``codec``, its objects
+        reach ``handler`` as decoded JSON (dicts)."""
+        if codec is None:
+            codec = DictCodec(_as_is, namespaced=resource.namespaced)  # type: ignore[arg-type]
         informer = Informer(
-            self.client, resource, handler, label_selector=label_selector, **self._options
+            self.client, resource, handler, codec, label_selector=label_selector, **self._options
         )
         self.informers.append(informer)
         self._tasks.append(asyncio.create_task(informer.run(), name=f"informer-{resource.plural}"))
         return informer
 
-    def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer:
+    def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer[Obj]:
         """Run a ServiceCIDR informer; its objects reach ``handler`` as model values."""
         return self.informer(SERVICE_CIDRS, ServiceCIDREvents(handler))
 
@@ -533,3 +520,7 @@ class KubernetesSource:
         if self._owns_client and self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _as_is(obj: Obj) -> Obj:
+    return obj

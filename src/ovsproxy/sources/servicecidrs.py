@@ -61,11 +61,12 @@ class ServiceCIDREvents:
     def on_add(self, obj: dict[str, Any]) -> None:
         self.handler.on_add(convert_service_cidr(obj))
 
-    def on_update(self, old: dict[str, Any], new: dict[str, Any]) -> None:
-        self.handler.on_update(convert_service_cidr(new))
+    def on_update(self, obj: dict[str, Any]) -> None:
+        self.handler.on_update(convert_service_cidr(obj))
 
-    def on_delete(self, obj: dict[str, Any]) -> None:
-        self.handler.on_delete(service_cidr_name(obj))
+    def on_delete(self, key: tuple[str, str]) -> None:
+        """``key``: ("", name), as the informer keys a cluster-scoped object."""
+        self.handler.on_delete(key[1])
 
     def on_synced(self) -> None:
         self.handler.on_synced()
