@@ -197,7 +197,7 @@ class SliceList(msgspec.Struct, gc=False):
 
 class WatchEvent(msgspec.Struct, gc=False):
     type: str = ""
-    object: msgspec.Raw | None = None
+    object: msgspec.Raw = msgspec.Raw()  # the object's JSON, decoded by the event's kind
 
 
 # Looked up at call time (bench/agent_probe.py times them).
@@ -695,7 +695,7 @@ class TypedCodec(Generic[_Model]):
         except msgspec.ValidationError:
             return self.dict_codec.event(line)
         kind, raw = envelope.type, envelope.object
-        if raw is None or kind == "ERROR":
+        if not raw or kind == "ERROR":
             return self.dict_codec.event(line)
         try:
             if kind in WATCHED:
