@@ -19,7 +19,7 @@ import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -113,7 +113,7 @@ def parse_ip(text: object) -> IPAddress | None:
         return None
     ip = _PARSED_IPS.get(text, _MISSING)
     if ip is _MISSING:
-        ip = _parse_ip(text)
+        ip = parse_ip_text(text)
         if len(_PARSED_IPS) >= _PARSED_IPS_MAX:
             _PARSED_IPS.clear()  # no eviction order to keep: a miss must stay cheap
         _PARSED_IPS[text] = ip
@@ -127,19 +127,50 @@ _PARSED_IPS_MAX = 1 << 17
 _MISSING = object()
 
 
-def _parse_ip(text: str) -> IPAddress | None:
-    if not text or text != text.strip() or "%" in text:
+def _ipv4_constructor() -> Callable[[int], ipaddress.IPv4Address]:
+    """``IPv4Address(n)`` for an ``n`` known to be in range, without the constructor's type
+    and range checks (a cold start makes one per endpoint): the instance with its one slot,
+    ``_ip``, set. The plain constructor should ``ipaddress`` ever keep its value elsewhere."""
+    new, cls = object.__new__, ipaddress.IPv4Address
+
+    def construct(value: int) -> ipaddress.IPv4Address:
+        ip = new(cls)
+        ip._ip = value  # type: ignore[attr-defined]
+        return ip
+
+    sample = 0x0A600001
+    try:
+        made, reference = construct(sample), cls(sample)
+        same = made == reference and hash(made) == hash(reference) and str(made) == "10.96.0.1"
+    except Exception:  # pragma: no cover - an ipaddress laid out otherwise
+        same = False
+    return construct if same else cls
+
+
+_ipv4_from_int = _ipv4_constructor()
+_inet_pton = socket.inet_pton
+_AF_INET = socket.AF_INET
+
+
+def parse_ipv4(text: str) -> ipaddress.IPv4Address | None:
+    """An IPv4 address as ``parse_ip`` reads it, or None (for an IPv6 one too), unmemoized.
+
+    Through inet_pton: it rejects exactly what ipaddress rejects (not four decimal octets,
+    an octet over 255, leading zeros) and any whitespace or scope, at a tenth of the cost."""
+    if ":" in text:
         return None
+    try:
+        return _ipv4_from_int(int.from_bytes(_inet_pton(_AF_INET, text), "big"))
+    except (OSError, ValueError, UnicodeError):
+        return None
+
+
+def parse_ip_text(text: str) -> IPAddress | None:
+    """``parse_ip`` for a string, unmemoized."""
     if ":" not in text:
-        # IPv4 through inet_pton: it rejects exactly what ipaddress rejects (not four
-        # decimal octets, an octet over 255, leading zeros) at a tenth of the cost, and a
-        # cold start parses one address per endpoint.
-        try:
-            return ipaddress.IPv4Address(
-                int.from_bytes(socket.inet_pton(socket.AF_INET, text), "big")
-            )
-        except (OSError, ValueError, UnicodeError):
-            return None
+        return parse_ipv4(text)
+    if text != text.strip() or "%" in text:
+        return None
     try:
         return ipaddress.ip_address(text)
     except ValueError:

@@ -34,7 +34,6 @@ from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
     IPAddress,
-    IPFamily,
     IPNetwork,
     Protocol,
     Service,
@@ -56,7 +55,8 @@ from ovsproxy.sources.convert import (
     TRIGGER_TIME_ANNOTATION,
     convert_endpoint_slice,
     convert_service,
-    parse_ip,
+    parse_ip_text,
+    parse_ipv4,
 )
 
 ObjKey = tuple[str, str]  # (namespace, name); "" namespace for cluster-scoped objects
@@ -244,7 +244,7 @@ def _port(value: int | None, *, required: bool) -> int:
 
 
 def _ip(text: str) -> IPAddress:
-    ip = parse_ip(text)
+    ip = parse_ip_text(text)
     if ip is None:
         raise Irregular
     return ip
@@ -482,49 +482,44 @@ def slice_value(obj: SliceObject) -> EndpointSlice:
         seen.add((port_name, protocol))
         port_specs.append((port_name, protocol, _port(raw_port.port, required=True)))
 
-    bases = [_endpoint_base(raw, family) for raw in obj.endpoints or ()]
+    # One Endpoint per port and address; every endpoint is checked, with or without ports.
+    built: list[tuple[int, list[Endpoint]]] = [(port, []) for _, _, port in port_specs]
+    v4 = family == 4
+    for raw in obj.endpoints or ():
+        addresses = raw.addresses
+        if not addresses:
+            raise Irregular
+        # (kube-proxy uses the first address only)
+        ip = parse_ipv4(addresses[0]) if v4 else parse_ip_text(addresses[0])
+        if ip is None or (not v4 and ip.version != 6):
+            raise Irregular
+        conditions = raw.conditions
+        if conditions is None:
+            ready, serving, terminating = True, True, False
+        else:
+            ready = True if conditions.ready is None else conditions.ready
+            serving = True if conditions.serving is None else conditions.serving
+            terminating = False if conditions.terminating is None else conditions.terminating
+        node_name = raw.node_name
+        node_name = intern(node_name) if node_name else None
+        zone = raw.zone
+        zone = intern(zone) if zone else None
+        hints = raw.hints
+        if hints is None:
+            hint_zones = hint_nodes = _NO_NAMES
+        else:
+            hint_zones, hint_nodes = _hint_names(hints.for_zones), _hint_names(hints.for_nodes)
+        for port, endpoints in built:
+            endpoints.append(
+                Endpoint(
+                    ip, port, ready, serving, terminating, node_name, zone, hint_zones, hint_nodes
+                )
+            )
     slice_ports = tuple(
-        SlicePort(
-            port_name,
-            protocol,
-            tuple([Endpoint(base[0], port, *base[1:]) for base in bases]),
-        )
-        for port_name, protocol, port in port_specs
+        SlicePort(port_name, protocol, tuple(endpoints))
+        for (port_name, protocol, _), (_, endpoints) in zip(port_specs, built, strict=True)
     )
     return EndpointSlice(namespace, name, service, slice_ports, _trigger_time(meta, namespace))
-
-
-def _endpoint_base(raw: EndpointSpec, family: IPFamily) -> tuple[Any, ...]:
-    """(ip, ready, serving, terminating, node, zone, hint zones, hint nodes)."""
-    addresses = raw.addresses
-    if not addresses:
-        raise Irregular
-    ip = parse_ip(addresses[0])
-    if ip is None or ip.version != family:
-        raise Irregular
-    conditions = raw.conditions
-    if conditions is None:
-        ready, serving, terminating = True, True, False
-    else:
-        ready = conditions.ready
-        serving = conditions.serving
-        terminating = conditions.terminating
-        ready = True if ready is None else ready
-        serving = True if serving is None else serving
-        terminating = False if terminating is None else terminating
-    node_name = raw.node_name
-    zone = raw.zone
-    hints = raw.hints
-    return (
-        ip,
-        ready,
-        serving,
-        terminating,
-        intern(node_name) if node_name else None,
-        intern(zone) if zone else None,
-        _hint_names(hints.for_zones) if hints is not None else _NO_NAMES,
-        _hint_names(hints.for_nodes) if hints is not None else _NO_NAMES,
-    )
 
 
 def _hint_names(entries: list[Hint] | None) -> frozenset[str]:
