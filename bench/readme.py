@@ -317,9 +317,13 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
             f"`{k}` {_s(v)}" + (f" ({_s(cpu[k])} of CPU)" if k in cpu else "")
             for k, v in e2e.items()
         )
-        + f" (`msgspec`: into the agent's Structs, then converted; the others: into dicts,"
-        " then converted by the agent's dict path). The agent decodes with"
-        f" `{used}`"
+        + (
+            " (`msgspec`: into the agent's Structs, then converted; the others: into dicts,"
+            " then converted by the agent's dict path)"
+            if _typed(cs)
+            else ""
+        )
+        + f". The agent decodes with `{used}`"
         + (
             " (the least CPU time end to end in this run)."
             if cs.get("agent_decoder_wins")
@@ -329,10 +333,17 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
     ]
 
 
+def _typed(cs: dict[str, Any]) -> bool:
+    """Whether the result is of an agent that decodes the API's JSON into Structs (and keeps
+    a resourceVersion per object), not into dicts (that it kept)."""
+    return "msgspec-dicts" in cs.get("decode_pages_s", {})
+
+
 def _cold_memory(cs: dict[str, Any]) -> list[str]:
     api, man = cs.get("memory_api_mb"), cs.get("memory_manifests_mb")
     if not api or not man:
         return []
+    stored = "a resourceVersion per object" if _typed(cs) else "the objects as listed"
 
     def parts(m: dict[str, float], what: str) -> str:
         return (
@@ -343,7 +354,7 @@ def _cold_memory(cs: dict[str, Any]) -> list[str]:
 
     return [
         "Where the memory goes (the probe's RSS when healthy): from the API "
-        + parts(api, "the informers' stores (a resourceVersion per object)")
+        + parts(api, f"the informers' stores ({stored})")
         + "; from manifests "
         + parts(man, "the manifest source's objects")
         + ".",

@@ -648,10 +648,15 @@ class TypedCodec(Generic[_Model]):
     (see the module docstring). Values are model values, or the ``InvalidObjectError`` that
     says why an object was rejected."""
 
+    _decode_page: Callable[[bytes], ServiceList | SliceList]
+    _decode_object: Callable[[bytes], ServiceObject | SliceObject]
+    _value: Callable[[Any], _Model]
+    dict_codec: DictCodec[_Model | InvalidObjectError]
+
     def __init__(
         self,
         decode_page: Callable[[bytes], ServiceList | SliceList],
-        decode_object: Callable[[bytes], Any],
+        decode_object: Callable[[bytes], ServiceObject | SliceObject],
         value: Callable[[Any], _Model],
         dict_codec: DictCodec[_Model | InvalidObjectError],
     ) -> None:
@@ -668,7 +673,8 @@ class TypedCodec(Generic[_Model]):
         value = self._value
         as_dicts: list[Any] | None = None
         items: list[tuple[ObjKey, str, _Model | InvalidObjectError]] = []
-        for index, obj in enumerate(decoded.items or ()):
+        objects = typing.cast(list[ServiceObject | SliceObject], decoded.items or [])
+        for index, obj in enumerate(objects):
             try:
                 converted = value(obj)
             except Irregular:
@@ -677,7 +683,7 @@ class TypedCodec(Generic[_Model]):
                 items.append(self.dict_codec.item(as_dicts[index]))
                 continue
             # (value() checked the metadata; its namespace is the interned one)
-            rv = obj.metadata.resource_version  # type: ignore[union-attr]
+            rv = obj.metadata.resource_version if obj.metadata is not None else ""
             items.append(((converted.namespace, converted.name), rv, converted))
         meta = decoded.metadata
         if meta is None:
@@ -696,7 +702,7 @@ class TypedCodec(Generic[_Model]):
             if kind in WATCHED:
                 obj = self._decode_object(raw)
                 converted = self._value(obj)
-                rv = obj.metadata.resource_version
+                rv = obj.metadata.resource_version if obj.metadata is not None else ""
                 return Event(kind, (converted.namespace, converted.name), rv, converted)
             meta = decode_keyed(raw).metadata
         except (msgspec.ValidationError, Irregular):

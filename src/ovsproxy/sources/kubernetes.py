@@ -61,6 +61,7 @@ Obj = dict[str, Any]
 # A list at least this long leaves its objects in the collector's permanent generation.
 FREEZE_AFTER_LIST = 1000
 _Value = TypeVar("_Value")
+_Handled_contra = TypeVar("_Handled_contra", contravariant=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,13 +111,13 @@ class ApiStatusError(Exception):
         self.code = code
 
 
-class ObjectHandler(Protocol[_Value]):
+class ObjectHandler(Protocol[_Handled_contra]):
     """The events of one informer, as its codec's values. ``on_delete`` gets the key only:
     the informer keeps no object."""
 
-    def on_add(self, value: _Value) -> None: ...
+    def on_add(self, value: _Handled_contra) -> None: ...
 
-    def on_update(self, value: _Value) -> None: ...
+    def on_update(self, value: _Handled_contra) -> None: ...
 
     def on_delete(self, key: ObjKey) -> None: ...
 
