@@ -304,7 +304,7 @@ def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
         buckets = []
         for k in keys:
             ip = ipaddress.ip_address(f"10.244.{k // 250}.{k % 250 + 1}")
-            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_actions(ip, 80, False, tables)))
+            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_wire(ip, 80, False, tables)))
         return GroupSpec(3, tuple(buckets))
 
     first = plan_group(spec(list(range(100))), None).result
