@@ -363,3 +363,33 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
     assert registry.saves[-1] == {2, 3}
     await dp.resync_switch()
     assert registry.saves[-1] == {2, 3}
+
+
+async def test_a_big_commit_gives_freed_memory_back_after_its_diff_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a big commit the heap's free pages go back to the OS (heap.py), once the
+    commit's own lists and dicts are garbage too; small commits (churn) skip it."""
+    released: list[int] = []
+
+    def release() -> bool:
+        gc.collect()
+        # the commit's diff (its dirty set among them) is garbage by now
+        released.append(sum(type(o) is dpm._Commit for o in gc.get_objects()))
+        return True
+
+    monkeypatch.setattr(dpm, "release_free_memory", release)
+    dp, _ = await adopted()
+    stage(dp, "a", 3, gid=1)
+    await dp.commit()
+    assert released == []
+    monkeypatch.setattr(dpm, "GC_PAUSE_THRESHOLD", 1)
+    stage(dp, "a", 4, gid=1)
+    await dp.commit()
+    assert released == [0]
+
+
+def test_release_free_memory_works_here() -> None:
+    from ovsproxy.heap import release_free_memory
+
+    assert release_free_memory()  # glibc (Linux): malloc_trim

@@ -17,6 +17,7 @@ from ovsproxy.datapath.groups import (
     GroupSpec,
     InstalledGroup,
     SelectionMethod,
+    bucket_spec,
     group_mod_chunks,
     plan_group,
 )
@@ -220,3 +221,42 @@ def test_group_mod_chunks_keep_order_and_fit_a_bundle() -> None:
     huge = of.Bucket(0, [of.Controller(userdata=bytes(65460))])
     with pytest.raises(of.MessageTooLarge):
         group_mod_chunks(CMD.ADD, 5, [_svc_bucket(1), huge])
+
+
+def test_a_group_written_whole_keeps_the_desired_buckets_and_sends_their_encoding() -> None:
+    """Memory: the installed state of a new group is the desired tuple itself (no dict, no
+    value per bucket), and its GroupMod is exactly what the generic codec encodes."""
+    spec = GroupSpec(7, group([1, 2, 3]).buckets, svc.GROUP_SELECTION_METHOD)
+    plan = plan_group(spec, None)
+    assert plan.result is not None and plan.result.specs is spec.buckets
+    (msg,) = plan.messages
+    assert type(msg) is of.EncodedGroupMod
+    generic = of.GroupMod(
+        CMD.ADD,
+        7,
+        buckets=[of.Bucket(i, b.actions, b.weight) for i, b in enumerate(spec.buckets)],
+        selection_method="hash",
+        fields=svc.CONNECTION_HASH_FIELDS,
+    )
+    assert msg[0] == generic.wire
+    # read back as values, by key, with ids 0..n-1
+    assert plan.result.ids == {b.key: i for i, b in enumerate(spec.buckets)}
+    assert plan.result.buckets == spec.by_key()
+    # the same group again: nothing to send, the same installed state
+    again = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, spec.selection_method), plan.result)
+    assert again.kind == "none" and again.result is plan.result
+
+
+def test_a_repeated_endpoint_key_is_one_bucket() -> None:
+    twice = GroupSpec(7, (bucket(1), bucket(2), bucket(1)))
+    plan = plan_group(twice, None)
+    assert [b.bucket_id for b in values(plan)[0].buckets] == [0, 1]
+    assert plan.result is not None and plan.result.endpoint_count == 2
+
+
+def test_bucket_specs_hold_the_encoding_and_read_back_as_values() -> None:
+    ip = ipaddress.ip_address("10.244.0.9")
+    actions = svc.endpoint_bucket_actions(ip, 8080, True, TABLES)
+    spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, TABLES))
+    assert type(spec.wire) is bytes and spec.actions == actions
+    assert bucket_spec("k", actions) == spec

@@ -569,6 +569,8 @@ def encoded_group_mod(
             c.OFPG_BUCKET_LAST if command == c.GroupModCommand.INSERT_BUCKET else c.OFPG_BUCKET_ALL
         )
     props = b""
+    if not selection_method and fields:
+        raise OpenFlowEncodeError(f"group {group_id}: fields {fields!r} without a selection method")
     if selection_method:
         if command not in _PROPERTY_COMMANDS:
             raise OpenFlowEncodeError(f"group {group_id}: a selection method on command {command}")
