@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import ipaddress
+import weakref
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -371,13 +373,18 @@ async def test_a_big_commit_gives_freed_memory_back_after_its_diff_is_gone(
     """After a big commit the heap's free pages go back to the OS (heap.py), once the
     commit's own lists and dicts are garbage too; small commits (churn) skip it."""
     released: list[int] = []
+    diffs: weakref.WeakSet[dpm._Commit] = weakref.WeakSet()
+
+    class Tracked(dpm._Commit):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            diffs.add(self)
 
     def release() -> bool:
-        gc.collect()
-        # the commit's diff (its dirty set among them) is garbage by now
-        released.append(sum(type(o) is dpm._Commit for o in gc.get_objects()))
+        released.append(len(diffs))  # the commit's diff (its dirty set...) is garbage by now
         return True
 
+    monkeypatch.setattr(dpm, "_Commit", Tracked)
     monkeypatch.setattr(dpm, "release_free_memory", release)
     dp, _ = await adopted()
     stage(dp, "a", 3, gid=1)
