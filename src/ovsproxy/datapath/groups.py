@@ -269,7 +269,7 @@ def group_mod_chunks(
     buckets in the given order. Sent in order in one atomic bundle; the default limit leaves
     room for the BUNDLE_ADD header. ``total``: the buckets' encoded size, if the caller knows
     it. A bucket that fits in no message raises ``MessageTooLarge``."""
-    wires = [b if type(b) is bytes else b[0] for b in buckets]
+    wires = [b if isinstance(b, bytes) else b.wire for b in buckets]
     base = _BASE_OVERHEAD if selection_method is None else _overhead(selection_method)
     if total < 0:
         total = sum([len(w) for w in wires])
@@ -296,7 +296,7 @@ def group_mod_chunks(
 
 
 def _size(messages: Sequence[of.EncodedGroupMod]) -> int:
-    return sum(of.group_mod_length(m) for m in messages)  # type: ignore[arg-type]
+    return sum([m.length for m in messages])
 
 
 @dataclass(frozen=True, slots=True)

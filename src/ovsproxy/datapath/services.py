@@ -494,7 +494,8 @@ _IPV4 = ipaddress.IPv4Address
 
 
 def endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
-    return ip._ip << 17 | port << 1 | (type(ip) is not _IPV4)  # type: ignore[union-attr]  # hot path, see above
+    address: int = ip._ip  # type: ignore[union-attr]  # hot path, see above
+    return address << 17 | port << 1 | (type(ip) is not _IPV4)
 
 
 # A bucket's actions as bytes, by (port, affinity, IP version): the endpoint address goes in;

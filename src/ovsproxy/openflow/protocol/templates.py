@@ -486,14 +486,14 @@ def set_field_exact_wire(field: str, after: bytes = b"") -> Callable[[int], byte
         def make(value: int) -> bytes:
             if type(value) is int and 0 <= value < limit:
                 return pack(prefix, value, rest)
-            return SetField(name, value)[0] + after
+            return SetField(name, value).wire + after
 
     else:
 
         def make(value: int) -> bytes:
             if type(value) is int and 0 <= value < limit:
                 return b"".join((prefix, value.to_bytes(n_bytes, "big"), rest))
-            return SetField(name, value)[0] + after
+            return SetField(name, value).wire + after
 
     return make
 
