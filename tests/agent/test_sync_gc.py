@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from ovsproxy import gcpause
-from ovsproxy.agent.sync import Syncer
+from ovsproxy.agent.sync import COMPACT_EVERY, Syncer
 from ovsproxy.agent.wiring import Components
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
@@ -129,7 +129,10 @@ async def test_a_periodic_full_resync_frees_cycles_that_became_garbage_after_a_f
     del a, b
     await syncer(False)  # garbage now, but frozen: a settle does not see it
     assert gone() is not None
-    await syncer(True)  # a periodic full resync
+    await syncer(True)  # a periodic full resync, too soon after start-up to compact
+    assert gone() is not None and syncer.gc_compactions == 0
+    syncer._compacted_at -= COMPACT_EVERY
+    await syncer(True)  # the first periodic full resync an interval later
     assert gone() is None
     assert syncer.gc_compactions == 1
     assert syncer.last_gc is not None and syncer.last_gc.objects >= 2

@@ -7,8 +7,9 @@ complete ClusterIP list before the agent calls itself healthy and ready, the gau
 the proxy health learns that every queued change is in (kube-proxy's ``Updated``). Last, the
 garbage collector is settled (``gcpause.settle``: what the sync left young is collected, the
 survivors frozen), so that no collection later traverses the cluster's state in the middle of an
-event or a sync; a periodic full resync compacts instead (``gcpause.compact``: a collection over
-the frozen objects too, for reference cycles that became garbage after they were frozen).
+event or a sync; a periodic full resync at least ``COMPACT_EVERY`` after the last compaction
+compacts instead (``gcpause.compact``: a collection over the frozen objects too, for reference
+cycles that became garbage after they were frozen).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ from ovsproxy.model import IPFamily
 from ovsproxy.openflow.errors import OpenFlowError
 
 log = logging.getLogger("ovsproxy.agent")
+
+# A compaction (a collection over the whole heap) at the first periodic full resync this long
+# after the last one: full resyncs may be every minute, and at 10,000 Services a compaction
+# costs about what a full sync does.
+COMPACT_EVERY = 3600.0
 
 
 class Syncer:
@@ -52,6 +58,7 @@ class Syncer:
         self.settle_gc = True  # see gcpause.settle
         self.last_gc: gcpause.Collected | None = None  # the last settle's or compaction's
         self.gc_compactions = 0
+        self._compacted_at = time.monotonic()
 
     async def __call__(self, full: bool) -> None:
         parts = self.parts
@@ -117,8 +124,9 @@ class Syncer:
             self.on_first_sync()
         if self.settle_gc:
             # Last: nothing waits on it here (the commit is in, the gauges are set).
-            if full and not first:
-                self.last_gc = gcpause.compact()  # a periodic full resync
+            if full and not first and time.monotonic() - self._compacted_at >= COMPACT_EVERY:
+                self.last_gc = gcpause.compact()  # at a periodic full resync
+                self._compacted_at = time.monotonic()
                 self.gc_compactions += 1
                 if self.last_gc is not None and self.last_gc.objects:
                     log.info(
