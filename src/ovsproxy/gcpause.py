@@ -64,8 +64,8 @@ def settle() -> Collected | None:
     again. Left to the collector's thresholds, every survivor is traversed again by each
     older-generation collection; after the start-up's freeze those accumulate with every
     change, so a full collection's cost grows with the churn since start-up until it is that
-    of the whole cluster (at 10,000 Services, single collections of most of a second, in the
-    middle of a watch event or a sync). Settled after each sync, the collector only ever sees
+    of the whole cluster, in the middle of a watch event or a sync (bench ``churn`` reports
+    the collections and the longest). Settled after each sync, the collector only ever sees
     what was allocated since the last sync: the pause is the size of the change, taken where
     no event is waiting on it. Freezing is constant time; reference counting still frees
     frozen objects. What it cannot free is a reference cycle that becomes garbage after its

@@ -30,8 +30,8 @@ from ovsproxy.openflow.errors import OpenFlowError
 log = logging.getLogger("ovsproxy.agent")
 
 # A compaction (a collection over the whole heap) at the first periodic full resync this long
-# after the last one: full resyncs may be every minute, and at 10,000 Services a compaction
-# costs about what a full sync does.
+# after the last one: full resyncs may be every minute, and a compaction's cost is the size of
+# the cluster's state, like a full sync's.
 COMPACT_EVERY = 3600.0
 
 
