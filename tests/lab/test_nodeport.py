@@ -21,6 +21,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.lab.cluster import HTTP_PORT, UDP_PORT, Lab
 from ovsproxy.lab.manifests import LabPort, LabService, addresses
 from ovsproxy.model import IPFamily
+from ovsproxy.ovs.traffic import run_in_netns
 
 from .conftest import start_lab
 from .helpers import http, install, udp
@@ -598,44 +599,14 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     assert out["failed"] == 0, out
 
 
-# One HTTP/1.0 request per source port (bound), the server closing first: the endpoint then
-# holds each 4-tuple in TIME_WAIT. Prints {port: seconds or error}.
-BOUND_CLIENT = r"""
-import json, socket, sys, time
-host, port, sources, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-out = {}
-for source in map(int, sources.split(",")):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.settimeout(timeout)
-    started = time.monotonic()
-    try:
-        s.bind(("", source))
-        s.connect((host, port))
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        while s.recv(4096):
-            pass
-        out[source] = round(time.monotonic() - started, 3)
-    except OSError as exc:
-        out[source] = type(exc).__name__
-    finally:
-        s.close()
-print(json.dumps(out))
-"""
 SOURCE_PORTS = ",".join(str(61100 + 2 * i) for i in range(16))  # above the ephemeral range
 
 
 def bound_requests(lab: Lab, ip: str, port: int, timeout: float) -> dict[str, object]:
-    cmd = ["ip", "netns", "exec", lab.external_netns, TRAFFIC[0], "-c", BOUND_CLIENT]
-    done = subprocess.run(
-        [*cmd, ip, str(port), SOURCE_PORTS, str(timeout)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    )
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
+    """One HTTP/1.0 request per bound source port (traffic's bound mode): the endpoint then
+    holds each 4-tuple in TIME_WAIT. {port: seconds or error}."""
+    args = ("bound", ip, str(port), "--source-ports", SOURCE_PORTS, "--timeout", str(timeout))
+    return run_in_netns(lab.external_netns, *args, timeout=180)
 
 
 def seq_check_failures(lab: Lab) -> int:
