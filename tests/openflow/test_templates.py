@@ -385,3 +385,62 @@ def test_group_mod_takes_what_it_does_not_speed_up_to_the_generic_constructor() 
             of.GroupMod(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, buckets)  # type: ignore[arg-type]
         with pytest.raises(of.OpenFlowCodecError):
             tpl.group_mod(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, buckets)  # type: ignore[arg-type]
+
+
+@SETTINGS
+@given(
+    command=st.sampled_from(GROUP_COMMANDS),
+    group_id=st.one_of(st.integers(0, 0xFFFFFFFF), st.just(0x1_0000_0000)),
+    specs=st.lists(
+        st.tuples(st.none(), bucket_actions, st.one_of(st.none(), u16, st.just(100))), max_size=5
+    ),
+    selection_method=st.sampled_from([None, "hash", "dp_hash"]),
+    fields=st.sampled_from([(), ("ipv4_src",), svc.CONNECTION_HASH_FIELDS, ("no_such",)]),
+)
+def test_numbered_group_body_is_the_generic_group_mods_wire(
+    command: int,
+    group_id: int,
+    specs: list[tuple[None, tuple[of.Action, ...], int | None]],
+    selection_method: str | None,
+    fields: tuple[str, ...],
+) -> None:
+    """Either exactly the generic group's encoding (and its buckets' size), or None: the
+    caller then builds the values, and gets their errors."""
+    fast = tpl.numbered_group_body(
+        command,
+        group_id,
+        of.GroupType.SELECT,
+        specs,
+        selection_method=selection_method,
+        fields=fields,
+    )
+    try:
+        buckets = [of.Bucket(i, a, w) for i, (_, a, w) in enumerate(specs)]
+        expected = of.GroupMod(
+            command,
+            group_id,
+            of.GroupType.SELECT,
+            buckets,
+            selection_method=selection_method,
+            fields=fields,
+        )
+    except Exception:
+        assert fast is None
+    else:
+        if fast is not None:
+            assert fast == (expected[0], sum(len(b[0]) for b in buckets))
+        else:  # what the fast path leaves to the values: other commands, buckets w/o weight
+            whole = (
+                of.GroupModCommand.ADD,
+                of.GroupModCommand.MODIFY,
+                of.GroupModCommand.ADD_OR_MOD,
+            )
+            assert command not in whole or any(w is None for _, _, w in specs)
+
+
+def test_numbered_group_body_leaves_a_group_over_one_message_to_the_chunked_path() -> None:
+    actions = (of.Output(1), of.Output(2), of.Output(3))
+    small = [(None, actions, 100)] * 10
+    big = [(None, actions, 100)] * 2000  # over 65,535 bytes
+    assert tpl.numbered_group_body(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, small)
+    assert tpl.numbered_group_body(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, big) is None

@@ -101,6 +101,7 @@ STREAM_WHILE_STAGING_AFTER = 5000
 # ...as long as the socket takes what is written (beyond this backlog the commit sends the rest,
 # with flow control).
 STREAM_WHILE_STAGING_BACKLOG = 1 << 20
+_STREAM_OWNERS_EVERY = 64
 _FLOW_MOD = int(of.MsgType.FLOW_MOD)
 _GROUP_MOD = int(of.MsgType.GROUP_MOD)
 
@@ -330,7 +331,7 @@ class _Streaming:
     through it). Nothing of it is applied before the commit, which plans only what was not
     streamed (or was re-staged since) and sends it into the same bundle."""
 
-    __slots__ = ("bundle", "flows", "groups", "recheck_flows", "recheck_groups", "stats")
+    __slots__ = ("bundle", "flows", "groups", "queue", "recheck_flows", "recheck_groups", "stats")
 
     def __init__(self, bundle: StreamingBundle) -> None:
         self.bundle = bundle
@@ -340,6 +341,7 @@ class _Streaming:
         self.recheck_flows: set[FlowKey] = set()
         self.recheck_groups: set[int] = set()
         self.stats = CommitStats()
+        self.queue: list[_Owner] = []  # staged, to write
 
 
 class _Out:
@@ -518,8 +520,12 @@ class Datapath:
             for gid in new_groups:
                 group_owner[gid] = me
             self._dirty_groups.update(new_groups)
-            if self._streaming is not None:
-                self._stream_owner(self._streaming, me)
+            streaming = self._streaming
+            if streaming is not None:
+                queue = streaming.queue
+                queue.append(me)
+                if len(queue) >= _STREAM_OWNERS_EVERY:
+                    self._stream_queued(streaming)
             elif self._adopt:
                 self._start_streaming()
             return
@@ -575,10 +581,19 @@ class Datapath:
         except (RuntimeError, ChannelError):
             return
         streaming = self._streaming = _Streaming(bundle)
-        for owner in list(self._owners.values()):
+        streaming.queue.extend(self._owners.values())
+        self._stream_queued(streaming)
+
+    def _stream_queued(self, streaming: _Streaming) -> None:
+        """Write the owners staged since the last write (a few dozen at a time: building and
+        encoding each in its own tight loop is cheaper than alternating per owner)."""
+        queue, streaming.queue = streaming.queue, []
+        owners = self._owners
+        for owner in queue:
             if self._streaming is not streaming:
                 return  # abandoned
-            self._stream_owner(streaming, owner)
+            if owners.get(owner.key) is owner:  # (not unstaged since)
+                self._stream_owner(streaming, owner)
 
     def _stream_owner(self, streaming: _Streaming, owner: _Owner) -> None:
         """Write what a newly staged owner wants into the streamed bundle, as the adopting
@@ -600,7 +615,7 @@ class Datapath:
                 if gid in sent_groups:  # written for an owner that gave it up
                     streaming.recheck_groups.add(gid)
                     continue
-                plan = plan_group(spec, None, present_unknown=True)
+                plan = plan_group(spec, None, present_unknown=True, encoded=True)
                 for msg in plan.messages:
                     name = _GROUP_KINDS[msg.command]
                     kinds[name] = kinds.get(name, 0) + 1
@@ -611,21 +626,36 @@ class Datapath:
             if bodies:
                 bundle.add_bodies(_GROUP_MOD, bodies)
             dirty_groups = self._dirty_groups
+
+            def ready(flow: of.FlowMod) -> bool:  # its groups are written or not to come
+                used = _groups_used(flow)
+                return used is not None and not any(
+                    g in dirty_groups and g not in sent_groups for g in used
+                )
+
+            flows = owner.flows
+            if sent_flows.keys().isdisjoint(flows) and all(
+                ready(f)  # type: ignore[arg-type]
+                for f in [f for f in flows.values() if type(f) is not bytes]
+            ):  # the usual case, in C but for the owner's few flow values
+                sent_flows.update(flows)
+                bundle.add_bodies(
+                    _FLOW_MOD,
+                    [f if type(f) is bytes else f[0] for f in flows.values()],  # type: ignore[misc]
+                )
+                return
             bodies = []
             add = bodies.append
-            for key, flow in owner.flows.items():
+            for key, flow in flows.items():
                 if key in sent_flows:  # shared: the commit decides which owner's it is
                     streaming.recheck_flows.add(key)
                     continue
-                if type(flow) is bytes:
+                if isinstance(flow, bytes):
                     add(flow)
+                elif ready(flow):
+                    add(flow[0])
                 else:
-                    used = _groups_used(flow)  # type: ignore[arg-type]
-                    if used is None or any(
-                        g in dirty_groups and g not in sent_groups for g in used
-                    ):
-                        continue  # after its group: the commit sends it
-                    add(flow[0])  # type: ignore[arg-type]
+                    continue  # after its group: the commit sends it
                 sent_flows[key] = flow
             if bodies:
                 bundle.add_bodies(_FLOW_MOD, bodies)
@@ -643,7 +673,7 @@ class Datapath:
         recorded as added, and planned again only where staged since."""
         streaming, self._streaming = self._streaming, None
         if streaming is None:
-            return None
+            return None  # (owners still queued are planned by the commit)
         if streaming.bundle.state != "open":
             self._abandoned.append(streaming.bundle)
             return None
@@ -783,7 +813,7 @@ class Datapath:
                     stats.groups_deleted += 1
                 plans[gid] = _DELETED
                 continue
-            plan = plan_group(desired, installed, present_unknown=unknown)
+            plan = plan_group(desired, installed, present_unknown=unknown, encoded=True)
             kind = plan.kind
             plans[gid] = (plan.result, kind)
             if kind == "add":

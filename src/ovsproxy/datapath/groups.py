@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol.templates import bucket as _bucket
 from ovsproxy.openflow.protocol.templates import group_mod as _fast_group_mod
-from ovsproxy.openflow.protocol.templates import numbered_buckets
+from ovsproxy.openflow.protocol.templates import numbered_buckets, numbered_group_body
 
 MAX_MESSAGE = 0xFFFF
 BUNDLE_ADD_OVERHEAD = 16
@@ -42,6 +42,7 @@ _ADD_OR_MOD = of.GroupModCommand.ADD_OR_MOD
 _INSERT = of.GroupModCommand.INSERT_BUCKET
 _REMOVE = of.GroupModCommand.REMOVE_BUCKET
 _BASE_OVERHEAD = of.group_mod_overhead(None)
+_new_tuple = tuple.__new__
 
 
 # Named tuples, not dataclasses: a full sync builds 100,000 bucket specs, and staging compares
@@ -258,19 +259,27 @@ def _size(messages: Sequence[of.GroupMod]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class GroupPlan:
-    messages: tuple[of.GroupMod, ...]
+    # values; with ``plan_group(encoded=True)`` a new group may be its encoding only
+    messages: tuple[of.GroupMod | of.EncodedGroupMod, ...]
     result: InstalledGroup | None  # the installed state once the messages are applied
     kind: str  # "none", "add", "modify", "incremental", "delete"
 
 
 def plan_group(
-    desired: GroupSpec | None, installed: InstalledGroup | None, *, present_unknown: bool = False
+    desired: GroupSpec | None,
+    installed: InstalledGroup | None,
+    *,
+    present_unknown: bool = False,
+    encoded: bool = False,
 ) -> GroupPlan:
     """The GroupMods that take the switch from ``installed`` to ``desired``.
 
     ``present_unknown``: the switch may have a group with this id whose content we do not
     know (after an agent restart, a reconnection or an uncertain commit): it is written whole
     with ADD_OR_MOD, which works whether or not the group exists.
+
+    ``encoded``: a new group that fits in one message is planned as its encoding only
+    (``EncodedGroupMod``: the same bytes, no bucket values), for a caller that only sends it.
     """
     if desired is None:
         if installed is None and not present_unknown:
@@ -282,9 +291,25 @@ def plan_group(
     if installed is None:
         # A new group: ids 0..n-1 in the order of the endpoints.
         wanted = desired.by_key()
+        command = _ADD_OR_MOD if present_unknown else _ADD
+        if encoded:
+            fast = numbered_group_body(
+                command,
+                group_id,
+                _SELECT,
+                wanted.values(),
+                selection_method=None if method is None else method[0],
+                fields=() if method is None else method[1],
+            )
+            if fast is not None:
+                body, total = fast
+                return GroupPlan(
+                    (_new_tuple(of.EncodedGroupMod, (body,)),),
+                    InstalledGroup(group_id, None, wanted, method, total),  # ids: 0..n-1
+                    "add",
+                )
         buckets = numbered_buckets(wanted.values())
         total = sum([len(b[0]) for b in buckets])
-        command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(
             tuple(group_mod_chunks(command, group_id, buckets, method, total=total)),
             InstalledGroup(group_id, None, wanted, method, total),  # ids: 0..n-1

@@ -51,8 +51,19 @@ _ERROR = int(of.MsgType.ERROR)
 _KEEPALIVE_DATA = b"ovsproxy"
 _ADD_HEADER = of.BUNDLE_ADD_HEADER_LEN
 _encode_bundle_add = of.encode_bundle_add
-# A BUNDLE_ADD's headers: outer header, bundle id and flags, inner header (one pack).
-_pack_add_headers = struct.Struct("!BBHII2xHBBHI").pack
+# A BUNDLE_ADD: outer header, bundle id and flags, inner header, then the inner body.
+_ADD_STRUCTS: dict[int, struct.Struct] = {}
+
+
+def _add_struct(body_size: int) -> struct.Struct:
+    found = _ADD_STRUCTS.get(body_size)
+    if found is None:
+        found = struct.Struct(f"!BBHII2xHBBHI{body_size}s")
+        if len(_ADD_STRUCTS) < 1024:
+            _ADD_STRUCTS[body_size] = found
+    return found
+
+
 _VERSION = int(of.OFP_VERSION)
 _BUNDLE_ADD = int(of.MsgType.BUNDLE_ADD_MESSAGE)
 _ADD_OUTER = _ADD_HEADER + 8  # BUNDLE_ADD header + bundle part + the inner header
@@ -555,38 +566,43 @@ class Session:
                 f"{of.message_kind(msg_type)} in a bundle", 8 + longest, of.MAX_BUNDLED_MESSAGE_LEN
             )
         first = xid = self._take_xids(count)
-        pack = _pack_add_headers
         bundle_id, flags = bundle.bundle_id, bundle.flags
-        parts: list[bytes] = []
-        append = parts.append
+        inner = sum(map(len, bodies)) + 8 * count
+        # Headers and body packed in place, one call per message (bodies of a run are mostly
+        # of a few sizes: one struct per size).
+        data = bytearray(inner + (_ADD_HEADER * count))
+        at = 0
+        size = -1
+        pack_into: Any = None
         for body in bodies:
-            size = len(body)
-            append(
-                pack(
-                    _VERSION,
-                    _BUNDLE_ADD,
-                    size + _ADD_OUTER,
-                    xid,
-                    bundle_id,
-                    flags,
-                    _VERSION,
-                    msg_type,
-                    size + 8,
-                    xid,
-                )
+            if len(body) != size:
+                size = len(body)
+                pack_into = _add_struct(size).pack_into
+            pack_into(
+                data,
+                at,
+                _VERSION,
+                _BUNDLE_ADD,
+                size + _ADD_OUTER,
+                xid,
+                bundle_id,
+                flags,
+                _VERSION,
+                msg_type,
+                size + 8,
+                xid,
+                body,
             )
-            append(body)
+            at += size + _ADD_OUTER
             xid += 1
-        data = b"".join(parts)
         bundle.messages.add_run(first, msg_type, bodies)
-        inner = len(data) - _ADD_HEADER * count
         row = bundle._inner.get(msg_type)
         if row is None:
             bundle._inner[msg_type] = [count, inner]
         else:
             row[0] += count
             row[1] += inner
-        self._out.append(data)
+        self._out.append(bytes(data))
         self.pending_output += len(data)
         self._adds_out += count
         return first

@@ -43,6 +43,7 @@ __all__ = [
     "group_mod",
     "identical",
     "numbered_buckets",
+    "numbered_group_body",
     "set_field_exact",
 ]
 
@@ -542,6 +543,92 @@ def numbered_buckets(specs: Iterable[Sequence[Any]], first_id: int = 0) -> list[
         append(bucket(bucket_id, actions, weight))  # the generic constructor decides
         bucket_id += 1
     return result
+
+
+def _weight_prop(weight: int | None) -> bytes | None:
+    """The weight property of a bucket, or None where the generic constructor decides."""
+    prop = _WEIGHTS.get(weight)
+    if prop is None and type(weight) is int and 0 <= weight <= 0xFFFF:
+        prop = _WEIGHTS[weight] = _WEIGHT_PROP.pack(c.OFPGBPT_WEIGHT, 8, weight)
+    return prop
+
+
+def numbered_group_body(
+    command: int,
+    group_id: int,
+    group_type: int,
+    specs: Iterable[Sequence[Any]],
+    *,
+    selection_method: str | None = None,
+    fields: tuple[str, ...] = (),
+    limit: int = c.MAX_BUNDLED_MESSAGE_LEN,
+) -> tuple[bytes, int] | None:
+    """The body (``.wire``) of ``group_mod(command, group_id, group_type,
+    numbered_buckets(specs), selection_method=..., fields=...)`` (command ADD, MODIFY or
+    ADD_OR_MOD, all buckets) and its buckets' encoded
+    size, without building the buckets or the group as values (a full sync's 10,000 new
+    groups are sent and kept as encodings only). None where that path does not apply: a
+    message over ``limit`` bytes (header included), or anything the generic constructors
+    must decide (they raise or canonicalise)."""
+    if command not in _PROPERTY_COMMANDS:  # ADD, MODIFY, ADD_OR_MOD: the whole group
+        return None
+    if selection_method:
+        found = _selection_prop(selection_method, fields)
+        if found is None:
+            return None
+        props = found[0]
+    elif fields:
+        return None
+    else:
+        props = b""
+    if not (type(group_id) is int and 0 <= group_id <= 0xFFFFFFFF and 0 <= group_type <= 0xFF):
+        return None
+    parts: list[bytes] = [b""]  # the group's header, once the size is known
+    append = parts.append
+    pack_head = _BUCKET_HEAD.pack
+    action_type = Action
+    total = 0
+    bucket_id = 0
+    for _, actions, weight in specs:
+        prop = _WEIGHTS.get(weight)
+        if prop is None:
+            prop = _weight_prop(weight)
+            if prop is None:
+                return None
+        if type(actions) is not tuple:
+            return None
+        if len(actions) == 3:  # an endpoint's bucket
+            a, b, d = actions
+            if not (
+                isinstance(a, action_type)
+                and isinstance(b, action_type)
+                and isinstance(d, action_type)
+            ):
+                return None
+            aw, bw, dw = a[0], b[0], d[0]
+            size = len(aw) + len(bw) + len(dw)
+            append(pack_head(size + 16, size, bucket_id))
+            append(aw)
+            append(bw)
+            append(dw)
+        else:
+            for action in actions:
+                if not isinstance(action, action_type):
+                    return None
+            body = b"".join([action[0] for action in actions])
+            size = len(body)
+            append(pack_head(size + 16, size, bucket_id))
+            append(body)
+        if size + 16 > 0xFFFF:
+            return None
+        append(prop)
+        total += size + 16
+        bucket_id += 1
+    if bucket_id > c.OFPG_BUCKET_MAX + 1 or 8 + _GROUP_MOD_HEAD.size + total + len(props) > limit:
+        return None
+    parts[0] = _GROUP_MOD_HEAD.pack(command, group_type, group_id, total, c.OFPG_BUCKET_ALL)
+    append(props)
+    return b"".join(parts), total
 
 
 _GROUP_MOD_HEAD = struct.Struct("!HBxIH2xI")
