@@ -510,12 +510,15 @@ class Datapath:
             if not (new_groups or new_flows):
                 return
             me = self._owners[owner] = _Owner(owner, new_groups, new_flows)
-            for key in new_flows:
-                ref = refs.get(key)
-                if ref is None:
-                    refs[key] = me
-                else:
-                    self._ref_shared(key, ref, me)
+            if refs.keys().isdisjoint(new_flows):  # the usual case: no flow shared yet
+                refs.update(dict.fromkeys(new_flows, me))
+            else:
+                for key in new_flows:
+                    ref = refs.get(key)
+                    if ref is None:
+                        refs[key] = me
+                    else:
+                        self._ref_shared(key, ref, me)
             dirty_flows.update(new_flows)
             for gid in new_groups:
                 group_owner[gid] = me

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import EncodedFlow, encoded_flow
+from ovsproxy.datapath.datapath import EncodedFlow
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
@@ -853,7 +853,7 @@ def frontend_objects(
             # tuple the cache holds
             append(_new_tuple(BucketSpec, (key, actions, 100)))
             if key not in dnat:
-                dnat[key] = encoded_flow(dnat_templates[version].wire(key[0], ep_port))
+                dnat[key] = _new_tuple(EncodedFlow, dnat_templates[version].keyed(key[0], ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
