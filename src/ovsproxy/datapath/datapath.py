@@ -375,10 +375,13 @@ class _Out:
 def _write_flows(
     flows: Sequence[_Flow], pending: set[int], after_groups: list[_Flow], out: _Out
 ) -> None:
-    """Write flow adds by their encodings; those that use a group still to come (or groups
-    we cannot tell) go to ``after_groups``."""
+    """Write flow adds: the encoded ones as one run, values as they are (the bundle keeps
+    what it is given, to name a failure: a value keeps its own text, which decoding an
+    action the codec does not model would not give back); those that use a group still to
+    come (or groups we cannot tell) go to ``after_groups``."""
     bodies: list[bytes] = []
     add = bodies.append
+    values: list[of.FlowMod] = []
     for flow in flows:
         if isinstance(flow, bytes):  # an EncodedFlow: sends to no group
             add(flow)
@@ -391,19 +394,24 @@ def _write_flows(
             and len(instructions[0][1]) == 1
             and type(instructions[0][1][0]) not in _GROUP_USERS
         ):
-            add(flow[0])
+            values.append(flow)
             continue
         used = _groups_used(flow)
         if used is None or not pending.isdisjoint(used):
             after_groups.append(flow)  # after its group(s), or every group
         else:
-            add(flow[0])
+            values.append(flow)
     out.bodies(_FLOW_MOD, bodies)
+    for value in values:
+        out.message(value)
 
 
-def _body(flow: _Flow) -> bytes:
-    """A flow's encoding without the OpenFlow header (``FlowMod.wire``)."""
-    return flow if isinstance(flow, bytes) else flow[0]
+def _write_adds(flows: Sequence[_Flow], out: _Out) -> None:
+    """Write flow adds that need no ordering: encoded ones as a run, values as they are."""
+    out.bodies(_FLOW_MOD, [f for f in flows if isinstance(f, bytes)])
+    for flow in flows:
+        if not isinstance(flow, bytes):
+            out.message(flow)
 
 
 def _commands(flows: Sequence[_Flow]) -> Counter[int]:
@@ -637,15 +645,14 @@ class Datapath:
                 )
 
             flows = owner.flows
-            if sent_flows.keys().isdisjoint(flows) and all(
-                ready(f)  # type: ignore[arg-type]
-                for f in [f for f in flows.values() if type(f) is not bytes]
-            ):  # the usual case, in C but for the owner's few flow values
+            # values as they are (see _write_flows), the encoded flows as one run
+            values = [f for f in flows.values() if type(f) is not bytes]
+            if sent_flows.keys().isdisjoint(flows) and all(map(ready, values)):  # type: ignore[arg-type]
+                # the usual case: in C but for the owner's few flow values
                 sent_flows.update(flows)
-                bundle.add_bodies(
-                    _FLOW_MOD,
-                    [f if type(f) is bytes else f[0] for f in flows.values()],  # type: ignore[misc]
-                )
+                bundle.add_bodies(_FLOW_MOD, [f for f in flows.values() if type(f) is bytes])  # type: ignore[misc]
+                for value in values:
+                    bundle.add(value)  # type: ignore[arg-type]
                 return
             bodies = []
             add = bodies.append
@@ -656,7 +663,7 @@ class Datapath:
                 if isinstance(flow, bytes):
                     add(flow)
                 elif ready(flow):
-                    add(flow[0])
+                    bundle.add(flow)
                 else:
                     continue  # after its group: the commit sends it
                 sent_flows[key] = flow
@@ -842,11 +849,10 @@ class Datapath:
                 yield
         # Groups before the flows that use them...
         if after_groups:
-            out.bodies(_FLOW_MOD, [_body(f) for f in after_groups])
+            _write_adds(after_groups, out)
         step = max(1, _STREAM_YIELD_EVERY)
         for start in range(at, len(adds), step):
-            chunk = adds[start : start + step]
-            out.bodies(_FLOW_MOD, [f if isinstance(f, bytes) else f[0] for f in chunk])
+            _write_adds(adds[start : start + step], out)
             if out.due:
                 yield
         add_flows, delete_keys = diff.add_flows, diff.delete_keys
