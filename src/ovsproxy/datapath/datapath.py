@@ -646,13 +646,13 @@ class Datapath:
 
             flows = owner.flows
             # values as they are (see _write_flows), the encoded flows as one run
-            values = [f for f in flows.values() if type(f) is not bytes]
-            if sent_flows.keys().isdisjoint(flows) and all(map(ready, values)):  # type: ignore[arg-type]
+            values = [f for f in flows.values() if not isinstance(f, bytes)]
+            if sent_flows.keys().isdisjoint(flows) and all(map(ready, values)):
                 # the usual case: in C but for the owner's few flow values
                 sent_flows.update(flows)
-                bundle.add_bodies(_FLOW_MOD, [f for f in flows.values() if type(f) is bytes])  # type: ignore[misc]
+                bundle.add_bodies(_FLOW_MOD, [f for f in flows.values() if isinstance(f, bytes)])
                 for value in values:
-                    bundle.add(value)  # type: ignore[arg-type]
+                    bundle.add(value)
                 return
             bodies = []
             add = bodies.append
