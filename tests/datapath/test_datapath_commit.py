@@ -511,3 +511,25 @@ async def test_a_refused_streamed_bundle_names_the_owner_and_keeps_everything_di
     _cluster(plain, 3)
     await plain.commit()
     assert _state(dp) == _state(plain)
+
+
+async def test_a_commit_never_asks_a_bundle_its_length() -> None:
+    """A bundle's truth is its length (the number of messages it keeps): asking it once per
+    run of messages made a full sync quadratic (``Channel``'s bundles count their runs)."""
+    asked: list[int] = []
+
+    class Counting(FakeBundle):
+        def __len__(self) -> int:
+            asked.append(1)
+            return len(self.messages)
+
+    class Switch(FakeSwitch):
+        def bundle(self) -> FakeBundle:
+            self.opened += 1
+            return Counting(self)
+
+    for stream in (False, True):
+        dp, switch = _fresh(stream=stream, switch=Switch())
+        _cluster(dp, 4)
+        await dp.commit()
+        assert switch.bundles and not asked

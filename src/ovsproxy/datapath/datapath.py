@@ -354,17 +354,19 @@ class _Out:
         self.bundle = bundle
         self.since = 0  # messages since the caller last let the transport write
 
-    def _open(self) -> StreamingBundle:
-        bundle = self.bundle = self._switch.bundle()
+    def _bundle(self) -> StreamingBundle:
+        bundle = self.bundle  # (not `or`: a bundle's truth is its length)
+        if bundle is None:
+            bundle = self.bundle = self._switch.bundle()
         return bundle
 
     def bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
         if bodies:
-            (self.bundle or self._open()).add_bodies(msg_type, bodies)
+            self._bundle().add_bodies(msg_type, bodies)
             self.since += len(bodies)
 
     def message(self, msg: of.Message) -> None:
-        (self.bundle or self._open()).add(msg)
+        self._bundle().add(msg)
         self.since += 1
 
     @property

@@ -173,14 +173,16 @@ class BundleMessages(Mapping[int, of.Message]):
     bodies, and each is made a message only when read (to name a failure), so a full sync
     keeps no object per message."""
 
-    __slots__ = ("_runs", "single")
+    __slots__ = ("_in_runs", "_runs", "single")
 
     def __init__(self) -> None:
         self.single: dict[int, of.Message] = {}
         self._runs: list[tuple[int, int, Sequence[bytes]]] = []  # first xid, type, bodies
+        self._in_runs = 0
 
     def add_run(self, first_xid: int, msg_type: int, bodies: Sequence[bytes]) -> None:
         self._runs.append((first_xid, msg_type, bodies))
+        self._in_runs += len(bodies)
 
     def _run_item(self, xid: int) -> tuple[int, bytes] | None:
         for first, msg_type, bodies in self._runs:
@@ -213,7 +215,7 @@ class BundleMessages(Mapping[int, of.Message]):
             yield from range(first, first + len(bodies))
 
     def __len__(self) -> int:
-        return len(self.single) + sum(len(bodies) for _, _, bodies in self._runs)
+        return len(self.single) + self._in_runs
 
 
 class BundleState:
