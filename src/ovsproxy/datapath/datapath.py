@@ -25,6 +25,19 @@ max(planning, OVS) instead of their sum. To keep both sides busy, the flows that
 are interleaved with the group messages: a group costs us far more to plan than it costs OVS
 to take in, a flow the other way round (with every flow after the groups, OVS was the
 bottleneck for the flows and idle during the groups; bench ``full-sync`` reports the tail).
+Messages go out by their encodings, a run per group or owner (``add_bodies``): no object per
+message is made for the bundle, which names a failing one by decoding its bytes.
+
+Streaming while staging: the adopting (first) commit writes everything the switch should hold,
+whatever it holds, so its messages do not wait for the commit. Once ``STREAM_WHILE_STAGING_AFTER``
+groups and flows are staged, its bundle is opened and every owner staged from then on is
+written into it (a few dozen owners at a time; every group whole with ADD_OR_MOD, then the
+owner's flows that use no group still to come), as long as the socket takes what is written;
+Open vSwitch takes a cold start in while the rest of it is still being built. Nothing of it is
+applied before the commit, which adopts the switch as usual and plans only what was not
+written, or was staged again (or shared) since: those are planned against what the bundle
+already carries, and sent into the same bundle. If the bundle is lost (its connection went),
+the commit discards it and sends everything in a new one.
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
