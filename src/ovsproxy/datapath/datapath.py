@@ -83,6 +83,7 @@ from ovsproxy.datapath.groups import (
     plan_group,
 )
 from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
+from ovsproxy.heap import release_free_memory
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
 
@@ -641,7 +642,7 @@ class Datapath:
                 if gid in sent_groups:  # written for an owner that gave it up
                     streaming.recheck_groups.add(gid)
                     continue
-                plan = plan_group(spec, None, present_unknown=True, encoded=True)
+                plan = plan_group(spec, None, present_unknown=True)
                 for msg in plan.messages:
                     name = _GROUP_KINDS[msg.command]
                     kinds[name] = kinds.get(name, 0) + 1
@@ -838,7 +839,7 @@ class Datapath:
                     stats.groups_deleted += 1
                 plans[gid] = _DELETED
                 continue
-            plan = plan_group(desired, installed, present_unknown=unknown, encoded=True)
+            plan = plan_group(desired, installed, present_unknown=unknown)
             kind = plan.kind
             plans[gid] = (plan.result, kind)
             if kind == "add":
@@ -1012,6 +1013,11 @@ class Datapath:
             if big and self.freeze_gc:
                 gc.freeze()  # the collector is paused here: nothing young is traversed first
         stats = diff.stats
+        if big:
+            # the diff's dicts and lists (and the bundle's runs) go first: then what the
+            # commit freed goes back to the OS (heap.py)
+            del diff, streamed
+            release_free_memory()
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats
         self.commits += 1
