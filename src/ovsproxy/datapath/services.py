@@ -173,9 +173,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         add(
             t.conntrack_state,
             pl.PRIORITY_HIGH,
-            of.Match(
-                eth_type=eth_type(family), ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV)
-            ),
+            of.Match(eth_type=eth_type(family), ct_state=pl.CT_STATE_INVALID),
             (),
         )  # invalid: drop
         # ...except an RST: the agent flushes its entry, the endpoint gets it (stale_reset)
@@ -185,7 +183,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(
                 eth_type=eth_type(family),
                 ip_proto=IPPROTO_TCP,
-                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                ct_state=pl.CT_STATE_INVALID,
                 # RST without ACK: how a TCP answers a segment no connection of its owns
                 # (RFC 9293 3.10.7.3), the stray ACK here; an abort of a live connection
                 # carries ACK and stays dropped when invalid.
@@ -217,7 +215,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(
                 eth_type=eth_type(family),
                 ip_proto=IPPROTO_TCP,
-                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                ct_state=pl.CT_STATE_INVALID,
                 tcp_flags=(TCP_SYN, TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN),
             ),
             _apply(of.Resubmit(t.forwarding)),
@@ -230,7 +228,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         syn_ack = {
             "eth_type": eth_type(family),
             "ip_proto": IPPROTO_TCP,
-            "ct_state": (of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+            "ct_state": pl.CT_STATE_INVALID,
             "tcp_flags": (TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
         }
         invalid_syn_ack = of.Match(**syn_ack)
