@@ -294,8 +294,12 @@ def full_sync_messages(ports: Cluster) -> list[of.Message]:
     switch = RecordingSwitch(keep=True)  # accepts every bundle, keeps its messages
     dp = Datapath(switch, CONFIG, GENERATION)
     ctx = svc.Context(dp.tables, GENERATION)
-    stage_cluster(dp, ports, ctx)
-    asyncio.run(dp.commit())
+
+    async def sync() -> None:  # in a loop, as ours: the bundle is streamed while staging
+        stage_cluster(dp, ports, ctx)
+        await dp.commit()
+
+    asyncio.run(sync())
     (messages,) = switch.bundles
     return messages
 

@@ -103,12 +103,13 @@ def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
         f"At {size}, our {_s(head['ours_total_s'])}: **building** the values "
         f"{_s(head['ours_build_s'])} (per endpoint a bucket spec and an EndpointDNAT flow"
         f"{flow_cost}; per Service a group spec and a ServiceLB flow), **staging**"
-        f" {_s(head['ours_stage_s'])}, and the **commit** {_s(head['ours_commit_s'])}: adopting"
-        " the switch, then planning every group (a bucket value per endpoint) and streaming the"
-        " messages into one bundle while Open vSwitch takes in the ones before, then OVS's commit"
-        " of the bundle. Flows that use no group are interleaved with the group messages, so"
-        " both sides stay busy (a group costs us more than it costs OVS, a flow the other way"
-        " round). Cyclic garbage collection inside:"
+        f" {_s(head['ours_stage_s'])} -- for this first commit that includes planning every"
+        " group (as its encoding: no bucket values) and writing the groups and flows into the"
+        " commit's bundle as their owners are staged, so Open vSwitch takes them in while the"
+        f" rest is still being built -- and the **commit** {_s(head['ours_commit_s'])}: adopting"
+        " the switch (its groups and flow cookies), writing into the same bundle whatever was"
+        " not written while staging, then OVS's commit of the bundle. Cyclic garbage collection"
+        " inside:"
         f" {_s(head['ours_gc_s'])} (the collector is paused while a burst of staging and its"
         " commit run, and the new state is frozen out of its sight afterwards).",
         "",
@@ -128,8 +129,8 @@ def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
             f" {_s(head['ours_tail_s'])} (Open vSwitch finishing and committing the bundle)"
             f"{ovs_text}. So the total is our Python CPU time plus OVS's commit, and what is left"
             " to win is CPU time in CPython: value construction (tuples and byte strings per"
-            " value), the bucket encodings of every group, and encoding each message into the"
-            " bundle.",
+            " value: bucket specs, EndpointDNAT flows, the groups' encodings) and framing each"
+            " message into the bundle.",
             "",
         ]
         others = [

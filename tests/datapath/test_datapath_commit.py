@@ -19,8 +19,8 @@ from ovsproxy.datapath.datapath import Datapath, DatapathError, flow_key
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.errors import BundleError, RequestTimeout
-from tests.fakes.switch import FakeSwitch
+from ovsproxy.openflow.errors import BundleError, OpenFlowError, RequestTimeout
+from tests.fakes.switch import FakeBundle, FakeSwitch
 
 CONFIG = pl.PipelineConfig()
 CMD = of.GroupModCommand
@@ -365,6 +365,176 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
     assert registry.saves[-1] == {2, 3}
     await dp.resync_switch()
     assert registry.saves[-1] == {2, 3}
+
+
+# -- the adopting commit streamed while staging ----------------------------------------------
+
+
+def _fresh(*, stream: bool, switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
+    switch = switch or FakeSwitch()
+    dp = Datapath(switch, CONFIG, 1)
+    dp.stream_while_staging = stream
+    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    return dp, switch
+
+
+def _cluster(dp: Datapath, n: int) -> list[ServicePortName]:
+    # endpoints overlap between neighbours: shared EndpointDNAT flows
+    return [
+        stage(dp, f"s{i}", 3, gid=i + 1, first=2 * i + 1, vip=f"10.96.2.{i + 1}") for i in range(n)
+    ]
+
+
+def _state(dp: Datapath) -> tuple[object, ...]:
+    return (
+        sorted(map(of.format_flow, dp.installed_flows.values())),
+        {gid: (g.ids, g.buckets, g.selection_method) for gid, g in dp.installed_groups.items()},
+    )
+
+
+def _texts(messages: Sequence[of.Message]) -> list[str]:
+    return sorted(of.to_text(m) for m in messages)
+
+
+@pytest.fixture
+def stream_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stream from the first staged owner on, one owner at a time."""
+    monkeypatch.setattr(dpm, "STREAM_WHILE_STAGING_AFTER", 1)
+    monkeypatch.setattr(dpm, "_STREAM_OWNERS_EVERY", 1)
+
+
+async def test_the_first_commit_is_written_while_staging_and_sends_what_it_would_have(
+    stream_early: None,
+) -> None:
+    streamed, streamed_switch = _fresh(stream=True)
+    _cluster(streamed, 6)
+    assert streamed._streaming is not None
+    written = streamed._streaming.bundle.messages  # type: ignore[attr-defined]
+    # the pipeline, then per Service its group, ServiceLB flow and the DNAT flows not
+    # written yet (neighbours share one endpoint)
+    assert len(written) == len(svc.pipeline_flows(ctx_for(streamed))) + 6 * 2 + (6 * 3 - 5)
+    assert not streamed_switch.bundles  # nothing committed yet
+    stats = await streamed.commit()
+    plain, plain_switch = _fresh(stream=False)
+    _cluster(plain, 6)
+    plain_stats = await plain.commit()
+    assert streamed_switch.opened == plain_switch.opened == 1
+    assert _texts(streamed_switch.bundles[-1]) == _texts(plain_switch.bundles[-1])
+    assert _state(streamed) == _state(plain)
+    assert (stats.messages, stats.kinds, stats.groups_added, stats.flows_added) == (
+        plain_stats.messages,
+        plain_stats.kinds,
+        plain_stats.groups_added,
+        plain_stats.flows_added,
+    )
+    # every group before the flows that send to it
+    sent = streamed_switch.bundles[-1]
+    first_use = {}
+    for at, msg in enumerate(sent):
+        if isinstance(msg, of.FlowMod):
+            for gid in dpm._groups_used(msg) or ():
+                first_use.setdefault(gid, at)
+    added = {m.group_id: at for at, m in enumerate(sent) if isinstance(m, of.GroupMod)}
+    assert first_use and all(added[gid] < at for gid, at in first_use.items())
+
+
+async def test_staged_again_or_unstaged_after_being_written_is_planned_again(
+    stream_early: None,
+) -> None:
+    results = []
+    for stream in (True, False):
+        dp, switch = _fresh(stream=stream)
+        names = _cluster(dp, 5)
+        stage(dp, "s1", 2, gid=2, first=40, vip="10.96.2.2")  # other endpoints
+        dp.unstage(names[3])  # group 4 and its flows: written, then given up
+        stage(dp, "late", 1, gid=4, first=70, vip="10.96.2.90")  # its group id, reused
+        stats = await dp.commit()
+        results.append((dp, switch, stats))
+    (streamed, switch, stats), (plain, _, plain_stats) = results
+    assert _state(streamed) == _state(plain)
+    assert streamed._streaming is None and not streamed.pending
+    # what was written and is no longer wanted is taken back in the same bundle
+    kinds_sent = kinds(switch.bundles[-1])
+    assert "flow_delete_strict" in kinds_sent and stats.messages > plain_stats.messages
+    # ...after every add: the deletes come last
+    first_delete = kinds_sent.index("flow_delete_strict")
+    assert all(k.startswith(("flow_delete", "group_delete")) for k in kinds_sent[first_delete:])
+
+
+async def test_a_socket_that_does_not_keep_up_leaves_the_rest_to_the_commit(
+    stream_early: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FakeBundle, "backlog", dpm.STREAM_WHILE_STAGING_BACKLOG + 1)
+    dp, switch = _fresh(stream=True)
+    _cluster(dp, 4)
+    assert dp._streaming is not None and not dp._streaming.flows  # nothing written
+    await dp.commit()
+    plain, _ = _fresh(stream=False)
+    _cluster(plain, 4)
+    await plain.commit()
+    assert switch.opened == 1 and _state(dp) == _state(plain)
+
+
+@pytest.mark.parametrize("staged_after", [True, False])
+async def test_a_streamed_bundle_lost_before_the_commit_is_discarded_and_all_sent_again(
+    stream_early: None, staged_after: bool
+) -> None:
+    dp, switch = _fresh(stream=True)
+    _cluster(dp, 3)
+    assert dp._streaming is not None
+    dp._streaming.bundle.state = "lost"  # type: ignore[misc]  # its connection went
+    plain, _ = _fresh(stream=False)
+    _cluster(plain, 3)
+    if staged_after:  # the next owner finds it lost (else: the commit does)
+        stage(dp, "s9", 2, gid=9, first=90, vip="10.96.2.99")
+        stage(plain, "s9", 2, gid=9, first=90, vip="10.96.2.99")
+    stats = await dp.commit()
+    plain_stats = await plain.commit()
+    assert switch.opened == 2 and switch.discarded == 1
+    assert _state(dp) == _state(plain) and stats.messages == plain_stats.messages
+
+
+async def test_a_refused_streamed_bundle_names_the_owner_and_keeps_everything_dirty(
+    stream_early: None,
+) -> None:
+    dp, switch = _fresh(stream=True)
+    names = _cluster(dp, 3)
+    assert dp._streaming is not None
+    written = dp._streaming.bundle.messages  # type: ignore[attr-defined]
+    culprit = next(m for m in written if isinstance(m, of.GroupMod) and m.group_id == 2)
+    failure = OpenFlowError(of.Error(6, 0), 9, of.to_text(culprit), of.EncodedGroupMod.of(culprit))
+    switch.fail = BundleError(1, failure.error, 9, [failure], "add")
+    with pytest.raises(DatapathError) as caught:
+        await dp.commit()
+    assert caught.value.owners == [names[1]]
+    assert dp.pending and not dp.installed_groups
+    await dp.commit()  # the same diff again, now without streaming: all of it
+    plain, _ = _fresh(stream=False)
+    _cluster(plain, 3)
+    await plain.commit()
+    assert _state(dp) == _state(plain)
+
+
+async def test_a_commit_never_asks_a_bundle_its_length() -> None:
+    """A bundle's truth is its length (the number of messages it keeps): asking it once per
+    run of messages made a full sync quadratic (``Channel``'s bundles count their runs)."""
+    asked: list[int] = []
+
+    class Counting(FakeBundle):
+        def __len__(self) -> int:
+            asked.append(1)
+            return len(self.messages)
+
+    class Switch(FakeSwitch):
+        def bundle(self) -> FakeBundle:
+            self.opened += 1
+            return Counting(self)
+
+    for stream in (False, True):
+        dp, switch = _fresh(stream=stream, switch=Switch())
+        _cluster(dp, 4)
+        await dp.commit()
+        assert switch.bundles and not asked
 
 
 async def test_a_big_commit_gives_freed_memory_back_after_its_diff_is_gone(

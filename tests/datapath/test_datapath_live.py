@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.datapath import Datapath
@@ -276,3 +277,44 @@ async def test_agent_restart_adopts_switch_state_and_removes_older_generation(
         assert [g.split(",")[0] for g in new.groups()] == ["group_id=7"]
     finally:
         await new.channel.close()
+
+
+async def test_a_restart_streamed_while_staging_adopts_the_switch_as_an_unstreamed_one_does(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new agent's first commit written while its Services are staged (from the first
+    one on): the same switch as without streaming -- its own groups only, every flow of its
+    generation, the older one's gone -- and what it wrote for a Service it then changed or
+    dropped is taken back in the same bundle."""
+    monkeypatch.setattr(dpm, "STREAM_WHILE_STAGING_AFTER", 1)
+    monkeypatch.setattr(dpm, "_STREAM_OWNERS_EVERY", 1)
+    dumps = []
+    for stream in (False, True):
+        monkeypatch.setattr(Datapath, "stream_while_staging", False)
+        old = await make_rig(sandbox, generation=1)
+        old.stage_service("keep", "10.96.0.31", eps(2), gid=1)
+        old.stage_service("gone", "10.96.0.32", eps(2, base="10.245."), gid=2)
+        await old.datapath.commit()
+        await old.channel.close()
+        monkeypatch.setattr(Datapath, "stream_while_staging", stream)
+        new = await make_rig(sandbox, generation=2)  # (stages the pipeline: streamed or not)
+        try:
+            new.stage_service("keep", "10.96.0.31", eps(3), gid=7)
+            changed = new.stage_service("changed", "10.96.0.33", eps(2, base="10.246."), gid=8)
+            dropped = new.stage_service("dropped", "10.96.0.34", eps(2, base="10.247."), gid=9)
+            new.stage_service("changed", "10.96.0.33", eps(1, base="10.248."), gid=8)
+            new.datapath.unstage(dropped)
+            assert changed and (new.datapath._streaming is not None) == stream
+            written = new.channel.counters.total("sent")[0]
+            await new.datapath.commit()
+            flows, groups = new.flows(), sorted(new.groups())
+            assert all("cookie=0x5e710002" in f for f in flows), flows
+            assert not any(ip in f for f in flows for ip in ("10.96.0.32", "10.96.0.34", "10.246."))
+            assert [g.split(",")[0] for g in groups] == ["group_id=7", "group_id=8"]
+            dumps.append((sorted(flows), groups, written))
+        finally:
+            await new.channel.close()
+        sandbox.ofctl("del-flows")
+        sandbox.ofctl("del-groups")
+    (plain_flows, plain_groups, _), (streamed_flows, streamed_groups, _) = dumps
+    assert streamed_flows == plain_flows and streamed_groups == plain_groups

@@ -14,9 +14,16 @@ from collections.abc import Callable, Iterable, Sequence
 from ovsproxy.datapath.datapath import Switch
 from ovsproxy.openflow import protocol as of
 
+_ENCODED: dict[int, type[of.EncodedFlowMod] | type[of.EncodedGroupMod]] = {
+    int(of.MsgType.FLOW_MOD): of.EncodedFlowMod,
+    int(of.MsgType.GROUP_MOD): of.EncodedGroupMod,
+}
+
 
 class FakeBundle:
     """A streamed bundle: collects the messages; ``commit`` hands them to the switch."""
+
+    backlog = 0  # ``backlog``: what the socket has not taken yet (set by tests)
 
     def __init__(self, switch: FakeSwitch) -> None:
         self.switch = switch
@@ -29,6 +36,11 @@ class FakeBundle:
             msg = msg.decoded()  # what the tests read: the flow's or group's value
         self.messages.append(msg)
         return len(self.messages)
+
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+        """Messages by their encodings (the datapath's bulk path), kept as ``add`` keeps them."""
+        for body in bodies:
+            self.add(_ENCODED[msg_type](body))
 
     async def drain(self) -> None:
         self.switch.drains += 1

@@ -578,3 +578,45 @@ def test_no_event_before_a_frame_is_complete() -> None:
     for i in range(len(reply) - 1):
         assert session.receive_data(reply[i : i + 1], 1.0) == []
     assert session.receive_data(reply[-1:], 1.0) == [ses.Reply(xid, of.BarrierReply())]
+
+
+def test_a_run_of_bodies_is_the_same_adds_and_names_its_failures() -> None:
+    """``bundle_add_bodies``: the bytes of one ``bundle_add`` per message (consecutive
+    xids), counted alike; a failing one is named by its encoding, and decodes to it."""
+    other_size = of.FlowMod(7, 100, of.Match(reg1=3, reg2=4), actions=[of.Output(1)])
+    messages = [flow(reg=i) for i in range(6)] + [other_size]
+    by_one, by_run = open_session(), open_session()
+    one, run = open_bundle(by_one), open_bundle(by_run)
+    xids = [by_one.bundle_add(one, m) for m in messages]
+    first = by_run.bundle_add_bodies(run, int(of.MsgType.FLOW_MOD), [m[0] for m in messages])
+    assert first == xids[0] and len(run.messages) == len(messages) == len(one.messages)
+    assert by_run.pending_output == by_one.pending_output
+    assert by_run.data_to_send() == by_one.data_to_send()
+    assert (
+        list(run.messages) == xids and xids[3] in run.messages and xids[-1] + 1 not in run.messages
+    )
+    for at in (0, 3, 6):  # the first, one inside, the last
+        assert run.messages[xids[at]].decoded() == messages[at]  # type: ignore[attr-defined]
+    assert by_run.counters.snapshot()["sent"] == by_one.counters.snapshot()["sent"]
+    assert session_next_xid(by_run) == session_next_xid(by_one)
+    assert by_run.receive_data(BAD_TABLE.encode(xids[6]), 1.0) == []
+    (failure,) = run.errors
+    assert failure.message is not None and failure.message.decoded() == messages[6]  # type: ignore[attr-defined]
+    assert of.to_text(messages[6]) in str(run.failure(None, "add"))
+    for state, session in ((run, by_run), (one, by_one)):
+        session.end_bundle(state, "committed")
+    assert by_run.counters.snapshot()["bundled"] == by_one.counters.snapshot()["bundled"]
+
+
+def test_a_run_of_bodies_never_takes_xid_zero_and_refuses_an_oversized_body() -> None:
+    session = open_session()
+    bundle = open_bundle(session)
+    session._last_xid = 0xFFFFFFFF - 1  # two xids left before the wrap
+    first = session.bundle_add_bodies(bundle, int(of.MsgType.FLOW_MOD), [flow()[0]] * 3)
+    assert first == 1 and list(bundle.messages)[-3:] == [1, 2, 3]
+    with pytest.raises(of.MessageTooLarge):
+        session.bundle_add_bodies(bundle, int(of.MsgType.FLOW_MOD), [b"\0" * 0xFFFF])
+
+
+def session_next_xid(session: ses.Session) -> int:
+    return session._next_xid()

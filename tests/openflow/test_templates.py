@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.datapath import flow_key
 from ovsproxy.model import Protocol
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates as tpl
@@ -85,6 +86,8 @@ def test_endpoint_dnat_flows_are_the_generic_flows(shape: dict, data: st.DataObj
         port = data.draw(ports)
         same(flows.flow(ip, port), flows.generic(ip, port))
         assert flows.wire(ip, port) == flows.generic(ip, port).wire
+        generic = flows.generic(ip, port)  # keyed: (table, priority, match) as the datapath keys
+        assert flows.keyed(ip, port) == (flow_key(generic), generic.wire)
 
 
 @pytest.mark.parametrize("version", [4, 6])
@@ -103,9 +106,12 @@ def test_endpoint_dnat_outside_the_fast_path_is_generic_even_in_its_errors(
             flows.flow(ip, port)
         with pytest.raises(type(exc)):
             flows.wire(ip, port)
+        with pytest.raises(type(exc)):
+            flows.keyed(ip, port)
     else:
         same(flows.flow(ip, port), expected)
         assert flows.wire(ip, port) == expected.wire
+        assert flows.keyed(ip, port) == (flow_key(expected), expected.wire)
 
 
 def test_a_shape_the_template_cannot_cut_is_built_generically() -> None:

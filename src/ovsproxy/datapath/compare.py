@@ -24,7 +24,7 @@ What is compared, and what is not (on purpose):
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
@@ -71,10 +71,13 @@ class _RecordedBundle:
     """A ``datapath.StreamingBundle`` that counts its messages (keeps them, if its switch
     keeps) and commits them nowhere."""
 
+    backlog = 0  # nothing is ever waiting for a socket
+
     def __init__(self, switch: RecordingSwitch) -> None:
         self.switch = switch
         self.count = 0
         self.kept: list[of.Message] | None = [] if switch.keep else None
+        self.state = "open"
 
     def add(self, msg: of.Message) -> int:
         self.count += 1
@@ -82,17 +85,31 @@ class _RecordedBundle:
             self.kept.append(msg)
         return self.count
 
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+        self.count += len(bodies)
+        if self.kept is not None:
+            kind = _ENCODED[msg_type]
+            self.kept.extend(kind(body) for body in bodies)
+
     async def drain(self) -> None:
         return None
 
     async def commit(self) -> None:
+        self.state = "committed"
         self.switch.messages += self.count
         if self.kept is not None:
             self.switch.bundles.append(self.kept)
 
     async def discard(self) -> None:
+        self.state = "discarded"
         self.count = 0
         self.kept = [] if self.kept is not None else None
+
+
+_ENCODED: dict[int, type[of.EncodedFlowMod] | type[of.EncodedGroupMod]] = {
+    int(of.MsgType.FLOW_MOD): of.EncodedFlowMod,
+    int(of.MsgType.GROUP_MOD): of.EncodedGroupMod,
+}
 
 
 class RecordingSwitch:

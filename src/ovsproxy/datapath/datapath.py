@@ -25,6 +25,19 @@ max(planning, OVS) instead of their sum. To keep both sides busy, the flows that
 are interleaved with the group messages: a group costs us far more to plan than it costs OVS
 to take in, a flow the other way round (with every flow after the groups, OVS was the
 bottleneck for the flows and idle during the groups; bench ``full-sync`` reports the tail).
+Messages go out by their encodings, a run per group or owner (``add_bodies``): no object per
+message is made for the bundle, which names a failing one by decoding its bytes.
+
+Streaming while staging: the adopting (first) commit writes everything the switch should hold,
+whatever it holds, so its messages do not wait for the commit. Once ``STREAM_WHILE_STAGING_AFTER``
+groups and flows are staged, its bundle is opened and every owner staged from then on is
+written into it (a few dozen owners at a time; every group whole with ADD_OR_MOD, then the
+owner's flows that use no group still to come), as long as the socket takes what is written;
+Open vSwitch takes a cold start in while the rest of it is still being built. Nothing of it is
+applied before the commit, which adopts the switch as usual and plans only what was not
+written, or was staged again (or shared) since: those are planned against what the bundle
+already carries, and sent into the same bundle. If the bundle is lost (its connection went),
+the commit discards it and sends everything in a new one.
 
 Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
 buckets, their matches and actions; CPython never untracks tuple subclasses), and every
@@ -53,7 +66,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import struct
 import time
@@ -98,6 +110,14 @@ _new_tuple = tuple.__new__
 GC_PAUSE_THRESHOLD = 5000
 # Streaming: yield to the event loop (so the transport writes) every this many messages.
 _STREAM_YIELD_EVERY = 512
+# The adopting commit is streamed while staging once this many groups + flows are pending...
+STREAM_WHILE_STAGING_AFTER = 5000
+# ...as long as the socket takes what is written (beyond this backlog the commit sends the rest,
+# with flow control).
+STREAM_WHILE_STAGING_BACKLOG = 1 << 20
+_STREAM_OWNERS_EVERY = 64
+_FLOW_MOD = int(of.MsgType.FLOW_MOD)
+_GROUP_MOD = int(of.MsgType.GROUP_MOD)
 
 
 def _groups_used(flow: of.FlowMod) -> tuple[int, ...] | None:
@@ -181,8 +201,19 @@ class InstalledFlows(Mapping[FlowKey, of.FlowMod]):
 class StreamingBundle(Protocol):
     """A bundle being written (``openflow.connection.Bundle``)."""
 
+    @property
+    def state(self) -> str:
+        """``open`` while messages may be added."""
+
+    @property
+    def backlog(self) -> int:
+        """Bytes added but not yet taken by the socket."""
+
     def add(self, msg: of.Message) -> int:
         """Buffer one message into the bundle (written in chunks); returns its xid."""
+
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+        """Buffer one ``msg_type`` message per body (its encoding without the header)."""
 
     async def drain(self) -> None:
         """Write what is buffered and wait until the transport can take more."""
@@ -271,9 +302,13 @@ class _Commit:
         "delete_keys",
         "dirty_flows",
         "dirty_groups",
+        "plan_flows",
+        "plan_groups",
         "plans",
         "stale",
         "stats",
+        "streamed_flows",
+        "streamed_groups",
     )
 
     def __init__(
@@ -282,6 +317,13 @@ class _Commit:
         self.dirty_groups = dirty_groups
         self.dirty_flows = dirty_flows
         self.stale = stale
+        # what is still to plan: the dirty sets, less what was streamed while staging
+        self.plan_groups: set[int] = dirty_groups
+        self.plan_flows: Iterable[FlowKey] = dirty_flows
+        # written into the bundle while staging (see _Streaming): the switch holds these once
+        # the bundle's earlier messages are applied
+        self.streamed_groups: dict[int, tuple[InstalledGroup | None, str]] = {}
+        self.streamed_flows: dict[FlowKey, _Flow] = {}
         # each dirty group's (installed state once committed, plan kind): not the plan's
         # messages, which are garbage once written (a full sync's would all stay alive)
         self.plans: dict[int, tuple[InstalledGroup | None, str]] = {}
@@ -294,6 +336,107 @@ class _Commit:
     @property
     def size(self) -> int:
         return len(self.dirty_groups) + len(self.dirty_flows)
+
+
+class _Streaming:
+    """The adopting commit's bundle, opened and written while the owners are staged, so that
+    Open vSwitch takes a full sync in while the rest of it is still being built (a cold start
+    builds everything, then commits: the build is most of our time, and OVS would idle
+    through it). Nothing of it is applied before the commit, which plans only what was not
+    streamed (or was re-staged since) and sends it into the same bundle."""
+
+    __slots__ = ("bundle", "flows", "groups", "queue", "recheck_flows", "recheck_groups", "stats")
+
+    def __init__(self, bundle: StreamingBundle) -> None:
+        self.bundle = bundle
+        self.flows: dict[FlowKey, _Flow] = {}  # written, by key
+        self.groups: dict[int, tuple[InstalledGroup | None, str]] = {}  # written: plans
+        # written, then staged again (or shared): planned again by the commit
+        self.recheck_flows: set[FlowKey] = set()
+        self.recheck_groups: set[int] = set()
+        self.stats = CommitStats()
+        self.queue: list[_Owner] = []  # staged, to write
+
+
+class _Out:
+    """Where a commit's messages go: its bundle, opened with the first message."""
+
+    __slots__ = ("_switch", "bundle", "since")
+
+    def __init__(self, switch: Switch, bundle: StreamingBundle | None = None) -> None:
+        self._switch = switch
+        self.bundle = bundle
+        self.since = 0  # messages since the caller last let the transport write
+
+    def _bundle(self) -> StreamingBundle:
+        bundle = self.bundle  # (not `or`: a bundle's truth is its length)
+        if bundle is None:
+            bundle = self.bundle = self._switch.bundle()
+        return bundle
+
+    def bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+        if bodies:
+            self._bundle().add_bodies(msg_type, bodies)
+            self.since += len(bodies)
+
+    def message(self, msg: of.Message) -> None:
+        self._bundle().add(msg)
+        self.since += 1
+
+    @property
+    def due(self) -> bool:
+        return self.since >= _STREAM_YIELD_EVERY
+
+
+def _write_flows(
+    flows: Sequence[_Flow], pending: set[int], after_groups: list[_Flow], out: _Out
+) -> None:
+    """Write flow adds: the encoded ones as one run, values as they are (the bundle keeps
+    what it is given, to name a failure: a value keeps its own text, which decoding an
+    action the codec does not model would not give back); those that use a group still to
+    come (or groups we cannot tell) go to ``after_groups``."""
+    bodies: list[bytes] = []
+    add = bodies.append
+    values: list[of.FlowMod] = []
+    for flow in flows:
+        if isinstance(flow, bytes):  # an EncodedFlow: sends to no group
+            add(flow)
+            continue
+        # (inline for the usual shape: one apply-actions instruction of one action)
+        instructions = flow[4]
+        if (
+            len(instructions) == 1
+            and type(instructions[0]) is _APPLY_ACTIONS
+            and len(instructions[0][1]) == 1
+            and type(instructions[0][1][0]) not in _GROUP_USERS
+        ):
+            values.append(flow)
+            continue
+        used = _groups_used(flow)
+        if used is None or not pending.isdisjoint(used):
+            after_groups.append(flow)  # after its group(s), or every group
+        else:
+            values.append(flow)
+    out.bodies(_FLOW_MOD, bodies)
+    for value in values:
+        out.message(value)
+
+
+def _write_adds(flows: Sequence[_Flow], out: _Out) -> None:
+    """Write flow adds that need no ordering: encoded ones as a run, values as they are."""
+    out.bodies(_FLOW_MOD, [f for f in flows if isinstance(f, bytes)])
+    for flow in flows:
+        if not isinstance(flow, bytes):
+            out.message(flow)
+
+
+def _commands(flows: Sequence[_Flow]) -> Counter[int]:
+    """How many of the flows have each command (read from the wires' bytes in C)."""
+    counts: Counter[int] = Counter([f[7] for f in flows if not isinstance(f, bytes)])
+    wires = bytes([f[17] for f in flows if isinstance(f, bytes)])
+    for command in set(wires):
+        counts[command] += wires.count(command)
+    return counts
 
 
 class GroupRegistry(Protocol):
@@ -315,6 +458,8 @@ DESCRIBE_SAFE_BUCKETS = 1000
 class Datapath:
     # After a big commit, move what is alive out of the cyclic collector's sight (see above).
     freeze_gc = True
+    # Stream the adopting commit's bundle while its owners are staged (see _Streaming).
+    stream_while_staging = True
 
     def __init__(
         self,
@@ -356,6 +501,8 @@ class Datapath:
         self.last_commit = CommitStats()
         self.commits = 0
         self._gc_burst: contextlib.AbstractContextManager[None] | None = None
+        self._streaming: _Streaming | None = None
+        self._abandoned: list[StreamingBundle] = []  # streamed bundles to discard
 
     # -- staging ----------------------------------------------------------------------------
     def stage(
@@ -387,18 +534,33 @@ class Datapath:
             if not (new_groups or new_flows):
                 return
             me = self._owners[owner] = _Owner(owner, new_groups, new_flows)
-            for key in new_flows:
-                ref = refs.get(key)
-                if ref is None:
-                    refs[key] = me
-                else:
-                    self._ref_shared(key, ref, me)
+            if refs.keys().isdisjoint(new_flows):  # the usual case: no flow shared yet
+                refs.update(dict.fromkeys(new_flows, me))
+            else:
+                for key in new_flows:
+                    ref = refs.get(key)
+                    if ref is None:
+                        refs[key] = me
+                    else:
+                        self._ref_shared(key, ref, me)
             dirty_flows.update(new_flows)
             for gid in new_groups:
                 group_owner[gid] = me
             self._dirty_groups.update(new_groups)
+            streaming = self._streaming
+            if streaming is not None:
+                queue = streaming.queue
+                queue.append(me)
+                if len(queue) >= _STREAM_OWNERS_EVERY:
+                    self._stream_queued(streaming)
+            elif self._adopt:
+                self._start_streaming()
             return
         old_flows = old.flows
+        streaming = self._streaming
+        if streaming is not None:  # what was written for this owner is planned again
+            streaming.recheck_flows.update(old_flows, new_flows)
+            streaming.recheck_groups.update(old.groups, new_groups)
         for key, flow in old_flows.items():
             now = new_flows.get(key)
             if now is not flow and now != flow:
@@ -429,6 +591,141 @@ class Datapath:
 
     def unstage(self, owner: Hashable) -> None:
         self.stage(owner, (), ())
+
+    # -- streaming while staging (see _Streaming) -----------------------------------------------
+    def _start_streaming(self) -> None:
+        """Open the adopting commit's bundle once enough is staged, and write what is."""
+        if (
+            not self.stream_while_staging
+            or len(self._dirty_flows) + len(self._dirty_groups) < STREAM_WHILE_STAGING_AFTER
+            or self._lock.locked()
+            or not self.switch.connected
+        ):
+            return
+        try:
+            asyncio.get_running_loop()  # a bundle needs the loop (its replies are futures)
+            bundle = self.switch.bundle()
+        except (RuntimeError, ChannelError):
+            return
+        streaming = self._streaming = _Streaming(bundle)
+        streaming.queue.extend(self._owners.values())
+        self._stream_queued(streaming)
+
+    def _stream_queued(self, streaming: _Streaming) -> None:
+        """Write the owners staged since the last write (a few dozen at a time: building and
+        encoding each in its own tight loop is cheaper than alternating per owner)."""
+        queue, streaming.queue = streaming.queue, []
+        owners = self._owners
+        for owner in queue:
+            if self._streaming is not streaming:
+                return  # abandoned
+            if owners.get(owner.key) is owner:  # (not unstaged since)
+                self._stream_owner(streaming, owner)
+
+    def _stream_owner(self, streaming: _Streaming, owner: _Owner) -> None:
+        """Write what a newly staged owner wants into the streamed bundle, as the adopting
+        commit would: every group whole with ADD_OR_MOD (the switch may hold an older agent's
+        version of it), then the flows that use no group still to come. Skipped while the
+        socket does not keep up (the commit plans what was not written)."""
+        bundle = streaming.bundle
+        try:
+            if bundle.state != "open":
+                self._abandon_streaming()
+                return
+            if bundle.backlog > STREAM_WHILE_STAGING_BACKLOG:
+                return
+            sent_groups, sent_flows = streaming.groups, streaming.flows
+            stats = streaming.stats
+            kinds = stats.kinds
+            bodies: list[bytes] = []
+            for gid, spec in owner.groups.items():
+                if gid in sent_groups:  # written for an owner that gave it up
+                    streaming.recheck_groups.add(gid)
+                    continue
+                plan = plan_group(spec, None, present_unknown=True)
+                for msg in plan.messages:
+                    name = _GROUP_KINDS[msg.command]
+                    kinds[name] = kinds.get(name, 0) + 1
+                    bodies.append(msg[0])
+                sent_groups[gid] = (plan.result, plan.kind)
+                stats.groups_added += 1
+                stats.group_messages += len(plan.messages)
+            if bodies:
+                bundle.add_bodies(_GROUP_MOD, bodies)
+            dirty_groups = self._dirty_groups
+
+            def ready(flow: of.FlowMod) -> bool:  # its groups are written or not to come
+                used = _groups_used(flow)
+                return used is not None and not any(
+                    g in dirty_groups and g not in sent_groups for g in used
+                )
+
+            flows = owner.flows
+            # values as they are (see _write_flows), the encoded flows as one run
+            values = [f for f in flows.values() if not isinstance(f, bytes)]
+            if sent_flows.keys().isdisjoint(flows) and all(map(ready, values)):
+                # the usual case: in C but for the owner's few flow values
+                sent_flows.update(flows)
+                bundle.add_bodies(_FLOW_MOD, [f for f in flows.values() if isinstance(f, bytes)])
+                for value in values:
+                    bundle.add(value)
+                return
+            bodies = []
+            add = bodies.append
+            for key, flow in flows.items():
+                if key in sent_flows:  # shared: the commit decides which owner's it is
+                    streaming.recheck_flows.add(key)
+                    continue
+                if isinstance(flow, bytes):
+                    add(flow)
+                elif ready(flow):
+                    bundle.add(flow)
+                else:
+                    continue  # after its group: the commit sends it
+                sent_flows[key] = flow
+            if bodies:
+                bundle.add_bodies(_FLOW_MOD, bodies)
+        except Exception as exc:  # the commit plans everything again, and reports any error
+            log.debug("streaming while staging stopped: %s", exc)
+            self._abandon_streaming()
+
+    def _abandon_streaming(self) -> None:
+        streaming, self._streaming = self._streaming, None
+        if streaming is not None:
+            self._abandoned.append(streaming.bundle)
+
+    def _take_streamed(self, diff: _Commit) -> StreamingBundle | None:
+        """The streamed bundle, if it is still open, with what it holds folded into the diff:
+        recorded as added, and planned again only where staged since."""
+        streaming, self._streaming = self._streaming, None
+        if streaming is None:
+            return None  # (owners still queued are planned by the commit)
+        if streaming.bundle.state != "open":
+            self._abandoned.append(streaming.bundle)
+            return None
+        sent_flows, sent_groups = streaming.flows, streaming.groups
+        recheck_flows, recheck_groups = streaming.recheck_flows, streaming.recheck_groups
+        plan_flows = [k for k in diff.dirty_flows if k not in sent_flows]
+        plan_flows += [k for k in recheck_flows if k in sent_flows]
+        diff.plan_flows = plan_flows
+        diff.plan_groups = {g for g in diff.dirty_groups if g not in sent_groups}
+        diff.plan_groups.update(g for g in recheck_groups if g in sent_groups)
+        diff.streamed_flows, diff.streamed_groups = sent_flows, sent_groups
+        diff.add_keys.extend(sent_flows)
+        diff.add_flows.extend(sent_flows.values())
+        diff.plans.update(sent_groups)
+        done, stats = streaming.stats, diff.stats
+        stats.groups_added += done.groups_added
+        stats.group_messages += done.group_messages
+        for name, count in done.kinds.items():
+            stats.kinds[name] = stats.kinds.get(name, 0) + count
+        return streaming.bundle
+
+    async def _discard_abandoned(self) -> None:
+        abandoned, self._abandoned = self._abandoned, []
+        for bundle in abandoned:
+            with contextlib.suppress(Exception):
+                await bundle.discard()
 
     def _pause_gc_for_burst(self) -> None:
         """Pause the cyclic GC until the event loop runs its next callback (see above)."""
@@ -505,34 +802,40 @@ class Datapath:
         return bool(self._dirty_flows or self._dirty_groups or self._stale_generations)
 
     # -- committing -------------------------------------------------------------------------
-    def _messages(self, diff: _Commit) -> Iterator[of.Message]:
-        """The commit's messages in a safe order, planned as they are consumed; the diff
-        records what the switch will hold once they are committed.
+    def _emit(self, diff: _Commit, out: _Out) -> Iterator[None]:
+        """Write the commit's messages to ``out`` in a safe order, planned as they go (yields
+        whenever the caller should let the transport write); the diff records what the switch
+        will hold once they are committed.
 
         Order: group adds and changes, then the flow adds, then flow deletes, then group
         deletes -- except that flow adds are interleaved with the group messages once the
         groups they use (most use none: EndpointDNAT) have been sent, so that Open vSwitch
         takes them in while the next groups are planned (planning a group costs us far more
         than it costs OVS, a flow the other way round; a full sync streams in about max(ours,
-        OVS) instead of their sum)."""
+        OVS) instead of their sum). Messages go out by their encodings, a run at a time
+        (``add_bodies``): no object per message."""
         stats = diff.stats
         kinds = stats.kinds
         plans = diff.plans
         installed_groups = self.installed_groups
         unknown_groups = self._unknown_groups
-        group_deletes: list[of.Message] = []
-        flow_adds = self._flow_adds(diff)
-        after_groups: list[of.FlowMod] = []  # flow adds that use a group not sent yet
-        dirty_groups = sorted(diff.dirty_groups)
+        streamed = diff.streamed_groups
+        group_deletes: list[int] = []
+        adds = self._flow_adds(diff)
+        after_groups: list[_Flow] = []  # flow adds that use a group not sent yet
+        dirty_groups = sorted(diff.plan_groups)
         pending = set(dirty_groups)  # groups whose messages are still to come
-        per_group = len(diff.dirty_flows) // len(dirty_groups) if dirty_groups else 0
+        per_group = len(adds) // len(dirty_groups) if dirty_groups else 0
+        at = 0
         for gid in dirty_groups:
             desired = self.desired_group(gid)
-            installed = installed_groups.get(gid)
-            unknown = gid in unknown_groups
+            sent = streamed.get(gid)
+            # what the switch holds once the messages before these are applied
+            installed = sent[0] if sent is not None else installed_groups.get(gid)
+            unknown = sent is None and gid in unknown_groups
             if desired is None:
                 if installed is not None or unknown:
-                    group_deletes.append(delete_group(gid))
+                    group_deletes.append(gid)
                     stats.groups_deleted += 1
                 plans[gid] = _DELETED
                 continue
@@ -546,84 +849,88 @@ class Datapath:
             elif kind == "incremental":
                 stats.groups_incremental += 1
             messages = plan.messages
-            for msg in messages:
-                name = _GROUP_KINDS[msg.command]
-                kinds[name] = kinds.get(name, 0) + 1
+            if messages:
+                for msg in messages:
+                    name = _GROUP_KINDS[msg.command]
+                    kinds[name] = kinds.get(name, 0) + 1
                 # The bundle keeps what it is given until its commit (to name failures): the
-                # encoding only, not the buckets' values.
-                yield _new_tuple(_ENCODED_GROUP, (msg[0],))
-            stats.group_messages += len(messages)
+                # encodings only, not the buckets' values.
+                out.bodies(_GROUP_MOD, [msg[0] for msg in messages])
+                stats.group_messages += len(messages)
             pending.discard(gid)
-            for flow in itertools.islice(flow_adds, per_group):
-                if isinstance(flow, bytes):  # an EncodedFlow: sends to no group
-                    yield _new_tuple(_ENCODED_FLOW, (flow,))
-                    continue
-                # (inline for the usual shape: one apply-actions instruction of one action)
-                instructions = flow[4]
-                if (
-                    len(instructions) == 1
-                    and type(instructions[0]) is _APPLY_ACTIONS
-                    and len(instructions[0][1]) == 1
-                    and type(instructions[0][1][0]) not in _GROUP_USERS
-                ):
-                    yield flow
-                    continue
-                used = _groups_used(flow)
-                if used is None or not pending.isdisjoint(used):
-                    after_groups.append(flow)  # after its group(s), or every group
-                else:
-                    yield flow
+            if per_group:
+                _write_flows(adds[at : at + per_group], pending, after_groups, out)
+                at += per_group
+            if out.due:
+                yield
         # Groups before the flows that use them...
-        yield from after_groups
-        for flow in flow_adds:
-            yield _new_tuple(_ENCODED_FLOW, (flow,)) if isinstance(flow, bytes) else flow
+        if after_groups:
+            _write_adds(after_groups, out)
+        step = max(1, _STREAM_YIELD_EVERY)
+        for start in range(at, len(adds), step):
+            _write_adds(adds[start : start + step], out)
+            if out.due:
+                yield
         add_flows, delete_keys = diff.add_flows, diff.delete_keys
-        for command, count in Counter(map(_command, add_flows)).items():
+        for command, count in _commands(add_flows).items():
             name = _FLOW_KINDS.get(command, "flow")
             kinds[name] = kinds.get(name, 0) + count
         stats.flows_added = len(add_flows)
         # ...flows before the groups they used.
         for key in delete_keys:
-            yield _delete_strict(key)
+            out.message(_delete_strict(key))
+            if out.due:
+                yield
         if delete_keys:
             kinds["flow_delete_strict"] = kinds.get("flow_delete_strict", 0) + len(delete_keys)
         for gen in sorted(diff.stale):
-            yield of.FlowMod.delete(
-                cookie=(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (gen << pl.COOKIE_GENERATION_SHIFT),
-                cookie_mask=pl.COOKIE_APP_GENERATION_MASK,
+            out.message(
+                of.FlowMod.delete(
+                    cookie=(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT)
+                    | (gen << pl.COOKIE_GENERATION_SHIFT),
+                    cookie_mask=pl.COOKIE_APP_GENERATION_MASK,
+                )
             )
         if diff.stale:
             kinds["flow_delete"] = kinds.get("flow_delete", 0) + len(diff.stale)
         stats.flows_deleted = len(delete_keys) + len(diff.stale)
-        yield from group_deletes
+        for gid in group_deletes:
+            out.message(delete_group(gid))
+            if out.due:
+                yield
         if group_deletes:
             kinds["group_delete"] = kinds.get("group_delete", 0) + len(group_deletes)
         stats.group_messages += len(group_deletes)
         stats.flow_messages = stats.flows_added + stats.flows_deleted
         stats.messages = stats.group_messages + stats.flow_messages
 
-    def _flow_adds(self, diff: _Commit) -> Iterator[_Flow]:
-        """The flows to add (or replace), recorded in the diff as they are consumed; the keys
-        to delete are collected on the way."""
+    def _flow_adds(self, diff: _Commit) -> list[_Flow]:
+        """The flows to add (or replace), recorded in the diff; the keys to delete are
+        collected on the way. A flow streamed while staging counts as what the switch holds
+        (the bundle already carries it)."""
         installed_flows = self._installed_flows
+        streamed = diff.streamed_flows
         refs = self._flow_refs
         add_keys, add_flows, delete_keys = diff.add_keys, diff.add_flows, diff.delete_keys
-        add_key, add_flow = add_keys.append, add_flows.append
-        for key in diff.dirty_flows:
+        adds: list[_Flow] = []
+        add, add_key = adds.append, add_keys.append
+        owner_type = _Owner
+        for key in diff.plan_flows:
             ref = refs.get(key)
-            have = installed_flows.get(key)
+            have = streamed.get(key) if key in streamed else installed_flows.get(key)
             if ref is None:
                 if have is not None:
                     delete_keys.append(key)
                 continue
-            owner = ref if isinstance(ref, _Owner) else self._shared_owner(key, ref)
+            owner = ref if isinstance(ref, owner_type) else self._shared_owner(key, ref)
             want = owner.flows[key]
             if want is have or want == have:
                 continue
             # ADD replaces a flow with the same match and priority
             add_key(key)
-            add_flow(want)
-            yield want
+            add(want)
+        add_flows.extend(adds)
+        return adds
 
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all
@@ -646,35 +953,26 @@ class Datapath:
             if not self._adopt:  # we have installed state: the switch may have lost it
                 await self._resync_locked()
 
-    async def _send(self, diff: _Commit) -> None:
-        """Stream the messages into one bundle."""
-        messages = self._messages(diff)
-        first = next(messages, None)
-        if first is None:
-            return  # nothing changed: not even an empty bundle
-        bundle = self.switch.bundle()
+    async def _send(self, diff: _Commit, bundle: StreamingBundle | None) -> None:
+        """Stream the messages into one bundle (``bundle``: the one streamed while staging)."""
+        out = _Out(self.switch, bundle)
         try:
-            add = bundle.add
-            add(first)
-            batch = _STREAM_YIELD_EVERY - 1
-            while True:
-                added = 0
-                for msg in itertools.islice(messages, batch):
-                    add(msg)
-                    added += 1
-                if added < batch:
-                    break
+            for _ in self._emit(diff, out):
                 # Write what is buffered and let the loop push it to OVS, which decodes
                 # these messages while we plan the next ones.
-                await bundle.drain()
+                out.since = 0
+                if out.bundle is not None:
+                    await out.bundle.drain()
                 await asyncio.sleep(0)
-                batch = _STREAM_YIELD_EVERY
         except BaseException:
-            with contextlib.suppress(Exception):
-                await bundle.discard()
+            if out.bundle is not None:
+                with contextlib.suppress(Exception):
+                    await out.bundle.discard()
             raise
+        if out.bundle is None:
+            return  # nothing changed: not even an empty bundle
         diff.committing = True
-        await bundle.commit()
+        await out.bundle.commit()
 
     async def _commit_locked(self) -> CommitStats:
         started = time.perf_counter()
@@ -682,10 +980,13 @@ class Datapath:
         # the next commit.
         diff = _Commit(self._dirty_groups, self._dirty_flows, self._stale_generations)
         self._dirty_groups, self._dirty_flows, self._stale_generations = set(), {}, set()
+        streamed = self._take_streamed(diff)
+        if self._abandoned:
+            await self._discard_abandoned()
         big = diff.size > GC_PAUSE_THRESHOLD
         with _gc_paused(big):
             try:
-                await self._send(diff)
+                await self._send(diff, streamed)
             except asyncio.CancelledError:
                 self._restore(diff)
                 if diff.committing:
@@ -713,8 +1014,10 @@ class Datapath:
                 gc.freeze()  # the collector is paused here: nothing young is traversed first
         stats = diff.stats
         if big:
-            del diff  # its dicts and lists go first: then what the commit freed goes back
-            release_free_memory()  # to the OS (heap.py)
+            # the diff's dicts and lists (and the bundle's runs) go first: then what the
+            # commit freed goes back to the OS (heap.py)
+            del diff, streamed
+            release_free_memory()
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats
         self.commits += 1

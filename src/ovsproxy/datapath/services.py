@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import EncodedFlow, encoded_flow
+from ovsproxy.datapath.datapath import EncodedFlow
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
@@ -823,7 +823,7 @@ def frontend_objects(
             # BucketSpec(key, wire, weight), in C
             append(_new_tuple(BucketSpec, (key, make(address), 100)))
             if key not in dnat:
-                dnat[key] = encoded_flow(dnat_templates[version].wire(address, ep_port))
+                dnat[key] = _new_tuple(EncodedFlow, dnat_templates[version].keyed(address, ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))

@@ -25,9 +25,10 @@ import contextvars
 import errno
 import functools
 import logging
+import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, cast
 
@@ -120,6 +121,28 @@ def describe_connect_error(endpoint: Endpoint, exc: BaseException) -> str:
 
 # -- the transport ----------------------------------------------------------------------------
 
+# The kernel's send buffer for the connection: a full sync's bundle is streamed while it is
+# built, by synchronous code that cannot wait for the socket (``Datapath`` writes it while the
+# owners are staged), so the kernel should take what Open vSwitch has not read yet instead of
+# the transport queueing it until the loop runs again.
+SEND_BUFFER = 32 * 1024 * 1024
+_SO_SNDBUFFORCE = getattr(socket, "SO_SNDBUFFORCE", 32)  # Linux: past net.core.wmem_max
+
+
+def _grow_send_buffer(sock: Any) -> None:
+    """SO_SNDBUFFORCE where allowed (CAP_NET_ADMIN), else SO_SNDBUF (capped by the kernel at
+    net.core.wmem_max); never smaller than the kernel's default."""
+    try:
+        current = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        if current >= SEND_BUFFER:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, _SO_SNDBUFFORCE, SEND_BUFFER)
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
+    except OSError as exc:  # not a socket option this transport has: keep the default
+        log.debug("openflow: send buffer left as it is: %s", exc)
+
 
 class _Connection(asyncio.Protocol):
     """One transport: feeds the session, writes what it queues, runs its timer."""
@@ -154,6 +177,9 @@ class _Connection(asyncio.Protocol):
         self.transport = stream
         # Bigger buffers: a full sync writes tens of megabytes.
         stream.set_write_buffer_limits(high=1024 * 1024)
+        sock = stream.get_extra_info("socket")
+        if sock is not None:
+            _grow_send_buffer(sock)
         self.session.connection_made(time.monotonic())
         self.flush()
         self._schedule()
@@ -332,7 +358,7 @@ class Bundle:
         return self._state.state
 
     @property
-    def messages(self) -> dict[int, of.Message]:
+    def messages(self) -> Mapping[int, of.Message]:
         """xid -> message, to name failures."""
         return self._state.messages
 
@@ -350,6 +376,22 @@ class Bundle:
         if session.pending_output >= _WRITE_CHUNK:
             self._since_drain += self.conn.flush()
         return xid
+
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+        """Adds one message per body (a ``msg_type`` message's encoding without its header,
+        e.g. ``FlowMod.wire``): the bulk path, no object per message. The bundle keeps
+        ``bodies`` until it ends (do not change the list)."""
+        session = self._session
+        session.bundle_add_bodies(self._state, msg_type, bodies)
+        if session.pending_output >= _WRITE_CHUNK:
+            self._since_drain += self.conn.flush()
+
+    @property
+    def backlog(self) -> int:
+        """Bytes added but not yet taken by the socket (buffered here or in the transport)."""
+        transport = self.conn.transport
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        return buffered + self._session.pending_output
 
     def add_encoded(self, inner: bytes, msg: of.Message | None = None) -> int:
         """Adds an already-encoded message (its xid is rewritten to the bundle add's)."""

@@ -132,6 +132,7 @@ def _prefix(wire: bytes, rest: bytes) -> bytes:
 
 
 _CUT_NAMES = ("ip", "hi", "lo", "port")
+_KEY_HEAD = struct.Struct("!BH")  # a flow's table id and priority, before its match
 
 
 class EndpointDnatFlows:
@@ -146,8 +147,10 @@ class EndpointDnatFlows:
                 cookie=cookie)
 
     ``flows.flow(ip, port)`` with the address as an int; ``flows.wire(ip, port)`` is its
-    encoding only (``flow(ip, port).wire``, without building the value); ``flows.generic(ip,
-    port)`` builds the same flow with the generic constructors.
+    encoding only (``flow(ip, port).wire``, without building the value); ``flows.keyed(ip,
+    port)`` is (its identity in OpenFlow -- table id, priority and match as bytes, "!BH" then
+    the match's encoding --, its encoding); ``flows.generic(ip, port)`` builds the same flow
+    with the generic constructors.
     """
 
     def __init__(
@@ -181,17 +184,23 @@ class EndpointDnatFlows:
             tuple(ct_actions),
         )
         self.wire: Callable[[int, int], bytes]
+        self.keyed: Callable[[int, int], tuple[bytes, bytes]]
         try:
             self.flow: Callable[[int, int], FlowMod] = self._make()
             self.fast = True
         except TemplateError:  # built generically, then
             self.flow = self.generic
             self.wire = self._generic_wire
+            self.keyed = self._generic_keyed
             self.fast = False
 
     def _generic_wire(self, ip: int, port: int) -> bytes:
         wire: bytes = self.generic(ip, port)[0]
         return wire
+
+    def _generic_keyed(self, ip: int, port: int) -> tuple[bytes, bytes]:
+        flow = self.generic(ip, port)
+        return _KEY_HEAD.pack(flow[1], flow[2]) + flow[3][0], flow[0]
 
     def generic(self, ip: int, port: int) -> FlowMod:
         """The flow, built by the generic constructors."""
@@ -330,12 +339,27 @@ class EndpointDnatFlows:
             )
             return encoded
 
+        key_fmt = _escape(_KEY_HEAD.pack(table_id, priority)) + match_cut.fmt
+        key_pick = itemgetter(*(_CUT_NAMES.index(n) for n in match_cut.order))
+        generic_keyed = self._generic_keyed
+
+        def keyed(ip: int, port: int) -> tuple[bytes, bytes]:
+            if not (0 < ip < ip_limit and 0 < port <= 0xFFFF):
+                return generic_keyed(ip, port)
+            ipb = ip.to_bytes(n_bytes, "big")
+            portb = port.to_bytes(2, "big")
+            parts = (ipb, ipb[:8], ipb[8:], portb) if split else (ipb, ipb, ipb, portb)
+            return key_fmt % key_pick(parts), flow_fmt % pick(parts)
+
         for ip, port in ((sample_ip, sample_port), (other_ip, other_port)):
             if not identical(flow(ip, port), self.generic(ip, port)):
                 raise TemplateError("the template does not reproduce the generic flow")
             if wire_of(ip, port) != self.generic(ip, port)[0]:
                 raise TemplateError("the template does not reproduce the generic encoding")
+            if keyed(ip, port) != self._generic_keyed(ip, port):
+                raise TemplateError("the template does not reproduce the generic key")
         self.wire = wire_of
+        self.keyed = keyed
         return flow
 
 
