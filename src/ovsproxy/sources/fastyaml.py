@@ -1,0 +1,203 @@
+"""A fast path for reading manifest files: rapidyaml, only where it gives exactly what PyYAML's
+SafeLoader gives.
+
+PyYAML builds every node and every value in Python; rapidyaml parses in C++, emits each
+document as JSON and msgspec decodes that, together many times faster. The two differ: PyYAML
+implements YAML 1.1 (``yes``, ``010``, ``1:30``, ``2001-12-14`` and ``~`` are a bool, an octal
+int, a sexagesimal int, a date and null), rapidyaml YAML 1.2 and JSON (strings), and rapidyaml
+accepts some text PyYAML rejects. So ``documents`` answers only for files it can vouch for and
+returns None for anything else, for the caller to read with PyYAML:
+
+* files with anything but printable ASCII and newlines (tabs, CR, control characters,
+  non-ASCII line breaks), with anchors, aliases, tags, directives, merge keys, complex keys,
+  backslash escapes or the reserved indicators ``@`` and backquote;
+* files where a plain (unquoted) token could resolve differently under YAML 1.1: the bool,
+  null, int, float and timestamp forms PyYAML has beyond JSON's (``_RISKY``, over the source
+  text where a node can start, so a quoted ``"2024-01-01T00:00:00Z"`` is fine);
+* documents that are not mappings, strings in the output that start with an indicator (where
+  rapidyaml took as text what PyYAML refuses), and anything rapidyaml or the JSON decoder
+  rejects.
+
+Lines: PyYAML reports an object at its node's first token; here that is the first key of the
+mapping (or the ``{`` before it for a flow mapping), found from where rapidyaml's key points
+into the parsed buffer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+try:
+    import ryml
+except ImportError:  # pragma: no cover - the fallback is PyYAML, the result the same
+    ryml = None
+
+__all__ = ["AVAILABLE", "FastDocument", "documents"]
+
+AVAILABLE = ryml is not None
+
+# Every byte the fast path reads itself: printable ASCII and "\n", less the indicators of
+# anchors, aliases and tags, and backslash escapes (tabs, CR, control characters and non-ASCII
+# line breaks are PyYAML's to read or refuse).
+_SUPPORTED_BYTES = bytes(sorted(set(range(0x20, 0x7F)) - set(b"&*!\\") | {0x0A}))
+# Merge keys, directives, complex keys.
+_UNSUPPORTED = re.compile(rb"<<|^%|(?:^|[ \[{,])\?(?:[ \n]|$)", re.MULTILINE)
+
+# A plain token PyYAML 1.1 could resolve unlike JSON, where a node can start: at a line's
+# indentation, after ": ", "- ", "[", "{", "," or a quoted key's ":". Conservative: a match in
+# a comment, a quoted string or a longer scalar only sends the file to PyYAML.
+# One character consumed, then looked behind at: a pattern that starts with a character set
+# is scanned for in C, several times faster.
+_START = rb"[\n\[{,:\"'-](?:(?<=[\n\[{,])|(?<=[-:]) |(?<=[\"']):) *"
+_END = rb"(?=[ \n,\]}:#]|$)"
+_RISKY = re.compile(
+    _START
+    + rb"(?=[yYnNoOtTfF~=iI0-9+.@`-])"  # fail fast on the common first letters
+    + rb"(?:(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|True|TRUE|False|FALSE"
+    + rb"|~|Null|NULL|="  # nulls; "=" is YAML 1.1's value key
+    + rb"|inf|Inf|INF|nan|NaN|NAN"  # rapidyaml writes these as .inf and .nan
+    + rb"|[-+]?0[0-9_]+|[-+]?0[bx][0-9a-fA-F_]*"  # octal, binary, hex
+    + rb"|[-+]?[0-9][0-9.]*_[0-9_.]*(?:[eE][-+]?[0-9]*)?"  # digits with underscores
+    + rb"|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?"  # sexagesimal: 1:30 is 90
+    + rb"|[-+]?[0-9][0-9_.]*[eE][-+]?[0-9]*"  # exponents: 1e3 is a string in YAML 1.1
+    + rb")"
+    + _END
+    # reserved indicators (PyYAML refuses them), +1, .5, dates
+    + rb"|[@`]|\+|[-+]?\.[0-9a-zA-Z_]|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9])",
+)
+# A string rapidyaml read where PyYAML refuses a plain scalar to start (or starts another node).
+_INDICATOR_STRING = re.compile(r'[\[{,:]\s*"(?:[\]}{\[,#|>%\'@`]|[-?:](?:[ "]|\\n))')
+
+_json = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True, slots=True)
+class FastDocument:
+    """One document of a file, as PyYAML would construct it, and where it starts."""
+
+    number: int  # 1-based, counting every document of the file
+    value: dict[str, Any]
+    line: int  # 1-based line of the mapping's first token
+    item_lines: tuple[int, ...] = ()  # the same for each item of a ``List``'s ``items``
+
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = (
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.py_object),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    )
+
+
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = (ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int)
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = (ctypes.POINTER(_PyBuffer),)
+
+
+def _address(buffer: Any) -> int:
+    """Where a buffer's bytes are (rapidyaml's scalars are read-only views into ours)."""
+    view = _PyBuffer()
+    _get_buffer(buffer, ctypes.byref(view), 0)
+    try:
+        return int(view.buf or 0)
+    finally:
+        _release_buffer(ctypes.byref(view))
+
+
+class _Unsure(Exception):
+    """This file is for PyYAML."""
+
+
+class _Lines:
+    """1-based line of an offset into the original text."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.offset = 0
+        self.line = 1
+
+    def of(self, offset: int) -> int:
+        if offset >= self.offset:
+            self.line += self.data.count(b"\n", self.offset, offset)
+        else:
+            self.line -= self.data.count(b"\n", offset, self.offset)
+        self.offset = offset
+        return self.line
+
+
+def documents(data: bytes) -> list[FastDocument] | None:
+    """Every document of ``data`` with its line, or None when PyYAML has to read it."""
+    if (
+        ryml is None
+        or data.translate(None, _SUPPORTED_BYTES)
+        or ((b"<<" in data or b"%" in data or b"?" in data) and _UNSUPPORTED.search(data))
+        or _RISKY.search(b"\n" + data)
+    ):
+        return None
+    buffer = bytearray(data)
+    try:
+        tree = ryml.parse_in_place(buffer)
+    except Exception:  # rapidyaml's parse errors: PyYAML reports them its own way
+        return None
+    try:
+        return _documents(tree, data, _address(buffer))
+    except (_Unsure, msgspec.DecodeError):
+        return None
+
+
+def _documents(tree: Any, data: bytes, base: int) -> list[FastDocument]:
+    root = tree.root_id()
+    if tree.is_stream(root):
+        nodes = list(ryml.children(tree, root))
+    elif tree.is_map(root):
+        nodes = [root]
+    else:
+        raise _Unsure
+    lines = _Lines(data)
+    found: list[FastDocument] = []
+    for number, node in enumerate(nodes, 1):
+        if not tree.is_map(node) or not tree.has_children(node):
+            raise _Unsure  # scalars, sequences, empty documents: PyYAML's to count and read
+        text = ryml.emit_json(tree, node)
+        if _INDICATOR_STRING.search(text):
+            raise _Unsure
+        value = _json.decode(text)
+        if not isinstance(value, dict):
+            raise _Unsure
+        item_lines: tuple[int, ...] = ()
+        items = tree.find_child(node, b"items")
+        if items != ryml.NONE and tree.is_seq(items):
+            item_lines = tuple(
+                _line(tree, item, data, base, lines) for item in ryml.children(tree, items)
+            )
+        found.append(FastDocument(number, value, _line(tree, node, data, base, lines), item_lines))
+    return found
+
+
+def _line(tree: Any, node: int, data: bytes, base: int, lines: _Lines) -> int:
+    """The line PyYAML's node would start on: the first key of a mapping, or its ``{``."""
+    if not tree.is_map(node) or not tree.has_children(node):
+        raise _Unsure
+    key = tree.first_child(node)
+    offset = _address(tree.key(key)) - base
+    if not 0 <= offset < len(data):
+        raise _Unsure
+    if tree.is_flow(node):
+        offset = data.rfind(b"{", 0, offset)
+        if offset < 0 or data[offset + 1 : _address(tree.key(key)) - base].strip(b" \n\"'"):
+            raise _Unsure
+    return lines.of(offset)
