@@ -10,13 +10,13 @@ returns None for anything else, for the caller to read with PyYAML:
 
 * files with anything but printable ASCII and newlines (tabs, CR, control characters,
   non-ASCII line breaks), with anchors, aliases, tags, directives, merge keys, complex keys,
-  backslash escapes or the reserved indicators ``@`` and backquote;
+  escapes JSON does not have, or the reserved indicators ``@`` and backquote;
 * files where a plain (unquoted) token could resolve differently under YAML 1.1: the bool,
   null, int, float and timestamp forms PyYAML has beyond JSON's (``_RISKY``, over the source
   text where a node can start, so a quoted ``"2024-01-01T00:00:00Z"`` is fine);
-* documents that are not mappings, strings in the output that start with an indicator (where
-  rapidyaml took as text what PyYAML refuses), and anything rapidyaml or the JSON decoder
-  rejects.
+* documents that are not mappings, plain scalars starting with ``]``, ``}`` or ``,`` outside
+  flow collections (rapidyaml reads text where PyYAML refuses), flow collections over several
+  lines unless the file is JSON, and anything rapidyaml or the JSON decoder rejects.
 
 Lines: PyYAML reports an object at its node's first token; here that is the first key of the
 mapping (or the ``{`` before it for a flow mapping), found from where rapidyaml's key points
@@ -42,9 +42,11 @@ __all__ = ["AVAILABLE", "FastDocument", "documents"]
 AVAILABLE = ryml is not None
 
 # Every byte the fast path reads itself: printable ASCII and "\n", less the indicators of
-# anchors, aliases and tags, and backslash escapes (tabs, CR, control characters and non-ASCII
-# line breaks are PyYAML's to read or refuse).
-_SUPPORTED_BYTES = bytes(sorted(set(range(0x20, 0x7F)) - set(b"&*!\\") | {0x0A}))
+# anchors, aliases and tags (tabs, CR, control characters and non-ASCII line breaks are
+# PyYAML's to read or refuse).
+_SUPPORTED_BYTES = bytes(sorted(set(range(0x20, 0x7F)) - set(b"&*!") | {0x0A}))
+# The escapes JSON has, less surrogates (PyYAML keeps a pair as two characters).
+_JSON_ESCAPE = re.compile(rb'\\(?:["\\/nrtbf]|u(?![dD][89abAB])[0-9a-fA-F]{4})')
 # Merge keys, directives, complex keys.
 _UNSUPPORTED = re.compile(rb"<<|^%|(?:^|[ \[{,])\?(?:[ \n]|$)", re.MULTILINE)
 
@@ -57,7 +59,7 @@ _START = rb"[\n\[{,:\"'-](?:(?<=[\n\[{,])|(?<=[-:]) |(?<=[\"']):) *"
 _END = rb"(?=[ \n,\]}:#]|$)"
 _RISKY = re.compile(
     _START
-    + rb"(?=[yYnNoOtTfF~=iI0-9+.@`-])"  # fail fast on the common first letters
+    + rb"(?=[yYnNoOtTfF~=iI0-9+.@`:?-])"  # fail fast on the other first letters
     + rb"(?:(?:yes|Yes|YES|no|No|NO|on|On|ON|off|Off|OFF|True|TRUE|False|FALSE"
     + rb"|~|Null|NULL|="  # nulls; "=" is YAML 1.1's value key
     + rb"|inf|Inf|INF|nan|NaN|NAN"  # rapidyaml writes these as .inf and .nan
@@ -68,10 +70,26 @@ _RISKY = re.compile(
     + rb")"
     + _END
     # reserved indicators (PyYAML refuses them), +1, .5, dates
-    + rb"|[@`]|\+|[-+]?\.[0-9a-zA-Z_]|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9])",
+    + rb"|[@`]|\+|[-+]?\.[0-9a-zA-Z_]|[0-9][0-9][0-9][0-9]-[0-9][0-9]?-[0-9]"
+    # keys PyYAML makes numbers, bools or None (JSON's keys are strings)
+    + rb"|(?:[-+]?\.?[0-9][^:\n,\[\]{} #]*|true|false|null):(?=[ \n,\]}]|$)"
+    + rb"|[:?][^ \n]"  # ":x" and "?x": libyaml refuses some where rapidyaml reads text
+    + rb"|:(?=[ \n,\]}]|$))",  # an empty key
 )
-# A string rapidyaml read where PyYAML refuses a plain scalar to start (or starts another node).
-_INDICATOR_STRING = re.compile(r'[\[{,:]\s*"(?:[\]}{\[,#|>%\'@`]|[-?:](?:[ "]|\\n))')
+# A plain scalar starting with a closing bracket or a comma where PyYAML refuses it and
+# rapidyaml reads text. Inside a flow collection ("[a, ]", "{}", a JSON file's closing lines)
+# they are structure, so a file whose documents are all flow collections is only checked for
+# them after ": " and "- ".
+_STRAY_IN_BLOCK = re.compile(rb"(?:\n|- |: |[\"']:) *[\]},]")
+_STRAY_IN_FLOW = re.compile(rb"(?:- |: ) *[\]},]")
+# "k:?", "port:}" in a flow collection: libyaml refuses a plain scalar's ":" before a flow
+# indicator there (and only there: kubectl's "k:{...}" keys and JSON in block scalars are fine).
+_COLON_BEFORE_FLOW_INDICATOR = re.compile(rb":[,?\[\]{}]")
+# A key alone in a flow mapping ({0}, {true}) that PyYAML makes a number or a bool.
+_LONE_KEY = re.compile(rb"[{,] *(?:[-+]?\.?[0-9][^:,\]}\n #]*|true|false|null) *(?=[,}])")
+# A block scalar's header other than "|", ">", their indentation and chomping indicators and
+# a comment (libyaml refuses "> -", rapidyaml reads it).
+_ODD_BLOCK_HEADER = re.compile(rb"[|>](?<=[:\-] [|>])(?![-+]?[1-9]?[-+]?(?: +#[^\n]*)? *\n)")
 
 _json = msgspec.json.Decoder()
 
@@ -144,8 +162,10 @@ def documents(data: bytes) -> list[FastDocument] | None:
     if (
         ryml is None
         or data.translate(None, _SUPPORTED_BYTES)
+        or (b"\\" in data and b"\\" in _JSON_ESCAPE.sub(b"", data))
         or ((b"<<" in data or b"%" in data or b"?" in data) and _UNSUPPORTED.search(data))
         or _RISKY.search(b"\n" + data)
+        or ((b"|" in data or b">" in data) and _ODD_BLOCK_HEADER.search(data + b"\n"))
     ):
         return None
     buffer = bytearray(data)
@@ -155,7 +175,7 @@ def documents(data: bytes) -> list[FastDocument] | None:
         return None
     try:
         return _documents(tree, data, _address(buffer))
-    except (_Unsure, msgspec.DecodeError):
+    except Exception:  # _Unsure, msgspec.DecodeError, a shape not foreseen: PyYAML reads it
         return None
 
 
@@ -167,15 +187,23 @@ def _documents(tree: Any, data: bytes, base: int) -> list[FastDocument]:
         nodes = [root]
     else:
         raise _Unsure
+    stray = _STRAY_IN_FLOW if all(tree.is_flow(node) for node in nodes) else _STRAY_IN_BLOCK
+    if stray.search(b"\n" + data):
+        raise _Unsure
+    if _has_flow_content(tree):
+        # Only flow collections have these (JSON in a block scalar or a string has them too).
+        if _COLON_BEFORE_FLOW_INDICATOR.search(data) or _LONE_KEY.search(data):
+            raise _Unsure
+        # A flow collection over several lines: libyaml refuses keys over two lines and
+        # document markers in it, rapidyaml reads them. Valid JSON has neither.
+        if _spans_lines(data):
+            _json.decode(data)
     lines = _Lines(data)
     found: list[FastDocument] = []
     for number, node in enumerate(nodes, 1):
         if not tree.is_map(node) or not tree.has_children(node):
             raise _Unsure  # scalars, sequences, empty documents: PyYAML's to count and read
-        text = ryml.emit_json(tree, node)
-        if _INDICATOR_STRING.search(text):
-            raise _Unsure
-        value = _json.decode(text)
+        value = _json.decode(ryml.emit_json(tree, node))
         if not isinstance(value, dict):
             raise _Unsure
         item_lines: tuple[int, ...] = ()
@@ -188,11 +216,30 @@ def _documents(tree: Any, data: bytes, base: int) -> list[FastDocument]:
     return found
 
 
+def _has_flow_content(tree: Any) -> bool:
+    """Whether any flow collection (other than an empty one) holds a scalar."""
+    is_container, is_flow, has_children = tree.is_container, tree.is_flow, tree.has_children
+    return any(
+        is_container(node) and is_flow(node) and has_children(node) for node in range(tree.size())
+    )
+
+
+def _spans_lines(data: bytes) -> bool:
+    """Whether a line opens more brackets than it closes, or the other way (a flow collection
+    over several lines, or brackets in text: either way, to be checked)."""
+    return any(
+        line.count(b"{") + line.count(b"[") != line.count(b"}") + line.count(b"]")
+        for line in data.split(b"\n")
+    )
+
+
 def _line(tree: Any, node: int, data: bytes, base: int, lines: _Lines) -> int:
     """The line PyYAML's node would start on: the first key of a mapping, or its ``{``."""
     if not tree.is_map(node) or not tree.has_children(node):
         raise _Unsure
     key = tree.first_child(node)
+    if not tree.has_key(key) or tree.key(key) is None:
+        raise _Unsure
     offset = _address(tree.key(key)) - base
     if not 0 <= offset < len(data):
         raise _Unsure
