@@ -18,6 +18,8 @@ returns None for anything else, for the caller to read with PyYAML:
   flow collections (rapidyaml reads text where PyYAML refuses), flow collections over several
   lines unless the file is JSON, and anything rapidyaml or the JSON decoder rejects.
 
+rapidyaml writes its parse errors to standard error (``_quiet_stderr``).
+
 Lines: PyYAML reports an object at its node's first token; here that is the first key of the
 mapping (or the ``{`` before it for a flow mapping), found from where rapidyaml's key points
 into the parsed buffer.
@@ -25,8 +27,12 @@ into the parsed buffer.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
 import re
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,13 +176,32 @@ def documents(data: bytes) -> list[FastDocument] | None:
         return None
     buffer = bytearray(data)
     try:
-        tree = ryml.parse_in_place(buffer)
+        with _quiet_stderr():
+            tree = ryml.parse_in_place(buffer)
     except Exception:  # rapidyaml's parse errors: PyYAML reports them its own way
         return None
     try:
         return _documents(tree, data, _address(buffer))
     except Exception:  # _Unsure, msgspec.DecodeError, a shape not foreseen: PyYAML reads it
         return None
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """rapidyaml writes each parse error to standard error before raising it; PyYAML then
+    reports the file properly. Silenced in a single-threaded process (``ovsproxy check``):
+    in one with other threads (the agent) their output would be lost too, so it shows."""
+    if threading.active_count() > 1:
+        yield
+        return
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _documents(tree: Any, data: bytes, base: int) -> list[FastDocument]:
