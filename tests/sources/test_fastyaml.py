@@ -4,6 +4,7 @@ file it cannot vouch for must go to PyYAML."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,26 @@ def test_project_manifests_read_the_same(path: Path) -> None:
 def test_bench_manifests_take_the_fast_path(tmp_path: Path) -> None:
     [path] = kubeapi.manifest_files(tmp_path, 20, 10)
     assert assert_same_as_pyyaml(path.read_bytes(), str(path))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_reading_a_file_again_and_again_holds_no_memory(tmp_path: Path) -> None:
+    """rapidyaml's emit_json never frees its buffer (as much as the file's JSON, every time):
+    the fast path must not leak it."""
+    [path] = kubeapi.manifest_files(tmp_path, 300, 10)  # 1 MB of YAML, 3 MB as JSON
+    data = path.read_bytes()
+    assert fastyaml.documents(data) is not None
+    gc.collect()
+    before = rss_mb()
+    for _ in range(15):
+        assert fastyaml.documents(data) is not None
+    gc.collect()
+    assert rss_mb() - before < 10
 
 
 def test_problems_name_file_document_line_and_field() -> None:

@@ -225,10 +225,18 @@ def _documents(tree: Any, data: bytes, base: int) -> list[FastDocument]:
             _json.decode(data)
     lines = _Lines(data)
     found: list[FastDocument] = []
+    out = bytearray(1 << 16)
     for number, node in enumerate(nodes, 1):
         if not tree.is_map(node) or not tree.has_children(node):
             raise _Unsure  # scalars, sequences, empty documents: PyYAML's to count and read
-        value = _json.decode(ryml.emit_json(tree, node))
+        # Into our buffer: ryml.emit_json's own (malloc'd) buffer is never freed.
+        failed, size = ryml.emit_json_to_substr(tree, node, out)
+        if failed:
+            out = bytearray(size * 2)
+            failed, size = ryml.emit_json_to_substr(tree, node, out)
+            if failed:
+                raise _Unsure
+        value = _json.decode(memoryview(out)[:size])
         if not isinstance(value, dict):
             raise _Unsure
         item_lines: tuple[int, ...] = ()
