@@ -25,7 +25,8 @@ Phases (seconds; sums of the wrapped calls, wall time where said):
   ``build`` (``services.frontend_objects``), ``stage`` (``Datapath.stage``), ``commit``
   (``Datapath.commit``: plan, encode, stream the bundle, OVS's reply); the rest is the
   proxier's own (endpoint selection, group ids, status records);
-* gc: cyclic garbage collections, everywhere.
+* gc: cyclic garbage collections, everywhere (a window's report also gives how many and the
+  longest).
 
 Event latency (churn): the bench stamps each EndpointSlice update with its send time
 (annotation ``bench.ovsproxy/sent``); the informer's update handler notes it, the tracker's
@@ -130,6 +131,7 @@ class Probe:
         self.gc_collections = 0
         self._gc_started = 0.0
         self.gc_by_generation: dict[str, list[float]] = {}  # generation -> [count, seconds]
+        self.gc_longest = 0.0  # the longest single collection since the window started
         self.syncs: list[dict[str, float]] = []
         # event latency: stamps noted by the informer, handed to a sync at its checkpoint
         # (sent, noted): the bench's stamp and when the informer's handler saw the event
@@ -288,6 +290,7 @@ class Probe:
             took = time.perf_counter() - self._gc_started
             self.gc_seconds += took
             self.gc_collections += 1
+            self.gc_longest = max(self.gc_longest, took)
             gen = self.gc_by_generation.setdefault(str(info["generation"]), [0, 0.0])
             gen[0] += 1
             gen[1] += took
@@ -353,6 +356,7 @@ class Probe:
         self.in_sync = []
         self.window_started_at = time.time()
         self.carried_over = 0
+        self.gc_longest = 0.0
         self._window = {
             "started": time.perf_counter(),
             "started_at": time.time(),
@@ -360,6 +364,7 @@ class Probe:
             "sent": self.agent.parts.channel.counters.total("sent"),
             "syncs": len(self.syncs),
             "gc": self.gc_seconds,
+            "gc_collections": self.gc_collections,
             "gc_gen": {g: list(v) for g, v in self.gc_by_generation.items()},
             "decode": self.timers["decode"].seconds,
             "convert": self.timers["convert"].seconds,
@@ -408,6 +413,8 @@ class Probe:
             "convert_s": self.timers["convert"].seconds - w["convert"],
             "track_s": self.timers["track"].seconds - w["track"],
             "gc_s": self.gc_seconds - w["gc"],
+            "gc_collections": self.gc_collections - w["gc_collections"],
+            "gc_longest_s": self.gc_longest,
             "gc_by_generation": {
                 g: [
                     c - w["gc_gen"].get(g, [0, 0.0])[0],

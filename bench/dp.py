@@ -73,12 +73,12 @@ def clear_value_caches() -> None:
     for value in vars(svc).values():
         if callable(getattr(value, "cache_clear", None)):
             value.cache_clear()
-    # hand-made endpoint value caches (and the templates: rebuilt too)
-    for name in ("_bucket_actions",):
+    # hand-made caches (the bucket encoders per port: rebuilt too)
+    for name in ("_bucket_wires",):
         cache = getattr(svc, name, None)
         if cache is not None:
             cache.clear()
-    for name in ("_last_bucket_cache", "_last_templates"):  # identity memos
+    for name in ("_last_bucket_wires", "_last_templates"):  # identity memos
         last = getattr(svc, name, None)
         if last is not None:
             last[:] = [None] * len(last)

@@ -45,7 +45,7 @@ def _full_sync(fs: dict[str, Any]) -> list[str]:
         "commit reply, against `ovs-ofctl --bundle add-groups` + `add-flows` loading the identical",
         "groups and flows from files (written from our values' own text form; process time",
         "included), and against the floor: the same messages pre-encoded and written as one",
-        "bundle. Alternating rounds, medians; the endpoint value caches are cleared before each",
+        "bundle. Alternating rounds, medians; the template caches are cleared before each",
         "of our runs (an agent's first sync). Same switch content after ours and ofctl:",
         "checked by hash of the dumped flows (and groups where OVS can describe them).",
         "",
@@ -128,7 +128,7 @@ def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
             f" {_s(head['ours_tail_s'])} (Open vSwitch finishing and committing the bundle)"
             f"{ovs_text}. So the total is our Python CPU time plus OVS's commit, and what is left"
             " to win is CPU time in CPython: value construction (tuples and byte strings per"
-            " value), the bucket values of every group, and encoding each message into the"
+            " value), the bucket encodings of every group, and encoding each message into the"
             " bundle.",
             "",
         ]
@@ -219,8 +219,8 @@ def _memory(mem: dict[str, Any]) -> list[str]:
         f"{mem['endpoints_per_service']} endpoints ({mem['flows']:,} flows, {mem['groups']:,} "
         f"groups): **{mem['rss_total_mb']} MB** in all -- interpreter and imports "
         f"{mem['rss_baseline_mb']} MB, model {mem['model_mb']} MB, desired state (staged: "
-        f"flows as their bytes, groups' bucket values) {mem['desired_mb']} MB, the commit "
-        f"(installed state, and what the bundle holds until its reply) "
+        f"flows and groups' buckets as their bytes) {mem['desired_mb']} MB, the commit "
+        f"(installed state, after the heap's free pages went back to the OS) "
         f"{mem['installed_mb']} MB. Per Service (the difference to a "
         f"{mem['small_cluster']['services']:,}-Service cluster): **{mem['per_service_kb']} kB**,"
         f" of which the datapath {mem['per_service_datapath_kb']} kB "

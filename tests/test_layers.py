@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("openflow",),
     # the bottom: shared values, and leaf helpers that import nothing of ovsproxy
     # ("" is the package itself: ovsproxy.__version__)
-    ("model", "gcpause", "metrics", "netns", ""),
+    ("model", "gcpause", "heap", "metrics", "netns", ""),
 )
 # Allowed imports between two packages of the same layer, (importer, imported), with why.
 SIDEWAYS: Mapping[tuple[str, str], str] = {

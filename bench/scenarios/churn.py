@@ -12,12 +12,14 @@ time; it ends at the reply to the commit of the sync that consumed it.
 Per window: p50/p99/max from the update's send to the commit reply, OpenFlow messages and
 bytes written per second, syncs, and the agent's CPU time over the window as a share of one
 core (``/proc/<pid>/stat``, all its threads). Of the latency, the delivery: the send to the
-agent's informer handler (the fake API, the HTTP stream, the decode). Only the window's own
-updates are timed: ``carried_over`` counts earlier ones (the warm-up, a previous window's
-backlog) the agent was still taking in, and ``kept_up`` says whether every update of the
-window was committed. The fake API and the generator share the bench's process: its setup
-heap is frozen and its collector off while the windows run (its collections over the
-cluster and the watch history stalled the watch, and counted as the agent's latency).
+agent's informer handler (the fake API, the HTTP stream, the decode). The agent's cyclic
+garbage collections over the window: their time, count and the longest one (a collection
+stops the agent's event loop: events arriving meanwhile wait, and so does a sync in progress).
+Only the window's own updates are timed: ``carried_over`` counts earlier ones (the warm-up, a
+previous window's backlog) the agent was still taking in, and ``kept_up`` says whether every
+update of the window was committed. The fake API and the generator share the bench's process:
+its setup heap is frozen and its collector off while the windows run (its collections over
+the cluster and the watch history stalled the watch, and counted as the agent's latency).
 Goals at 100/s: p99 <= 10 ms plus the min-sync interval, CPU <= 25% of one core.
 """
 
@@ -164,6 +166,10 @@ async def _window(
             )
         },
         "changed_per_sync": round(report["changed"] / max(report["syncs"], 1), 1),
+        # the agent's cyclic garbage collections over the window (those after each sync
+        # included) and the longest one: a collection stops everything in the agent
+        "gc_collections": report["gc_collections"],
+        "gc_longest_ms": round(report["gc_longest_s"] * 1000, 1),
     }
     if rate <= 100:
         result["goal_p99_ms"] = GOAL_P99_MS + interval * 1000

@@ -8,8 +8,8 @@ rounds; the switch is emptied between runs, outside the clock):
   ``service_objects`` for every Service port and ``Datapath.stage`` (``build_s``, ``stage_s``:
   what the proxier does per changed port), then ``Datapath.commit`` (``commit_s``: the first
   commit adopts the switch, plans every group and flow and streams them through the
-  ``Channel`` as one bundle while Open vSwitch decodes them). The flow and bucket caches are
-  cleared before each run: this is an agent's first sync. ``gc_s``: cyclic GC inside it.
+  ``Channel`` as one bundle while Open vSwitch decodes them). The template and bucket-encoder caches
+  are cleared before each run: this is an agent's first sync. ``gc_s``: cyclic GC inside it.
 * ``ofctl``: the identical groups and flows -- what our datapath sends, captured, in our
   values' own text form -- loaded from files by ``ovs-ofctl --bundle add-groups`` and then
   ``--bundle add-flows`` (process start to exit: parsing, encoding, OVS).

@@ -5,10 +5,16 @@ warm caches), which reports its VmRSS (``/proc/self/status``) after each layer:
 
 * ``baseline``: interpreter and ovsproxy imported;
 * ``model``: the ServicePorts and their endpoints (what the tracker holds);
-* ``desired``: every Service's groups and flows built (``service_objects``, with the endpoint
-  value caches) and staged in a ``Datapath``;
-* ``installed``: after the commit (to a switch that accepts everything): the installed-state
-  cache, which shares the flow values with the desired state.
+* ``desired``: every Service's groups and flows built (``service_objects``) and staged in a
+  ``Datapath``;
+* ``installed``: after the commit (to a switch that accepts everything and keeps nothing, so
+  what a real bundle holds until its reply is not in it): the installed-state cache, which
+  shares the flows and the groups' buckets with the desired state, after the datapath gave
+  the heap's free pages back to the OS.
+
+What it measures is the datapath and the model in one process, as the agent holds them; the
+agent's whole resident set (with the informers' objects, the proxier's trackers, the
+channel) is ``cold-start``'s ``agent_rss_mb_api``.
 
 Goals (issue 16, at 10,000 x 10): ``rss_total_mb`` <= 150 and ``per_endpoint_datapath_bytes``
 <= 1,024; with ``--quick`` (2,000 Services) they are printed but mean little.

@@ -9,6 +9,8 @@ every node's own namespace (upstream: one exec pod, sometimes a host-network pod
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import time
 import urllib.request
 from collections.abc import Callable, Iterable
@@ -35,6 +37,17 @@ def clients(lab: Lab, *, nodes: bool = True) -> list[tuple[str, str]]:
         if nodes:
             found.append((f"{node.name} node", node.netns))
     return found
+
+
+def in_parallel(
+    targets: list[tuple[str, str]], probe: Callable[[str], dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """``probe(netns)`` for every (label, namespace) at once, by label in the targets' order.
+    Each probe is a traffic process of its own: a client waiting out its timeouts does not
+    hold up the next one."""
+    with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
+        futures = {label: pool.submit(probe, netns) for label, netns in targets}
+        return {label: future.result() for label, future in futures.items()}
 
 
 def url(ip: str, port: int) -> str:
@@ -195,8 +208,8 @@ def assert_udp_reaches(
 
 def assert_refused(lab: Lab, ip: str, port: int, *, count: int = 3, nodes: bool = True) -> None:
     """Every connection is actively refused (a TCP RST from the proxy, not a timeout)."""
-    for label, netns in clients(lab, nodes=nodes):
-        out = http(netns, ip, port, count, timeout=3)
+    probe = functools.partial(http, ip=ip, port=port, count=count, timeout=3)
+    for label, out in in_parallel(clients(lab, nodes=nodes), probe).items():
         assert out["failures"] == {"refused": count}, (label, ip, port, out)
 
 
@@ -204,11 +217,9 @@ def assert_unreachable(
     lab: Lab, ip: str, port: int, *, protocol: str = "TCP", count: int = 2, nodes: bool = True
 ) -> None:
     """No answer at all (refused, reset, timed out or unreachable: as upstream, any failure)."""
-    for label, netns in clients(lab, nodes=nodes):
-        if protocol == "UDP":
-            out = udp(netns, ip, port, count, timeout=1)
-        else:
-            out = http(netns, ip, port, count, timeout=1)
+    send = udp if protocol == "UDP" else http
+    probe = functools.partial(send, ip=ip, port=port, count=count, timeout=1)
+    for label, out in in_parallel(clients(lab, nodes=nodes), probe).items():
         assert out["failed"] == count and not out["counts"], (label, ip, port, protocol, out)
 
 

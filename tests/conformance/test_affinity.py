@@ -12,9 +12,7 @@ before its pods.
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -30,6 +28,7 @@ from .probes import (
     clients,
     endpoints_of,
     http,
+    in_parallel,
     node_ip,
     port_name,
     wait_node_port,
@@ -43,12 +42,6 @@ AFFINITY_TIMEOUT = 10  # seconds; upstream's SessionAffinityTimeout is 125
 PODS = ("web-1", "web-2", "web-3")
 
 
-def _in_parallel(targets: list[tuple[str, str]], probe: Callable[[str], Any]) -> dict[str, Any]:
-    with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
-        futures = {label: pool.submit(probe, netns) for label, netns in targets}
-        return {label: f.result() for label, f in futures.items()}
-
-
 class Target:
     """Where the clients send: the ClusterIP from every client, or a node's IP:nodePort from
     the other nodes' client pods and the external client (and, known gap aside, its own)."""
@@ -57,7 +50,7 @@ class Target:
         self.lab, self.ip, self.port, self.targets = lab, ip, port, targets
 
     def answers(self, count: int = AFFINITY_CONFIRM_COUNT) -> dict[str, dict[str, int]]:
-        results = _in_parallel(self.targets, lambda ns: http(ns, self.ip, self.port, count))
+        results = in_parallel(self.targets, lambda ns: http(ns, self.ip, self.port, count))
         for label, out in results.items():
             assert out["failed"] == 0, (label, self.ip, self.port, out)
         return {label: out["counts"] for label, out in results.items()}

@@ -11,6 +11,8 @@ every node's client pod and every node's own namespace.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
@@ -25,9 +27,12 @@ from .probes import (
     assert_udp_reaches,
     assert_unreachable,
     client_pod,
+    clients,
     endpoints_of,
     http,
+    in_parallel,
     port_name,
+    udp,
     wait_absent,
     wait_programmed,
 )
@@ -312,8 +317,6 @@ def test_should_be_rejected_when_no_endpoints_exist(
     for node in lab.nodes.values():
         out = http(client_pod(node), ip, 80, 5, timeout=3)
         assert out["failures"] == {"refused": 5} and out["max_latency_s"] < 1, out
-    from .probes import clients, udp
-
     for label, netns in clients(lab):
         out = udp(netns, ip, 53, 3, timeout=2)
         assert out["failures"] == {"refused": 3}, (label, out)
@@ -379,10 +382,10 @@ def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_
         port_name("svc-proxy-terminating", "http"),
         lambda node: local if node == "node-1" else set(),
     )
+    others = [(label, netns) for label, netns in clients(lab) if not label.startswith("node-1 ")]
+    no_local = functools.partial(http, ip=ip, port=80, count=2, timeout=1)
     for _ in range(3):
         out = http(client_pod(lab.nodes["node-1"]), ip, 80, 5)
         assert out["failed"] == 0 and out["counts"] == {"web-1": 5}, out
-        for other in ("node-2", "node-3"):
-            for netns in (client_pod(lab.nodes[other]), lab.nodes[other].netns):
-                out = http(netns, ip, 80, 2, timeout=1)
-                assert out["failed"] == 2, (other, out)
+        for label, out in in_parallel(others, no_local).items():
+            assert out["failed"] == 2, (label, out)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import ipaddress
+import weakref
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -304,7 +306,7 @@ def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
         buckets = []
         for k in keys:
             ip = ipaddress.ip_address(f"10.244.{k // 250}.{k % 250 + 1}")
-            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_actions(ip, 80, False, tables)))
+            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_wire(ip, 80, False, tables)))
         return GroupSpec(3, tuple(buckets))
 
     first = plan_group(spec(list(range(100))), None).result
@@ -363,3 +365,38 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
     assert registry.saves[-1] == {2, 3}
     await dp.resync_switch()
     assert registry.saves[-1] == {2, 3}
+
+
+async def test_a_big_commit_gives_freed_memory_back_after_its_diff_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a big commit the heap's free pages go back to the OS (heap.py), once the
+    commit's own lists and dicts are garbage too; small commits (churn) skip it."""
+    released: list[int] = []
+    diffs: weakref.WeakSet[dpm._Commit] = weakref.WeakSet()
+
+    class Tracked(dpm._Commit):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            diffs.add(self)
+
+    def release() -> bool:
+        released.append(len(diffs))  # the commit's diff (its dirty set...) is garbage by now
+        return True
+
+    monkeypatch.setattr(dpm, "_Commit", Tracked)
+    monkeypatch.setattr(dpm, "release_free_memory", release)
+    dp, _ = await adopted()
+    stage(dp, "a", 3, gid=1)
+    await dp.commit()
+    assert released == []
+    monkeypatch.setattr(dpm, "GC_PAUSE_THRESHOLD", 1)
+    stage(dp, "a", 4, gid=1)
+    await dp.commit()
+    assert released == [0]
+
+
+def test_release_free_memory_works_here() -> None:
+    from ovsproxy.heap import release_free_memory
+
+    assert release_free_memory()  # glibc (Linux): malloc_trim

@@ -13,9 +13,11 @@ from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.groups import (
     MAX_BUNDLED_MESSAGE,
     BucketSpec,
+    GroupPlan,
     GroupSpec,
     InstalledGroup,
     SelectionMethod,
+    bucket_spec,
     group_mod_chunks,
     plan_group,
 )
@@ -28,11 +30,16 @@ CMD = of.GroupModCommand
 def bucket(i: int, port: int = 8080, v6: bool = False) -> BucketSpec:
     base = "fd00:10:244::" if v6 else "10.244."
     ip = ipaddress.ip_address(f"{base}{i:x}" if v6 else f"{base}{i // 250}.{i % 250 + 1}")
-    return BucketSpec((ip, port), svc.endpoint_bucket_actions(ip, port, False, TABLES))
+    return BucketSpec((ip, port), svc.endpoint_bucket_wire(ip, port, False, TABLES))
 
 
 def group(keys: list[int], gid: int = 7, **kw: object) -> GroupSpec:
     return GroupSpec(gid, tuple(bucket(k, **kw) for k in keys))  # type: ignore[arg-type]
+
+
+def values(plan: GroupPlan) -> list[of.GroupMod]:
+    """A plan's messages (its encodings) as values."""
+    return [m.decoded() for m in plan.messages]
 
 
 def apply_to_model(
@@ -61,8 +68,8 @@ def apply_to_model(
 
 def test_new_group_is_one_add_with_ids_in_order() -> None:
     plan = plan_group(group([1, 2, 3]), None)
-    assert [m.command for m in plan.messages] == [CMD.ADD]
-    assert [b.bucket_id for b in plan.messages[0].buckets] == [0, 1, 2]
+    assert [m.command for m in values(plan)] == [CMD.ADD]
+    assert [b.bucket_id for b in values(plan)[0].buckets] == [0, 1, 2]
 
 
 def test_unchanged_group_sends_nothing() -> None:
@@ -74,8 +81,8 @@ def test_unchanged_group_sends_nothing() -> None:
 def test_one_added_endpoint_is_one_insert_bucket_with_only_that_bucket() -> None:
     first = plan_group(group([1, 2, 3]), None)
     plan = plan_group(group([1, 2, 3, 4]), first.result)
-    assert [m.command for m in plan.messages] == [CMD.INSERT_BUCKET]
-    (msg,) = plan.messages
+    assert [m.command for m in values(plan)] == [CMD.INSERT_BUCKET]
+    (msg,) = values(plan)
     assert len(msg.buckets) == 1 and msg.buckets[0].bucket_id == 3
     assert msg.command_bucket_id == of.OFPG_BUCKET_LAST
 
@@ -83,7 +90,7 @@ def test_one_added_endpoint_is_one_insert_bucket_with_only_that_bucket() -> None
 def test_one_removed_endpoint_is_one_remove_bucket_by_its_id() -> None:
     first = plan_group(group([1, 2, 3]), None)
     plan = plan_group(group([1, 3]), first.result)
-    assert [(m.command, m.command_bucket_id) for m in plan.messages] == [(CMD.REMOVE_BUCKET, 1)]
+    assert [(m.command, m.command_bucket_id) for m in values(plan)] == [(CMD.REMOVE_BUCKET, 1)]
     assert plan.result is not None and plan.result.ids == {bucket(1).key: 0, bucket(3).key: 2}
 
 
@@ -94,14 +101,14 @@ def test_the_service_selection_method_rides_on_add_and_modify_only() -> None:
     method = svc.GROUP_SELECTION_METHOD
     assert method.fields == svc.CONNECTION_HASH_FIELDS
     first = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, method), None)
-    (add,) = first.messages
+    (add,) = values(first)
     assert (add.command, add.selection_method) == (CMD.ADD, "hash")
     assert add.fields == tuple(of.get_field(f) for f in svc.CONNECTION_HASH_FIELDS)
     assert of.group_mod_length(add) == of.group_mod_overhead(*method) + sum(
         len(b.wire) for b in add.buckets
     )
     grown = plan_group(GroupSpec(7, group([1, 2, 3, 4]).buckets, method), first.result)
-    (insert,) = grown.messages
+    (insert,) = values(grown)
     assert (insert.command, insert.selection_method, insert.fields) == (
         CMD.INSERT_BUCKET,
         None,
@@ -109,12 +116,12 @@ def test_the_service_selection_method_rides_on_add_and_modify_only() -> None:
     )
     assert of.group_mod_length(insert) == of.group_mod_overhead() + len(insert.buckets[0].wire)
     shrunk = plan_group(GroupSpec(7, group([1, 3, 4]).buckets, method), grown.result)
-    (remove,) = shrunk.messages
+    (remove,) = values(shrunk)
     assert (remove.command, of.group_mod_length(remove)) == (CMD.REMOVE_BUCKET, 24)
     # A group an older agent installed without fields is rewritten whole, ids kept.
     old = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, SelectionMethod("hash")), None)
     upgraded = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, method), old.result)
-    (modify,) = upgraded.messages
+    (modify,) = values(upgraded)
     assert (modify.command, modify.fields, upgraded.kind) == (CMD.MODIFY, add.fields, "modify")
     assert [b.bucket_id for b in modify.buckets] == [0, 1, 2]
 
@@ -122,24 +129,24 @@ def test_the_service_selection_method_rides_on_add_and_modify_only() -> None:
 def test_replacing_most_endpoints_is_one_modify() -> None:
     first = plan_group(group([1, 2, 3]), None)
     plan = plan_group(group([4, 5, 6]), first.result)
-    assert [m.command for m in plan.messages] == [CMD.MODIFY]
+    assert [m.command for m in values(plan)] == [CMD.MODIFY]
 
 
 def test_one_endpoint_added_to_1000_is_an_insert_under_200_bytes() -> None:
     first = plan_group(group(list(range(1000))), None)
-    assert sum(of.group_mod_length(m) for m in first.messages) > 60_000  # a full MODIFY: 64 KB
+    assert sum(of.group_mod_length(m) for m in values(first)) > 60_000  # a full MODIFY: 64 KB
     plan = plan_group(group(list(range(1001))), first.result)
-    assert [m.command for m in plan.messages] == [CMD.INSERT_BUCKET]
-    assert of.group_mod_length(plan.messages[0]) < 200
+    assert [m.command for m in values(plan)] == [CMD.INSERT_BUCKET]
+    assert of.group_mod_length(values(plan)[0]) < 200
 
 
 def test_huge_group_is_chunked_by_encoded_size_and_keeps_order() -> None:
     plan = plan_group(group(list(range(5000)), v6=True), None)
-    lengths = [of.group_mod_length(m) for m in plan.messages]
+    lengths = [of.group_mod_length(m) for m in values(plan)]
     assert all(n <= MAX_BUNDLED_MESSAGE for n in lengths)
-    assert plan.messages[0].command == CMD.ADD
-    assert {m.command for m in plan.messages[1:]} == {CMD.INSERT_BUCKET}
-    ids = [b.bucket_id for m in plan.messages for b in m.buckets]
+    assert values(plan)[0].command == CMD.ADD
+    assert {m.command for m in values(plan)[1:]} == {CMD.INSERT_BUCKET}
+    ids = [b.bucket_id for m in values(plan) for b in m.buckets]
     assert ids == list(range(5000))
     # Chunks are full: no more messages than the byte count requires (+1 for rounding).
     assert len(plan.messages) <= sum(lengths) // MAX_BUNDLED_MESSAGE + 1
@@ -154,9 +161,9 @@ def test_plan_takes_the_switch_to_the_desired_group_with_stable_ids(
     before: list[int], after: list[int]
 ) -> None:
     first = plan_group(group(before), None)
-    switch = apply_to_model(None, first.messages)
+    switch = apply_to_model(None, values(first))
     plan = plan_group(group(after), first.result)
-    switch = apply_to_model(switch, plan.messages)
+    switch = apply_to_model(switch, values(plan))
     assert switch is not None and plan.result is not None
     # The switch holds exactly the desired endpoints...
     assert sorted(b.actions for b in switch.values()) == sorted(bucket(k).actions for k in after)
@@ -171,12 +178,12 @@ def test_plan_takes_the_switch_to_the_desired_group_with_stable_ids(
     }
     # ...and no plan is larger than one full MODIFY.
     full = of.group_mod_length(of.GroupMod(CMD.MODIFY, 7, buckets=list(switch.values())))
-    assert sum(of.group_mod_length(m) for m in plan.messages) <= max(full, 24)
+    assert sum(of.group_mod_length(m) for m in values(plan)) <= max(full, 24)
 
 
 def test_unknown_present_group_is_rewritten_with_add_or_mod() -> None:
     plan = plan_group(group([1, 2]), None, present_unknown=True)
-    assert [m.command for m in plan.messages] == [CMD.ADD_OR_MOD]
+    assert [m.command for m in values(plan)] == [CMD.ADD_OR_MOD]
 
 
 def test_installed_group_counts_endpoints() -> None:
@@ -191,7 +198,9 @@ def _svc_bucket(i: int) -> of.Bucket:
 def test_group_mod_chunks_keep_order_and_fit_a_bundle() -> None:
     buckets = [_svc_bucket(i) for i in range(2500)]
     assert sum(len(b.wire) for b in buckets) > 2 * 65535
-    chunks = group_mod_chunks(CMD.ADD, 5, buckets, SelectionMethod("dp_hash"))
+    chunks = [
+        c.decoded() for c in group_mod_chunks(CMD.ADD, 5, buckets, SelectionMethod("dp_hash"))
+    ]
     assert len(chunks) == 3
     assert all(c.length <= MAX_BUNDLED_MESSAGE for c in chunks)
     assert chunks[0].command == CMD.ADD
@@ -201,12 +210,53 @@ def test_group_mod_chunks_keep_order_and_fit_a_bundle() -> None:
     assert all(c.selection_method is None for c in chunks[1:])
     assert [b for c in chunks for b in c.buckets] == buckets
     # Outside a bundle the full 65,535 bytes are usable: fewer, fuller chunks.
-    loose = group_mod_chunks(CMD.MODIFY, 5, buckets, limit=of.OFP_MAX_MESSAGE_LEN)
+    loose = [
+        c.decoded() for c in group_mod_chunks(CMD.MODIFY, 5, buckets, limit=of.OFP_MAX_MESSAGE_LEN)
+    ]
     assert all(c.length <= of.OFP_MAX_MESSAGE_LEN for c in loose)
     assert len(loose) <= len(chunks)
     assert [b for c in loose for b in c.buckets] == buckets
     small = of.GroupMod(CMD.MODIFY, 5, buckets=buckets[:3])
-    assert group_mod_chunks(CMD.MODIFY, 5, buckets[:3]) == [small]
+    assert [c.decoded() for c in group_mod_chunks(CMD.MODIFY, 5, buckets[:3])] == [small]
     huge = of.Bucket(0, [of.Controller(userdata=bytes(65460))])
     with pytest.raises(of.MessageTooLarge):
         group_mod_chunks(CMD.ADD, 5, [_svc_bucket(1), huge])
+
+
+def test_a_group_written_whole_keeps_the_desired_buckets_and_sends_their_encoding() -> None:
+    """Memory: the installed state of a new group is the desired tuple itself (no dict, no
+    value per bucket), and its GroupMod is exactly what the generic codec encodes."""
+    spec = GroupSpec(7, group([1, 2, 3]).buckets, svc.GROUP_SELECTION_METHOD)
+    plan = plan_group(spec, None)
+    assert plan.result is not None and plan.result.specs is spec.buckets
+    (msg,) = plan.messages
+    assert type(msg) is of.EncodedGroupMod
+    generic = of.GroupMod(
+        CMD.ADD,
+        7,
+        buckets=[of.Bucket(i, b.actions, b.weight) for i, b in enumerate(spec.buckets)],
+        selection_method="hash",
+        fields=svc.CONNECTION_HASH_FIELDS,
+    )
+    assert msg[0] == generic.wire
+    # read back as values, by key, with ids 0..n-1
+    assert plan.result.ids == {b.key: i for i, b in enumerate(spec.buckets)}
+    assert plan.result.buckets == spec.by_key()
+    # the same group again: nothing to send, the same installed state
+    again = plan_group(GroupSpec(7, group([1, 2, 3]).buckets, spec.selection_method), plan.result)
+    assert again.kind == "none" and again.result is plan.result
+
+
+def test_a_repeated_endpoint_key_is_one_bucket() -> None:
+    twice = GroupSpec(7, (bucket(1), bucket(2), bucket(1)))
+    plan = plan_group(twice, None)
+    assert [b.bucket_id for b in values(plan)[0].buckets] == [0, 1]
+    assert plan.result is not None and plan.result.endpoint_count == 2
+
+
+def test_bucket_specs_hold_the_encoding_and_read_back_as_values() -> None:
+    ip = ipaddress.ip_address("10.244.0.9")
+    actions = svc.endpoint_bucket_actions(ip, 8080, True, TABLES)
+    spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, TABLES))
+    assert type(spec.wire) is bytes and spec.actions == actions
+    assert bucket_spec("k", actions) == spec

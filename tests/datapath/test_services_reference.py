@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.groups import BucketSpec, GroupSpec
+from ovsproxy.datapath.groups import GroupSpec, bucket_spec
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol.templates import identical
@@ -74,8 +74,9 @@ def _reference(
         if not fset.frontends:
             continue
         buckets = tuple(
-            BucketSpec(
-                (int(ep.ip), ep.port, ep.ip.version),  # the endpoint's key: ints
+            bucket_spec(
+                # the endpoint's key: one int
+                int(ep.ip) << 17 | ep.port << 1 | (ep.ip.version == 6),
                 _ref_bucket_actions(ep.ip, ep.port, affinity, t),
             )
             for ep in fset.endpoints
@@ -254,8 +255,11 @@ def test_the_endpoint_helpers_give_the_generic_values() -> None:
     ctx = svc.Context(pl.Tables.for_config(pl.PipelineConfig()), 2)
     for ip in (V4[0], V6[2]):
         for affinity in (False, True):
+            want = _ref_bucket_actions(ip, 8080, affinity, ctx.tables)
             got: Any = svc.endpoint_bucket_actions(ip, 8080, affinity, ctx.tables)
-            assert identical(got, _ref_bucket_actions(ip, 8080, affinity, ctx.tables))
+            assert identical(got, want)
+            wire = svc.endpoint_bucket_wire(ip, 8080, affinity, ctx.tables)
+            assert wire == b"".join(a.wire for a in want)
         for protocol in Protocol:
             got = svc.endpoint_dnat_flow(ctx, ip, 443, protocol)
             assert identical(got, _ref_dnat_flow(ctx, ip, 443, protocol))

@@ -61,7 +61,7 @@ def test_tcp_flags_match_encodes_as_ovs_ofctl_reads_it_and_round_trips() -> None
     match = of.Match(
         eth_type=0x86DD,
         ip_proto=6,
-        ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+        ct_state=pl.CT_STATE_INVALID,
         tcp_flags=(0x004, 0x004),
     )
     flow = of.FlowMod(11, pl.PRIORITY_INVALID_RST, match, ())

@@ -11,9 +11,7 @@ SYN only when its sequence number happens to be higher: about half the ports col
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.lab import build_lab
 from ovsproxy.model import IPFamily
 from ovsproxy.ovs.sandbox import Pod, Sandbox
+from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
@@ -44,32 +43,7 @@ endpoints: [{{addresses: [10.244.0.11], conditions: {{ready: true}}}}]"""
     for name, ip in (("tw-a", "10.96.0.61"), ("tw-b", "10.96.0.62"))
 )
 
-# One HTTP/1.0 request per port, from a bound source port; the server closes first, so the
-# endpoint holds each 4-tuple in TIME_WAIT. Prints {port: seconds or error}.
-CLIENT = r"""
-import json, socket, sys, time
-host, ports, timeout = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], float(sys.argv[3])
-out = {}
-for port in ports:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.settimeout(timeout)
-    started = time.monotonic()
-    try:
-        s.bind(("10.244.0.100", port))
-        s.connect((host, 80))
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        while s.recv(4096):
-            pass
-        out[port] = round(time.monotonic() - started, 3)
-    except OSError as exc:
-        out[port] = type(exc).__name__
-    finally:
-        s.close()
-print(json.dumps(out))
-"""
-
-PORTS = [41000 + 2 * i for i in range(12)]
+PORTS = ",".join(str(41000 + 2 * i) for i in range(12))
 
 
 @pytest.fixture
@@ -86,11 +60,11 @@ def node(sandbox: Sandbox, tmp_path: Path) -> Iterator[tuple[Sandbox, Pod, Agent
 
 
 def _connect(client: Pod, host: str, timeout: float) -> dict[str, object]:
-    cmd = ["ip", "netns", "exec", client.netns, sys.executable, "-c", CLIENT, host]
-    cmd += [",".join(map(str, PORTS)), str(timeout)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
+    """One HTTP/1.0 request per bound source port (traffic's bound mode): the server closes
+    first, so the endpoint holds each 4-tuple in TIME_WAIT. {port: seconds or error}."""
+    assert client.ipv4 is not None
+    args = ("bound", host, "80", "--source-ports", PORTS, "--timeout", str(timeout))
+    return run_in_netns(client.netns, *args, "--bind-address", str(client.ipv4.ip), timeout=120)
 
 
 def _seq_check_failures(sandbox: Sandbox) -> int:

@@ -13,7 +13,8 @@ import json
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.lab.cluster import HTTP_PORT, UDP_PORT, Lab
 from ovsproxy.lab.manifests import LabPort, LabService, addresses
 from ovsproxy.model import IPFamily
+from ovsproxy.ovs.traffic import run_in_netns
 
 from .conftest import start_lab
 from .helpers import http, install, udp
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
 REQUESTS = 60
 FAMILIES = [pytest.param(0, id="IPv4"), pytest.param(1, id="IPv6")]
+Client = Callable[..., dict[str, Any]]  # helpers.http or helpers.udp
 
 
 @pytest.fixture(scope="module")
@@ -70,27 +73,25 @@ def node_ip(lab: Lab, node: str, family: int) -> str:
     return str(lab.nodes[node].node_ips[family])
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_nodeport_tcp_from_outside_on_every_node(
-    lab: Lab, cluster_np: LabService, family: int
-) -> None:
-    pods = {ep.pod for ep in cluster_np.endpoints}
-    for node in lab.nodes:
-        out = http(lab.external_netns, node_ip(lab, node, family), REQUESTS, port=30080)
-        assert out["failed"] == 0, (node, out["failures"], out)
-        assert set(out["counts"]) == pods, (node, out["counts"])
+def assert_every_endpoint_answered(out: dict[str, Any], pods: set[str], where: object) -> None:
+    """None of the requests failed, and each of ``pods`` answered one or more."""
+    assert out["failed"] == 0, (where, out["failures"], out)
+    assert set(out["counts"]) == pods, (where, out["counts"])
+
+
+# http opens a connection per request, udp a socket per datagram: each a new conntrack entry.
+CLIENTS = [pytest.param(http, id="tcp"), pytest.param(udp, id="udp")]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_nodeport_udp_from_outside_on_every_node(
-    lab: Lab, cluster_np: LabService, family: int
+@pytest.mark.parametrize("send", CLIENTS)
+def test_nodeport_from_outside_on_every_node(
+    lab: Lab, cluster_np: LabService, send: Client, family: int
 ) -> None:
-    """Datagrams from distinct sockets: none lost, spread over every endpoint."""
     pods = {ep.pod for ep in cluster_np.endpoints}
     for node in lab.nodes:
-        out = udp(lab.external_netns, node_ip(lab, node, family), REQUESTS, port=30080)
-        assert out["failed"] == 0, (node, out["failures"], out)
-        assert set(out["counts"]) == pods, (node, out["counts"])
+        out = send(lab.external_netns, node_ip(lab, node, family), REQUESTS, port=30080)
+        assert_every_endpoint_answered(out, pods, node)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -99,13 +100,9 @@ def test_nodeport_from_the_node_itself_to_its_own_ip(
 ) -> None:
     pods = {ep.pod for ep in cluster_np.endpoints}
     for node in lab.nodes.values():
-        ip = str(node.node_ips[family])
-        out = http(node.netns, ip, REQUESTS, port=30080)
-        assert out["failed"] == 0, (node.name, out["failures"], out)
-        assert set(out["counts"]) == pods, (node.name, out["counts"])
-        out = udp(node.netns, ip, REQUESTS, port=30080)
-        assert out["failed"] == 0, (node.name, out["failures"], out)
-        assert set(out["counts"]) == pods, (node.name, out["counts"])
+        for send in (http, udp):
+            out = send(node.netns, str(node.node_ips[family]), REQUESTS, port=30080)
+            assert_every_endpoint_answered(out, pods, (node.name, send.__name__))
 
 
 # -- externalTrafficPolicy Local and health checks --------------------------------------------
@@ -348,8 +345,7 @@ def test_external_ip_and_lb_ip_answer_from_outside_and_from_a_pod(
     for ip in ((EXT_V4, LB_V4), (EXT_V6, LB_V6))[family]:
         for label, netns in (("external", lab.external_netns), ("pod", client_3)):
             out = http(netns, ip, REQUESTS, port=8081)
-            assert out["failed"] == 0, (label, ip, out)
-            assert set(out["counts"]) == pods, (label, ip, out["counts"])
+            assert_every_endpoint_answered(out, pods, (label, ip))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -384,8 +380,7 @@ def test_a_pod_reaches_its_own_nodes_nodeport(
     for node in lab.nodes.values():
         client = node.pods[f"client-{node.index}"].netns
         out = http(client, str(node.node_ips[family]), REQUESTS, port=30080)
-        assert out["failed"] == 0, (node.name, out["failures"], out)
-        assert set(out["counts"]) == pods, (node.name, out["counts"])
+        assert_every_endpoint_answered(out, pods, node.name)
 
 
 # -- the NodePort conformance behaviours ----------------------------------------------------------
@@ -598,44 +593,14 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     assert out["failed"] == 0, out
 
 
-# One HTTP/1.0 request per source port (bound), the server closing first: the endpoint then
-# holds each 4-tuple in TIME_WAIT. Prints {port: seconds or error}.
-BOUND_CLIENT = r"""
-import json, socket, sys, time
-host, port, sources, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
-out = {}
-for source in map(int, sources.split(",")):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.settimeout(timeout)
-    started = time.monotonic()
-    try:
-        s.bind(("", source))
-        s.connect((host, port))
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        while s.recv(4096):
-            pass
-        out[source] = round(time.monotonic() - started, 3)
-    except OSError as exc:
-        out[source] = type(exc).__name__
-    finally:
-        s.close()
-print(json.dumps(out))
-"""
 SOURCE_PORTS = ",".join(str(61100 + 2 * i) for i in range(16))  # above the ephemeral range
 
 
 def bound_requests(lab: Lab, ip: str, port: int, timeout: float) -> dict[str, object]:
-    cmd = ["ip", "netns", "exec", lab.external_netns, TRAFFIC[0], "-c", BOUND_CLIENT]
-    done = subprocess.run(
-        [*cmd, ip, str(port), SOURCE_PORTS, str(timeout)],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=True,
-    )
-    result: dict[str, object] = json.loads(done.stdout)
-    return result
+    """One HTTP/1.0 request per bound source port (traffic's bound mode): the endpoint then
+    holds each 4-tuple in TIME_WAIT. {port: seconds or error}."""
+    args = ("bound", ip, str(port), "--source-ports", SOURCE_PORTS, "--timeout", str(timeout))
+    return run_in_netns(lab.external_netns, *args, timeout=180)
 
 
 def seq_check_failures(lab: Lab) -> int:

@@ -385,3 +385,82 @@ def test_group_mod_takes_what_it_does_not_speed_up_to_the_generic_constructor() 
             of.GroupMod(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, buckets)  # type: ignore[arg-type]
         with pytest.raises(of.OpenFlowCodecError):
             tpl.group_mod(of.GroupModCommand.ADD, 1, of.GroupType.SELECT, buckets)  # type: ignore[arg-type]
+
+
+@SETTINGS
+@given(
+    bucket_id=st.one_of(st.integers(0, 0xFFFFFF00), st.sampled_from([0, 0xFFFFFF00, 0xFFFFFF01])),
+    actions=bucket_actions,
+    weight=st.one_of(u16, st.sampled_from([100, -1, 0x10000])),
+)
+def test_bucket_wire_is_the_generic_buckets_encoding(
+    bucket_id: int, actions: tuple[of.Action, ...], weight: int
+) -> None:
+    encoded = b"".join(a.wire for a in actions)
+    try:
+        expected = of.Bucket(bucket_id, actions, weight)
+    except of.OpenFlowCodecError:
+        with pytest.raises(of.OpenFlowCodecError):
+            tpl.bucket_wire(bucket_id, encoded, weight)
+    else:
+        assert tpl.bucket_wire(bucket_id, encoded, weight) == expected.wire
+
+
+@SETTINGS
+@given(
+    command=st.sampled_from(GROUP_COMMANDS),
+    group_id=st.one_of(st.integers(0, 0xFFFFFFFF), st.sampled_from([1, 0xFFFFFF00])),
+    group_type=st.sampled_from(list(of.GroupType)),
+    n_buckets=st.integers(0, 4),
+    command_bucket_id=st.one_of(st.none(), st.integers(0, 0xFFFFFFFF)),
+    selection_method=st.sampled_from([None, "", "hash", "dp_hash"]),
+    fields=st.sampled_from(
+        [(), ("ipv4_src",), ("ip_dst", "udp_src"), svc.CONNECTION_HASH_FIELDS, ("no_such",)]
+    ),
+    actions=bucket_actions,
+)
+def test_encoded_group_mod_is_the_generic_group_mods_encoding(
+    command: int,
+    group_id: int,
+    group_type: int,
+    n_buckets: int,
+    command_bucket_id: int | None,
+    selection_method: str | None,
+    fields: tuple[str, ...],
+    actions: tuple[of.Action, ...],
+) -> None:
+    buckets = [of.Bucket(i, actions) for i in range(n_buckets)]
+    kwargs = {
+        "command_bucket_id": command_bucket_id,
+        "selection_method": selection_method,
+        "fields": fields,
+    }
+    wires = [b.wire for b in buckets]
+    try:
+        expected = of.GroupMod(command, group_id, group_type, buckets, **kwargs)  # type: ignore[arg-type]
+    except of.OpenFlowCodecError:
+        with pytest.raises(of.OpenFlowCodecError):
+            tpl.encoded_group_mod(command, group_id, group_type, wires, **kwargs)  # type: ignore[arg-type]
+    else:
+        got = tpl.encoded_group_mod(command, group_id, group_type, wires, **kwargs)  # type: ignore[arg-type]
+        assert type(got) is of.EncodedGroupMod
+        assert got[0] == expected.wire and got.decoded() == expected
+
+
+@SETTINGS
+@given(
+    field=st.sampled_from(["reg3", "xxreg3", "reg4", "eth_type", "ip_proto"]),
+    value=st.integers(0, (1 << 130)),
+    after=st.sampled_from([b"", of.Resubmit(14).wire]),
+)
+def test_set_field_exact_wire_is_the_generic_set_fields_encoding(
+    field: str, value: int, after: bytes
+) -> None:
+    make = tpl.set_field_exact_wire(field, after)
+    try:
+        expected = of.SetField(field, value).wire + after
+    except of.OpenFlowCodecError:
+        with pytest.raises(of.OpenFlowCodecError):
+            make(value)
+    else:
+        assert make(value) == expected

@@ -91,3 +91,32 @@ async def test_periodic_full_resync_happens_without_any_request() -> None:
 def test_bad_intervals_are_refused() -> None:
     with pytest.raises(ValueError):
         SyncRunner(Recorder(), min_interval=-1)
+
+
+class SlowRecorder(Recorder):
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    async def __call__(self, full: bool) -> None:
+        await super().__call__(full)
+        await asyncio.sleep(self.seconds)
+
+
+async def test_the_min_interval_counts_from_the_start_of_the_last_sync() -> None:
+    # A change that arrives just after a sync started waits for the next one: at most the
+    # interval after that start (plus the next sync), not the interval after its end (which
+    # would add a whole sync to every wait under steady churn).
+    rec = SlowRecorder(0.15)
+    runner = SyncRunner(rec, min_interval=0.3, full_resync_interval=3600)
+    task = await _running(runner)
+    runner.request()
+    await asyncio.sleep(0.01)  # the first sync is running
+    runner.request()
+    await asyncio.sleep(0.5)
+    await runner.wait_idle(timeout=2)
+    runner.stop()
+    await task
+    assert len(rec.calls) == 2
+    gap = rec.calls[1][0] - rec.calls[0][0]
+    assert 0.29 <= gap < 0.3 + 0.1, gap  # counted from the end, it would be 0.45

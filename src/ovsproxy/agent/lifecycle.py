@@ -73,13 +73,14 @@ class Agent:
         cfg, parts = self.config, self.parts
         log.info("ovsproxy %s starting (mode %s)", __version__, cfg.mode)
         try:
+            # The source lists (and converts) while the node side, OVSDB and the switch are
+            # set up: the tracker only records until the first sync, requested once all are
+            # there. (It needs nothing of them, and the list is most of a cold start.)
+            source_started = asyncio.create_task(self._start_source(), name="source start")
+            self.tasks.append(source_started)
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
             if cfg.captures:
                 cfg = await self._start_node_side()
-            # The source lists (and converts) while OVSDB and the switch are awaited: the
-            # tracker only records until the first sync, requested once both are there.
-            source_started = asyncio.create_task(self._start_source(), name="source start")
-            self.tasks.append(source_started)
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
             register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)

@@ -4,7 +4,12 @@ Around ``Proxier.sync``: on a periodic full sync, a switch that lost flows behin
 rewritten first (``Datapath.drifted``); a failure counts the OVS error by name and marks the
 agent unhealthy; once the sources have synced, the node's routes are converged once from the
 complete ClusterIP list before the agent calls itself healthy and ready, the gauges are set, and
-the proxy health learns that every queued change is in (kube-proxy's ``Updated``).
+the proxy health learns that every queued change is in (kube-proxy's ``Updated``). Last, the
+garbage collector is settled (``gcpause.settle``: what the sync left young is collected, the
+survivors frozen), so that no collection later traverses the cluster's state in the middle of an
+event or a sync; a periodic full resync at least ``COMPACT_EVERY`` after the last compaction
+compacts instead (``gcpause.compact``: a collection over the frozen objects too, for reference
+cycles that became garbage after they were frozen).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from ovsproxy import gcpause
 from ovsproxy.agent.wiring import Components
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
@@ -22,6 +28,11 @@ from ovsproxy.model import IPFamily
 from ovsproxy.openflow.errors import OpenFlowError
 
 log = logging.getLogger("ovsproxy.agent")
+
+# A compaction (a collection over the whole heap) at the first periodic full resync this long
+# after the last one: full resyncs may be every minute, and a compaction's cost is the size of
+# the cluster's state, like a full sync's.
+COMPACT_EVERY = 3600.0
 
 
 class Syncer:
@@ -44,6 +55,10 @@ class Syncer:
         self.openflow_errors: Counter[str] = Counter()  # OVS errors of failed syncs, by name
         self.ready = asyncio.Event()
         self._routes_reconciled = False
+        self.settle_gc = True  # see gcpause.settle
+        self.last_gc: gcpause.Collected | None = None  # the last settle's or compaction's
+        self.gc_compactions = 0
+        self._compacted_at = time.monotonic()
 
     async def __call__(self, full: bool) -> None:
         parts = self.parts
@@ -97,7 +112,8 @@ class Syncer:
             m.source_ranges.set(node_side.source_range_count)
             m.capture_elements.set(node_side.element_count)
             m.health_check_servers.set(len(node_side.servers.running) if node_side.servers else 0)
-        if not self.ready.is_set():
+        first = not self.ready.is_set()
+        if first:
             self.ready.set()
             log.info(
                 "first sync done: %d Service ports, %d groups, %d flows",
@@ -106,3 +122,17 @@ class Syncer:
                 len(datapath.installed_flows),
             )
             self.on_first_sync()
+        if self.settle_gc:
+            # Last: nothing waits on it here (the commit is in, the gauges are set).
+            if full and not first and time.monotonic() - self._compacted_at >= COMPACT_EVERY:
+                self.last_gc = gcpause.compact()  # at a periodic full resync
+                self._compacted_at = time.monotonic()
+                self.gc_compactions += 1
+                if self.last_gc is not None and self.last_gc.objects:
+                    log.info(
+                        "garbage collector: %d object(s) in reference cycles freed in %.3fs",
+                        self.last_gc.objects,
+                        self.last_gc.seconds,
+                    )
+            else:
+                self.last_gc = gcpause.settle()

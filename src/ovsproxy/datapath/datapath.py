@@ -71,6 +71,7 @@ from ovsproxy.datapath.groups import (
     plan_group,
 )
 from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
+from ovsproxy.heap import release_free_memory
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
 
@@ -711,6 +712,9 @@ class Datapath:
             if big and self.freeze_gc:
                 gc.freeze()  # the collector is paused here: nothing young is traversed first
         stats = diff.stats
+        if big:
+            del diff  # its dicts and lists go first: then what the commit freed goes back
+            release_free_memory()  # to the OS (heap.py)
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats
         self.commits += 1

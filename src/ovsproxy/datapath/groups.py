@@ -13,10 +13,16 @@ Rules (seed 003, and beyond Antrea):
   them. A group whose encoding is larger goes as ADD/MODIFY with the buckets that fit, then
   INSERT_BUCKET chunks, sized from the real encoded length of each bucket.
 
-Cost: planning a new group is one ``Bucket`` value per endpoint and one GroupMod (a full sync
+Memory: a group is kept as what it sends. A bucket's actions are kept as their encoding
+(``BucketSpec.wire``), decoded only when read (``BucketSpec.actions``); the installed state of a
+group written whole shares the desired group's tuple of buckets (ids 0..n-1 in its order), and
+its messages are built from those encodings (``EncodedGroupMod``), so a full sync makes no value
+per bucket at all.
+
+Cost: planning a new group is one bucket encoding per endpoint and one GroupMod (a full sync
 plans 10,000 of them); planning a change costs a dict pass over the group's endpoints plus the
-values of the buckets that changed — the size of the full MODIFY it is compared with comes from
-the installed group's running byte count, not from encoding the whole group again.
+encodings of the buckets that changed -- the size of the full MODIFY it is compared with comes
+from the installed group's running byte count, not from encoding the whole group again.
 """
 
 from __future__ import annotations
@@ -26,9 +32,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.protocol.templates import bucket as _bucket
-from ovsproxy.openflow.protocol.templates import group_mod as _fast_group_mod
-from ovsproxy.openflow.protocol.templates import numbered_buckets
+from ovsproxy.openflow.protocol.actions import decode_actions
+from ovsproxy.openflow.protocol.templates import BUCKET_OVERHEAD, bucket_wire, encoded_group_mod
 
 MAX_MESSAGE = 0xFFFF
 BUNDLE_ADD_OVERHEAD = 16
@@ -47,11 +52,22 @@ _BASE_OVERHEAD = of.group_mod_overhead(None)
 # Named tuples, not dataclasses: a full sync builds 100,000 bucket specs, and staging compares
 # groups bucket by bucket; tuple construction and equality run in C.
 class BucketSpec(NamedTuple):
-    """One endpoint's bucket, before it has an id."""
+    """One endpoint's bucket, before it has an id: its actions as their encoding (the
+    concatenated ``Action.wire``s; ``bucket_spec`` makes one from values)."""
 
-    key: Hashable  # the endpoint's identity in its group (services: (int address, port, version))
-    actions: tuple[of.Action, ...]
+    key: Hashable  # the endpoint's identity in its group (services: an int, see services.py)
+    wire: bytes
     weight: int = 100
+
+    @property
+    def actions(self) -> tuple[of.Action, ...]:
+        """The actions as values (decoded: they are kept encoded)."""
+        wire = self[1]
+        return decode_actions(wire, 0, len(wire))
+
+
+def bucket_spec(key: Hashable, actions: Sequence[of.Action], weight: int = 100) -> BucketSpec:
+    return BucketSpec(key, b"".join([a.wire for a in actions]), weight)
 
 
 class SelectionMethod(NamedTuple):
@@ -86,13 +102,14 @@ class InstalledGroup:
     ``bucket_bytes`` is the encoded size of all its buckets (what a full MODIFY carries
     besides its header), or -1 when unknown (then it is computed when needed).
 
-    ``ids=None`` means the ids are 0..n-1 in the order of ``buckets`` (a group written whole):
-    the dict is built on first use. Most groups never change, and a full sync then hashes each
-    endpoint key once (an (ipaddress, port) key hashes in Python), and keeps one dict less
-    per group.
+    A group written whole (most groups: a full sync writes every group whole, and most never
+    change) keeps only the desired group's tuple of buckets (``specs``, shared with the
+    ``GroupSpec``): its ids are 0..n-1 in that order, and ``buckets`` and ``ids`` are built from
+    it when read (``ids`` is then kept: readers look ids up one by one). A group changed bucket
+    by bucket keeps both dicts.
     """
 
-    __slots__ = ("_ids", "bucket_bytes", "buckets", "group_id", "selection_method")
+    __slots__ = ("_buckets", "_ids", "_specs", "bucket_bytes", "group_id", "selection_method")
 
     def __init__(
         self,
@@ -101,18 +118,36 @@ class InstalledGroup:
         buckets: dict[Hashable, BucketSpec] | None = None,
         selection_method: SelectionMethod | None = None,
         bucket_bytes: int = -1,
+        *,
+        specs: tuple[BucketSpec, ...] | None = None,
     ) -> None:
         self.group_id = group_id
         self._ids = ids
-        self.buckets: dict[Hashable, BucketSpec] = {} if buckets is None else buckets
+        self._buckets = buckets if buckets is not None or specs is not None else {}
+        self._specs = specs if buckets is None else None
         self.selection_method = selection_method
         self.bucket_bytes = bucket_bytes
+
+    @property
+    def buckets(self) -> dict[Hashable, BucketSpec]:
+        buckets = self._buckets
+        if buckets is None:
+            specs = self._specs
+            assert specs is not None
+            return {b[0]: b for b in specs}  # not kept: see the class docstring
+        return buckets
+
+    @property
+    def specs(self) -> tuple[BucketSpec, ...] | None:
+        """The buckets in id order 0..n-1, when the group was written whole."""
+        return self._specs
 
     @property
     def ids(self) -> dict[Hashable, int]:
         ids = self._ids
         if ids is None:
-            ids = self._ids = dict(zip(self.buckets, range(len(self.buckets)), strict=True))
+            keys = self.buckets
+            ids = self._ids = dict(zip(keys, range(len(keys)), strict=True))
         return ids
 
     @ids.setter
@@ -121,7 +156,8 @@ class InstalledGroup:
 
     @property
     def endpoint_count(self) -> int:
-        return len(self.buckets)
+        specs = self._specs
+        return len(specs) if specs is not None else len(self.buckets)
 
     def _key(self) -> tuple[Any, ...]:
         return (self.group_id, self.ids, self.buckets, self.selection_method, self.bucket_bytes)
@@ -143,7 +179,12 @@ class InstalledGroup:
 
 
 def bucket_of(spec: BucketSpec, bucket_id: int) -> of.Bucket:
-    return _bucket(bucket_id, spec[1], spec[2])
+    """The bucket as a value (for reading; planning uses the encodings)."""
+    return of.Bucket(bucket_id, spec.actions, spec[2])
+
+
+def _bucket_len(spec: BucketSpec) -> int:
+    return len(spec[1]) + BUCKET_OVERHEAD
 
 
 def _assign_ids(
@@ -155,7 +196,7 @@ def _assign_ids(
     ``wanted``: ``desired.by_key()``, when the caller has it already."""
     if wanted is None:
         wanted = desired.by_key()
-    if installed is None or not installed.ids:
+    if installed is None or not installed.endpoint_count:
         return dict(zip(wanted, range(len(wanted)), strict=True)), wanted
     old_ids = installed.ids
     ids: dict[Hashable, int] = {}
@@ -194,15 +235,15 @@ def _overhead(selection_method: SelectionMethod | None) -> int:
 def _group_mod(
     command: of.GroupModCommand,
     group_id: int,
-    buckets: Sequence[of.Bucket],
+    buckets: Sequence[bytes],
     selection_method: SelectionMethod | None,
     command_bucket_id: int = of.OFPG_BUCKET_ALL,
-) -> of.GroupMod:
+) -> of.EncodedGroupMod:
     if selection_method is None:
-        return _fast_group_mod(
+        return encoded_group_mod(
             command, group_id, _SELECT, buckets, command_bucket_id=command_bucket_id
         )
-    return _fast_group_mod(
+    return encoded_group_mod(
         command,
         group_id,
         _SELECT,
@@ -216,34 +257,36 @@ def _group_mod(
 def group_mod_chunks(
     command: of.GroupModCommand,
     group_id: int,
-    buckets: Sequence[of.Bucket],
+    buckets: Sequence[of.Bucket | bytes],
     selection_method: SelectionMethod | None = None,
     *,
     total: int = -1,
     limit: int = MAX_BUNDLED_MESSAGE,
-) -> list[of.GroupMod]:
-    """The messages that write ``buckets`` to a select group of any size: ``command`` (ADD,
-    MODIFY, ADD_OR_MOD or INSERT_BUCKET) with as many buckets as fit in ``limit`` bytes, then
-    INSERT_BUCKET(LAST) chunks, so the switch ends up with the buckets in the given order.
-    Sent in order in one atomic bundle; the default limit leaves room for the BUNDLE_ADD
-    header. ``total``: the buckets' encoded size, if the caller knows it. A bucket that fits
-    in no message raises ``MessageTooLarge``."""
+) -> list[of.EncodedGroupMod]:
+    """The messages that write ``buckets`` (values or their encodings) to a select group of
+    any size: ``command`` (ADD, MODIFY, ADD_OR_MOD or INSERT_BUCKET) with as many buckets as
+    fit in ``limit`` bytes, then INSERT_BUCKET(LAST) chunks, so the switch ends up with the
+    buckets in the given order. Sent in order in one atomic bundle; the default limit leaves
+    room for the BUNDLE_ADD header. ``total``: the buckets' encoded size, if the caller knows
+    it. A bucket that fits in no message raises ``MessageTooLarge``."""
+    wires = [b if isinstance(b, bytes) else b.wire for b in buckets]
     base = _BASE_OVERHEAD if selection_method is None else _overhead(selection_method)
     if total < 0:
-        total = sum([len(b[0]) for b in buckets])
+        total = sum([len(w) for w in wires])
     first_bucket_id = of.OFPG_BUCKET_LAST if command == _INSERT else of.OFPG_BUCKET_ALL
     if base + total <= limit:  # the usual case: one message
-        return [_group_mod(command, group_id, buckets, selection_method, first_bucket_id)]
-    chunks: list[list[of.Bucket]] = [[]]
+        return [_group_mod(command, group_id, wires, selection_method, first_bucket_id)]
+    chunks: list[list[bytes]] = [[]]
     size = base
-    for bucket in buckets:
-        blen = len(bucket[0])
+    for wire in wires:
+        blen = len(wire)
         if blen > limit - max(base, _BASE_OVERHEAD):
-            raise of.MessageTooLarge(f"group {group_id} bucket {bucket.bucket_id}", blen, limit)
+            bucket_id = int.from_bytes(wire[4:8], "big")
+            raise of.MessageTooLarge(f"group {group_id} bucket {bucket_id}", blen, limit)
         if chunks[-1] and size + blen > limit:
             chunks.append([])
             size = _BASE_OVERHEAD
-        chunks[-1].append(bucket)
+        chunks[-1].append(wire)
         size += blen
     first, *rest = chunks
     return [
@@ -252,15 +295,19 @@ def group_mod_chunks(
     ]
 
 
-def _size(messages: Sequence[of.GroupMod]) -> int:
-    return sum(of.group_mod_length(m) for m in messages)
+def _size(messages: Sequence[of.EncodedGroupMod]) -> int:
+    return sum([m.length for m in messages])
 
 
 @dataclass(frozen=True, slots=True)
 class GroupPlan:
-    messages: tuple[of.GroupMod, ...]
+    messages: tuple[of.EncodedGroupMod, ...]  # (``decoded()`` for their values)
     result: InstalledGroup | None  # the installed state once the messages are applied
     kind: str  # "none", "add", "modify", "incremental", "delete"
+
+
+def _wires(ids: dict[Hashable, int], wanted: dict[Hashable, BucketSpec], keys: Any) -> list[bytes]:
+    return [bucket_wire(ids[k], wanted[k][1], wanted[k][2]) for k in keys]
 
 
 def plan_group(
@@ -278,46 +325,50 @@ def plan_group(
         group_id = installed.group_id if installed is not None else None
         assert group_id is not None or present_unknown
         return GroupPlan((), None, "delete")  # deletes are emitted by the datapath, after flows
-    group_id, _, method = desired
+    group_id, specs, method = desired
     if installed is None:
-        # A new group: ids 0..n-1 in the order of the endpoints.
-        wanted = desired.by_key()
-        buckets = numbered_buckets(wanted.values())
-        total = sum([len(b[0]) for b in buckets])
+        # A new group: ids 0..n-1 in the order of the endpoints; the installed state shares
+        # the desired tuple (unless an endpoint key repeats: then the last spec of a key wins).
+        if len({s[0] for s in specs}) != len(specs):
+            specs = tuple(desired.by_key().values())
+        wires = [bucket_wire(i, s[1], s[2]) for i, s in enumerate(specs)]
+        total = sum([len(w) for w in wires])
         command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(
-            tuple(group_mod_chunks(command, group_id, buckets, method, total=total)),
-            InstalledGroup(group_id, None, wanted, method, total),  # ids: 0..n-1
+            tuple(group_mod_chunks(command, group_id, wires, method, total=total)),
+            InstalledGroup(group_id, None, None, method, total, specs=specs),  # ids: 0..n-1
             "add",
         )
+    if installed.selection_method == method and installed.specs == specs:
+        return GroupPlan((), installed, "none")  # the very buckets, in the same order
     wanted = desired.by_key()
-    if installed.selection_method == method and installed.buckets == wanted:
+    old_buckets = installed.buckets
+    if installed.selection_method == method and old_buckets == wanted:
         # Every endpoint is there with the same bucket: ids are kept, nothing to send.
         return GroupPlan((), installed, "none")
     ids, wanted = _assign_ids(desired, installed, wanted)
     ordered = sorted(wanted, key=ids.__getitem__)
     if installed.selection_method != method:
-        all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
-        total = sum([len(b[0]) for b in all_buckets])
+        all_buckets = _wires(ids, wanted, ordered)
+        total = sum([len(w) for w in all_buckets])
         return GroupPlan(
             tuple(group_mod_chunks(_MODIFY, group_id, all_buckets, method, total=total)),
             InstalledGroup(group_id, ids, wanted, method, total),
             "modify",
         )
-    old_buckets = installed.buckets
     old_ids = installed.ids
     removed = [k for k, spec in old_buckets.items() if wanted.get(k) != spec]
     removed_set = set(removed)
     inserted = [k for k in ordered if k not in old_ids or k in removed_set]
-    new_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in inserted]
-    inserted_bytes = sum([len(b[0]) for b in new_buckets])
+    new_buckets = _wires(ids, wanted, inserted)
+    inserted_bytes = sum([len(w) for w in new_buckets])
     old_total = installed.bucket_bytes
     if old_total < 0:
-        old_total = sum(len(bucket_of(s, 0)[0]) for s in old_buckets.values())
-    removed_bytes = sum(len(bucket_of(old_buckets[k], 0)[0]) for k in removed)
+        old_total = sum([_bucket_len(s) for s in old_buckets.values()])
+    removed_bytes = sum([_bucket_len(old_buckets[k]) for k in removed])
     total = old_total - removed_bytes + inserted_bytes
     result = InstalledGroup(group_id, ids, wanted, method, total)
-    incremental: list[of.GroupMod] = [
+    incremental: list[of.EncodedGroupMod] = [
         _group_mod(_REMOVE, group_id, (), None, old_ids[k]) for k in removed
     ]
     if new_buckets:
@@ -328,7 +379,7 @@ def plan_group(
     full_size = _overhead(method) + total
     if _size(incremental) < full_size:
         return GroupPlan(tuple(incremental), result, "incremental")
-    all_buckets = [_bucket(ids[k], wanted[k][1], wanted[k][2]) for k in ordered]
+    all_buckets = _wires(ids, wanted, ordered)
     return GroupPlan(
         tuple(group_mod_chunks(_MODIFY, group_id, all_buckets, method, total=total)),
         result,

@@ -152,12 +152,15 @@ import enum
 from dataclasses import dataclass
 
 from ovsproxy.model import IPAddress, IPFamily, node
+from ovsproxy.openflow.protocol import CT_INV, CT_TRK
 
 # -- conntrack ----------------------------------------------------------------------------
 CT_ZONE_V4 = 0xFFF0  # Antrea's SNAT-free Service zones; distinct per family
 CT_ZONE_V6 = 0xFFE6
 CT_MARK_SERVICE = 0x10
 CT_MARK_SERVICE_MASK = 0x10
+# The ct_state match (value, mask) of a packet conntrack tracked and called invalid.
+CT_STATE_INVALID = (CT_TRK | CT_INV, CT_TRK | CT_INV)
 
 # -- rejecting (no usable endpoint) --------------------------------------------------------
 # ServiceLB sends the first packet of a connection to a Service without endpoints to the agent

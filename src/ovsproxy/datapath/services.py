@@ -2,20 +2,18 @@
 
 Pure: (ServicePort, endpoints, group ids, tables, generation) in, (groups, flows) out. The
 datapath diffs these against what is installed (and keeps the flows as their encodings).
-Bucket actions are cached per endpoint and per pipeline, so a re-build re-uses the same
-objects (compared by identity) and Services sharing an endpoint share them; flows are built
-afresh, as the datapath keeps only their bytes. The shapes built per endpoint and per
-frontend (EndpointDNAT and ServiceLB flows, the endpoint's set_field) come from the codec's
-templates (``openflow.protocol.templates``): the values the generic constructors build,
-several times cheaper (bench ``encode``).
+Groups keep each bucket's actions as their encoding, and the EndpointDNAT flows are staged
+as their encodings: what the datapath keeps is bytes, built afresh (no cache of values).
+The shapes built per endpoint and per frontend (EndpointDNAT and ServiceLB flows, a bucket's
+actions) come from the codec's templates (``openflow.protocol.templates``): exactly what the
+generic constructors encode, several times cheaper (bench ``encode``).
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
-import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +23,7 @@ from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates
+from ovsproxy.openflow.protocol.actions import decode_actions
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
@@ -174,9 +173,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         add(
             t.conntrack_state,
             pl.PRIORITY_HIGH,
-            of.Match(
-                eth_type=eth_type(family), ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV)
-            ),
+            of.Match(eth_type=eth_type(family), ct_state=pl.CT_STATE_INVALID),
             (),
         )  # invalid: drop
         # ...except an RST: the agent flushes its entry, the endpoint gets it (stale_reset)
@@ -186,7 +183,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(
                 eth_type=eth_type(family),
                 ip_proto=IPPROTO_TCP,
-                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                ct_state=pl.CT_STATE_INVALID,
                 # RST without ACK: how a TCP answers a segment no connection of its owns
                 # (RFC 9293 3.10.7.3), the stray ACK here; an abort of a live connection
                 # carries ACK and stays dropped when invalid.
@@ -218,7 +215,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(
                 eth_type=eth_type(family),
                 ip_proto=IPPROTO_TCP,
-                ct_state=(of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+                ct_state=pl.CT_STATE_INVALID,
                 tcp_flags=(TCP_SYN, TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN),
             ),
             _apply(of.Resubmit(t.forwarding)),
@@ -231,7 +228,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         syn_ack = {
             "eth_type": eth_type(family),
             "ip_proto": IPPROTO_TCP,
-            "ct_state": (of.CT_TRK | of.CT_INV, of.CT_TRK | of.CT_INV),
+            "ct_state": pl.CT_STATE_INVALID,
             "tcp_flags": (TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
         }
         invalid_syn_ack = of.Match(**syn_ack)
@@ -477,71 +474,34 @@ def pod_forwarding_flows(
 
 
 # -- Services -----------------------------------------------------------------------------
-# Endpoint bucket actions are cached: a re-build re-uses the same objects (equal by identity,
-# so staging compares them for free), and an endpoint's actions are built once however many
-# Services share it. The caches are bounded (pods come and go with new addresses).
-ENDPOINT_CACHE_SIZE = 1 << 18
+# A bucket is kept as the encoding of its actions (``BucketSpec.wire``: the endpoint's address
+# into a register, then the actions every bucket of that port and affinity shares), built in
+# one struct call per endpoint: no value per endpoint, and no cache of them (a cache of every
+# endpoint's bucket values was the largest single cost of a 10,000-Service cluster; bench
+# ``memory``). Equal encodings compare in C (memcmp), so a re-built Service stages for free.
 _new_tuple = tuple.__new__
 
 
-# Endpoint values, and a Service's buckets in its groups (``BucketSpec.key``), are keyed by
-# (address as an int, port, IP version): a tuple of ints hashes in C (an (ipaddress, port)
-# key hashes in Python, per endpoint). The address and version
-# are read as the codec reads them (``ip._ip``: the int ``int(ip)`` returns, without the call).
-EndpointKey = tuple[int, int, int]
+# A Service's buckets in its groups (``BucketSpec.key``) and its EndpointDNAT flows are keyed
+# by one int: address << 17 | port << 1 | (1 for IPv6). An int hashes in C (an (ipaddress,
+# port) key hashes in Python, per endpoint) and costs one object (a tuple of three costs two
+# more). The address is read as the codec reads it (``ip._ip``: the int ``int(ip)`` returns,
+# without the call).
+EndpointKey = int
 _IPV4 = ipaddress.IPv4Address
 
 
-def _endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
-    return (ip._ip, port, 4 if type(ip) is _IPV4 else ip.version)  # type: ignore[union-attr]  # hot path, see above
+def endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
+    address: int = ip._ip  # type: ignore[union-attr]  # hot path, see above
+    return address << 17 | port << 1 | (type(ip) is not _IPV4)
 
 
-def _evict_oldest(cache: dict[Any, Any]) -> None:
-    """Make room: the oldest eighth of the entries goes. In batches, because a dict's
-    iteration starts by skipping the slots its deletions left: taking one oldest entry per
-    insert costs the number of entries deleted so far, and a cold start of more endpoints
-    than the bound (500,000 in the scale benchmark) turned quadratic."""
-    for key in list(itertools.islice(cache, max(1, len(cache) // 8))):
-        del cache[key]
-
-
-def _bounded_put(cache: dict[Any, Any], key: Any, value: Any) -> None:
-    """Remember a value; past the bound, the oldest entries go."""
-    if len(cache) >= ENDPOINT_CACHE_SIZE:
-        _evict_oldest(cache)
-    cache[key] = value
-
-
-class _BucketCaches:
-    """One pipeline's bucket actions: by affinity, {endpoint key: actions}; and the actions
-    after the address, by (port, affinity)."""
-
-    __slots__ = ("by_affinity", "tails")
-
-    def __init__(self) -> None:
-        self.by_affinity: tuple[dict[EndpointKey, tuple[of.Action, ...]], ...] = ({}, {})
-        self.tails: dict[tuple[int, bool], tuple[of.Action, ...]] = {}
-
-
-# Per pipeline (Tables); the tables of the last lookup are remembered by identity (hashing the
-# Tables dataclass is done in Python).
-_bucket_actions: dict[pl.Tables, _BucketCaches] = {}
-_last_bucket_cache: list[Any] = [None, None]  # tables, its caches
-_SET_ENDPOINT_IP = {
-    4: templates.set_field_exact(pl.ENDPOINT_IP_REG),
-    6: templates.set_field_exact(pl.ENDPOINT_IP6_REG),
-}
-
-
-def _bucket_caches(tables: pl.Tables) -> _BucketCaches:
-    last = _last_bucket_cache
-    if last[0] is not tables:
-        caches = _bucket_actions.get(tables)
-        if caches is None:
-            caches = _bucket_actions[tables] = _BucketCaches()
-        last[:] = (tables, caches)
-    current: _BucketCaches = last[1]
-    return current
+# A bucket's actions as bytes, by (port, affinity, IP version): the endpoint address goes in;
+# per pipeline (Tables), the tables of the last lookup remembered by identity (hashing the
+# Tables dataclass is done in Python). Bounded by the pipelines x ports in use.
+_BucketWire = Callable[[int], bytes]
+_bucket_wires: dict[pl.Tables, dict[tuple[int, bool, int], _BucketWire]] = {}
+_last_bucket_wires: list[Any] = [None, None]  # tables, its makers
 
 
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
@@ -554,30 +514,48 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
     )
 
 
-def _new_bucket_actions(
-    key: EndpointKey, affinity: bool, tables: pl.Tables
-) -> tuple[of.Action, ...]:
-    """Build and remember the bucket actions of an endpoint (a cache miss)."""
-    caches = _bucket_caches(tables)
-    address, port, version = key
-    tail = caches.tails.get((port, affinity))
-    if tail is None:
-        tail = caches.tails[port, affinity] = _bucket_tail(port, affinity, tables)
-    actions = (_SET_ENDPOINT_IP[version](address), *tail)
-    _bounded_put(caches.by_affinity[affinity], key, actions)
-    return actions
+def _bucket_wire_makers(tables: pl.Tables) -> dict[tuple[int, bool, int], _BucketWire]:
+    last = _last_bucket_wires
+    if last[0] is not tables:
+        makers = _bucket_wires.get(tables)
+        if makers is None:
+            makers = _bucket_wires[tables] = {}
+        last[:] = (tables, makers)
+    current: dict[tuple[int, bool, int], _BucketWire] = last[1]
+    return current
+
+
+def _new_bucket_wire(
+    makers: dict[tuple[int, bool, int], _BucketWire],
+    port: int,
+    affinity: bool,
+    version: int,
+    tables: pl.Tables,
+) -> _BucketWire:
+    tail = b"".join([a.wire for a in _bucket_tail(port, affinity, tables)])
+    reg = pl.ENDPOINT_IP_REG if version == 4 else pl.ENDPOINT_IP6_REG
+    make = makers[port, affinity, version] = templates.set_field_exact_wire(reg, tail)
+    return make
+
+
+def endpoint_bucket_wire(ip: IPAddress, port: int, affinity: bool, tables: pl.Tables) -> bytes:
+    """A bucket's actions, encoded: endpoint address into reg3/xxreg3, port and selection
+    state into reg4 (one masked set_field), then on to EndpointDNAT (or back to ServiceLB to
+    learn affinity)."""
+    version = 4 if type(ip) is _IPV4 else 6
+    makers = _bucket_wire_makers(tables)
+    make = makers.get((port, affinity, version))
+    if make is None:
+        make = _new_bucket_wire(makers, port, affinity, version, tables)
+    return make(ip._ip)  # type: ignore[union-attr]
 
 
 def endpoint_bucket_actions(
     ip: IPAddress, port: int, affinity: bool, tables: pl.Tables
 ) -> tuple[of.Action, ...]:
-    """A bucket: endpoint address into reg3/xxreg3, port and selection state into reg4 (one
-    masked set_field), then on to EndpointDNAT (or back to ServiceLB to learn affinity)."""
-    key = _endpoint_key(ip, port)
-    actions = _bucket_caches(tables).by_affinity[affinity].get(key)
-    if actions is None:
-        actions = _new_bucket_actions(key, affinity, tables)
-    return actions
+    """``endpoint_bucket_wire`` as values."""
+    wire = endpoint_bucket_wire(ip, port, affinity, tables)
+    return decode_actions(wire, 0, len(wire))
 
 
 _CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
@@ -642,8 +620,7 @@ def _templates(
 # bytes) alive as well.
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
-    key = _endpoint_key(ip, port)
-    return _templates(ctx, protocol)[0][key[2]].flow(key[0], port)
+    return _templates(ctx, protocol)[0][ip.version].flow(int(ip), port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:
@@ -821,11 +798,7 @@ def frontend_objects(
     svc_cookie = ctx.cookie(pl.Category.SERVICE)
     affinity = port.session_affinity
     dnat_templates, frontend_templates = _templates(ctx, port.protocol)
-    caches = _bucket_caches(t)
-    bucket_cache = caches.by_affinity[affinity]
-    tails = caches.tails
-    set_ip = _SET_ENDPOINT_IP
-    limit = ENDPOINT_CACHE_SIZE
+    makers = _bucket_wire_makers(t)
     ipv4 = _IPV4
     # The EndpointDNAT flows of the port's endpoints, each once.
     dnat: dict[EndpointKey, EncodedFlow] = {}
@@ -837,23 +810,20 @@ def frontend_objects(
         for ep in fset.endpoints:
             ip = ep.ip
             ep_port = ep.port
-            version = 4 if type(ip) is ipv4 else ip.version
-            key = (ip._ip, ep_port, version)  # type: ignore[union-attr]  # hot: see _endpoint_key
-            actions = bucket_cache.get(key)
-            if actions is None:
-                tail = tails.get((ep_port, affinity))
-                if tail is None:
-                    actions = _new_bucket_actions(key, affinity, t)
-                else:  # (_new_bucket_actions, inline: this runs per endpoint of a full sync)
-                    actions = (set_ip[version](key[0]), *tail)
-                    if len(bucket_cache) >= limit:
-                        _evict_oldest(bucket_cache)
-                    bucket_cache[key] = actions
-            # keyed by the endpoint key: hashed in C, and (built on a cache miss) the very
-            # tuple the cache holds
-            append(_new_tuple(BucketSpec, (key, actions, 100)))
+            address = ip._ip  # type: ignore[union-attr]  # hot: see endpoint_key
+            if type(ip) is ipv4:
+                version = 4
+                key = address << 17 | ep_port << 1
+            else:
+                version = 6
+                key = address << 17 | ep_port << 1 | 1
+            make = makers.get((ep_port, affinity, version))
+            if make is None:
+                make = _new_bucket_wire(makers, ep_port, affinity, version, t)
+            # BucketSpec(key, wire, weight), in C
+            append(_new_tuple(BucketSpec, (key, make(address), 100)))
             if key not in dnat:
-                dnat[key] = encoded_flow(dnat_templates[version].wire(key[0], ep_port))
+                dnat[key] = encoded_flow(dnat_templates[version].wire(address, ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(
             _new_tuple(GroupSpec, (fset.group_id, tuple(buckets), GROUP_SELECTION_METHOD))
@@ -868,7 +838,7 @@ def frontend_objects(
                 else tuple(fset.in_cluster_empty_actions)
             )
         for ip, l4_port in fset.frontend_ports(port):
-            address = ip._ip  # type: ignore[union-attr]  # hot path: see _endpoint_key
+            address = ip._ip  # type: ignore[union-attr]  # hot path: see endpoint_key
             flows.append(frontend_templates[ip.version].flow(address, l4_port, actions))
             if fset.in_cluster_group:
                 flows.extend(_short_circuit_flows(ctx, port, ip, l4_port, short_circuit))

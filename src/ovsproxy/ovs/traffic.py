@@ -4,7 +4,10 @@
 (so every request is a new conntrack entry and a new select-group choice) and prints one JSON
 object: counts per answering pod, failures by kind, and latencies. ``--duration`` sends
 continuously instead (for restart tests). ``udp HOST PORT`` does the same with datagrams, on one
-socket (one conntrack entry) unless ``--new-socket``.
+socket (one conntrack entry) unless ``--new-socket``. ``bound HOST PORT --source-ports P,Q``
+sends one HTTP/1.0 request from each bound source port in turn and prints ``{port: seconds or
+error kind}``: the server closes first, so the endpoint holds each 4-tuple in TIME_WAIT (the
+TIME_WAIT collision tests reuse those 4-tuples).
 
 From Python, :func:`run_in_netns` runs it in a namespace and returns the parsed result.
 """
@@ -198,6 +201,33 @@ def udp_load(
     }
 
 
+def bound_requests(
+    host: str, port: int, source_ports: list[int], *, timeout: float, bind_address: str = ""
+) -> dict[int, float | str]:
+    """One HTTP/1.0 request from each source port, in turn: seconds taken, or the error kind.
+    HTTP/1.0 so the server closes first and the endpoint, not the client, keeps the 4-tuple in
+    TIME_WAIT; SO_REUSEADDR so a port this side used before can be bound again."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    out: dict[int, float | str] = {}
+    for source in source_ports:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.settimeout(timeout)
+        started = time.monotonic()
+        try:
+            sock.bind((bind_address, source))
+            sock.connect((host, port))
+            sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            while sock.recv(4096):
+                pass
+            out[source] = round(time.monotonic() - started, 3)
+        except OSError as exc:
+            out[source] = _error_kind(exc)
+        finally:
+            sock.close()
+    return out
+
+
 def run_in_netns(netns: str | None, *args: str, timeout: float = 120) -> dict[str, Any]:
     """Run this module's CLI in a namespace (None: this one) and parse its JSON result."""
     cmd = [sys.executable, "-m", "ovsproxy.ovs.traffic", *args]
@@ -228,7 +258,26 @@ def main(argv: list[str] | None = None) -> int:
     udp_p.add_argument("--new-socket", action="store_true")
     udp_p.add_argument("--interval", type=float, default=0.0)
     udp_p.add_argument("--source-port", type=int, default=0)
+    bound_p = sub.add_parser("bound")
+    bound_p.add_argument("host")
+    bound_p.add_argument("port", type=int)
+    bound_p.add_argument("--source-ports", required=True, help="comma-separated")
+    bound_p.add_argument("--bind-address", default="")
+    bound_p.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args(argv)
+    if args.mode == "bound":
+        print(
+            json.dumps(
+                bound_requests(
+                    args.host,
+                    args.port,
+                    [int(p) for p in args.source_ports.split(",")],
+                    timeout=args.timeout,
+                    bind_address=args.bind_address,
+                )
+            )
+        )
+        return 0
     if args.mode == "http":
         if not args.count and not args.duration:
             args.count = 1

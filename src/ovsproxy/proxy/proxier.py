@@ -45,6 +45,7 @@ from ovsproxy.model import (
     ServicePort,
     ServicePortName,
     ServiceState,
+    TrafficPolicy,
 )
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
@@ -267,6 +268,37 @@ def select_endpoints(
     )
 
 
+_FAMILIES = tuple(IPFamily)  # (iterating the enum class itself is slow: a full sync does it)
+_BY_VERSION = {int(f): f for f in IPFamily}
+
+
+def plain_selection(state: ServiceState) -> FamilySelection | None:
+    """``select_endpoints`` for the common case, decided without categorising: a port of
+    one family with ClusterIPs only (no NodePort, external or load-balancer IP: nothing
+    external reaches it, so only internalTrafficPolicy counts, and it is Cluster) whose
+    endpoints are all ready and carry no topology hints. Every endpoint is used then, or,
+    with none, the ClusterIPs reject. None: not that case (``select_endpoints`` decides).
+    The answer equals ``select_endpoints``' for the port's family (tests compare them)."""
+    port = state.port
+    cluster_ips = port.cluster_ips
+    if (
+        len(cluster_ips) != 1
+        or port.node_port
+        or port.external_ips
+        or port.load_balancer_ips
+        or port.internal_traffic_policy is not TrafficPolicy.CLUSTER
+    ):
+        return None
+    endpoints = state.endpoints
+    for ep in endpoints:
+        if not ep.ready or ep.hint_zones or ep.hint_nodes:
+            return None
+    family = _BY_VERSION[cluster_ips[0].version]
+    if endpoints:
+        return FamilySelection(family, cluster_ips, endpoints, FORWARD, "", "", False)
+    return FamilySelection(family, cluster_ips, (), REJECT, "no usable endpoints", "", False)
+
+
 def _unique_endpoints(sets: list[tuple[Endpoint, ...]]) -> tuple[Endpoint, ...]:
     """The endpoints of these sets, one per address:port, first seen first. Each set holds
     an address:port once (the tracker's), so a single set is the answer as it is: the common
@@ -470,6 +502,10 @@ class Proxier:
 
     # -- one Service port -------------------------------------------------------------------
     def _stage_service(self, state: ServiceState) -> None:
+        plain = plain_selection(state)
+        if plain is not None:
+            self._stage_plain(state, plain)
+            return
         port = state.port
         families = [f for f in IPFamily if svc.service_frontend_ips(port, f)]
         if not families:  # nothing to program (e.g. a port with no ClusterIP)
@@ -580,6 +616,45 @@ class Proxier:
         self._after_change(previous, installed)
         self.services[port.name] = installed
         self._endpoint_total += len(installed.endpoints) - (
+            len(previous.endpoints) if previous is not None else 0
+        )
+
+    def _stage_plain(self, state: ServiceState, sel: FamilySelection) -> None:
+        """``_stage_service`` for a ``plain_selection``: one family, one group for its
+        ClusterIPs, no external set; group ids are asked for and released in the same order
+        as there (an id freed here may be the one handed out next)."""
+        port = state.port
+        name = port.name
+        groups = self.groups
+        family = sel.family
+        gid = 0
+        for each in _FAMILIES:
+            if each is family:
+                groups.release(name, each, EXTERNAL)
+                gid = groups.get(name, each)
+                groups.release(name, each, IN_CLUSTER)
+            else:
+                groups.release(name, each)
+        reject = self._reject_action if sel.action == REJECT else ()
+        fset = svc.FrontendSet(sel.frontends, gid, sel.endpoints, reject)
+        objects = self._objects_for(port, [fset])
+        self.datapath.stage(name, objects.groups, objects.staged)
+        previous = self.services.get(name)
+        installed = InstalledService(
+            state,
+            sel.endpoints,
+            {family: gid},
+            rejecting=sel.action == REJECT,
+            families={family: sel},
+            external_group_ids={},
+            affinity=affinity_realisation(
+                port.affinity_timeout, self.ctx.max_ovs_timeout, self.sweep_interval
+            ),
+            conntrack_flushes=previous.conntrack_flushes if previous else 0,
+        )
+        self._after_change(previous, installed)
+        self.services[name] = installed
+        self._endpoint_total += len(sel.endpoints) - (
             len(previous.endpoints) if previous is not None else 0
         )
 

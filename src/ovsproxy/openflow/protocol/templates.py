@@ -30,7 +30,8 @@ from typing import Any
 
 from . import constants as c
 from .actions import CT, NAT, Action, ApplyActions, GroupAction, SetField
-from .errors import OpenFlowEncodeError
+from .encoded import EncodedGroupMod
+from .errors import MessageTooLarge, OpenFlowEncodeError
 from .fields import Match, get_field
 from .flows import FlowMod
 from .groups import Bucket, GroupMod, _selection_method_prop
@@ -40,10 +41,13 @@ __all__ = [
     "FrontendFlows",
     "TemplateError",
     "bucket",
+    "bucket_wire",
+    "encoded_group_mod",
     "group_mod",
     "identical",
     "numbered_buckets",
     "set_field_exact",
+    "set_field_exact_wire",
 ]
 
 _new = tuple.__new__
@@ -465,6 +469,35 @@ def set_field_exact(field: str) -> Callable[[int], SetField]:
     return make
 
 
+_VALUE_FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+def set_field_exact_wire(field: str, after: bytes = b"") -> Callable[[int], bytes]:
+    """``SetField(field, value).wire + after`` for int values, in one struct call: a bucket's
+    actions kept encoded (the endpoint's address, then the actions its buckets share)."""
+    f = get_field(field)
+    prefix, pad = f.set_field_exact
+    n_bytes, limit, name = f.n_bytes, f.limit, f.name
+    rest = pad + after
+    code = _VALUE_FORMATS.get(n_bytes)
+    if code is not None:
+        pack = struct.Struct(f"!{len(prefix)}s{code}{len(rest)}s").pack
+
+        def make(value: int) -> bytes:
+            if type(value) is int and 0 <= value < limit:
+                return pack(prefix, value, rest)
+            return SetField(name, value).wire + after
+
+    else:
+
+        def make(value: int) -> bytes:
+            if type(value) is int and 0 <= value < limit:
+                return b"".join((prefix, value.to_bytes(n_bytes, "big"), rest))
+            return SetField(name, value).wire + after
+
+    return make
+
+
 _BUCKET_HEAD = struct.Struct("!HHI")
 _WEIGHT_PROP = struct.Struct("!HHH2x")
 _WEIGHTS: dict[int | None, bytes] = {}  # by weight: None (no weight) is never stored
@@ -497,6 +530,64 @@ def bucket(bucket_id: int, actions: tuple[Action, ...], weight: int | None = 100
             None,
         ),
     )
+
+
+# A select bucket's bytes besides its actions: its header and its weight property.
+BUCKET_OVERHEAD = 16
+
+
+def bucket_wire(bucket_id: int, actions: bytes, weight: int = 100) -> bytes:
+    """``Bucket(bucket_id, actions, weight).wire`` from the actions' encoding (what a group
+    keeps per endpoint: see ``datapath.groups.BucketSpec``)."""
+    prop = _WEIGHTS.get(weight)
+    if prop is None:
+        if type(weight) is not int or not 0 <= weight <= 0xFFFF:
+            raise OpenFlowEncodeError(f"bucket weight {weight!r} is out of range")
+        prop = _WEIGHTS[weight] = _WEIGHT_PROP.pack(c.OFPGBPT_WEIGHT, 8, weight)
+    if not 0 <= bucket_id <= c.OFPG_BUCKET_MAX:
+        raise OpenFlowEncodeError(f"bucket id {bucket_id} is out of range")
+    size = len(actions)
+    if size + BUCKET_OVERHEAD > 0xFFFF:
+        raise MessageTooLarge("bucket", size + BUCKET_OVERHEAD, 0xFFFF)
+    return b"".join((_BUCKET_HEAD.pack(size + BUCKET_OVERHEAD, size, bucket_id), actions, prop))
+
+
+def encoded_group_mod(
+    command: int,
+    group_id: int,
+    group_type: int,
+    buckets: Sequence[bytes],
+    *,
+    command_bucket_id: int | None = None,
+    selection_method: str | None = None,
+    fields: tuple[str, ...] = (),
+) -> EncodedGroupMod:
+    """``EncodedGroupMod.of(GroupMod(...))`` from the buckets' encodings (``bucket_wire``):
+    the same bytes, without a value per bucket."""
+    if command_bucket_id is None:
+        command_bucket_id = (
+            c.OFPG_BUCKET_LAST if command == c.GroupModCommand.INSERT_BUCKET else c.OFPG_BUCKET_ALL
+        )
+    props = b""
+    if not selection_method and fields:
+        raise OpenFlowEncodeError(f"group {group_id}: fields {fields!r} without a selection method")
+    if selection_method:
+        if command not in _PROPERTY_COMMANDS:
+            raise OpenFlowEncodeError(f"group {group_id}: a selection method on command {command}")
+        found = _selection_prop(selection_method, fields)
+        if found is None:  # the generic constructor raises the error
+            GroupMod(
+                command, group_id, group_type, (), selection_method=selection_method, fields=fields
+            )
+            raise OpenFlowEncodeError(f"group {group_id}: selection method {selection_method}")
+        props = found[0]
+    if buckets and command in _NO_BUCKET_COMMANDS:
+        raise OpenFlowEncodeError(f"group {group_id}: buckets on command {command}")
+    body = b"".join(buckets)
+    if len(body) > 0xFFFF:
+        raise MessageTooLarge(f"group {group_id} buckets", len(body), 0xFFFF)
+    head = _GROUP_MOD_HEAD.pack(command, group_type, group_id, len(body), command_bucket_id)
+    return _new(EncodedGroupMod, (b"".join((head, body, props)),))
 
 
 def numbered_buckets(specs: Iterable[Sequence[Any]], first_id: int = 0) -> list[Bucket]:
