@@ -91,6 +91,8 @@ _STRAY_IN_FLOW = re.compile(rb"(?:- |: ) *[\]},]")
 # "k:?", "port:}" in a flow collection: libyaml refuses a plain scalar's ":" before a flow
 # indicator there (and only there: kubectl's "k:{...}" keys and JSON in block scalars are fine).
 _COLON_BEFORE_FLOW_INDICATOR = re.compile(rb":[,?\[\]{}]")
+# "[" or "{" not closed at once: maybe a flow collection with something in it.
+_FLOW_OPENER = re.compile(rb"[\[{](?![\]}])")
 # A key alone in a flow mapping ({0}, {true}) that PyYAML makes a number or a bool.
 _LONE_KEY = re.compile(rb"[{,] *(?:[-+]?\.?[0-9][^:,\]}\n #]*|true|false|null) *(?=[,}])")
 # A block scalar's header other than "|", ">", their indentation and chomping indicators and
@@ -215,7 +217,7 @@ def _documents(tree: Any, data: bytes, base: int) -> list[FastDocument]:
     stray = _STRAY_IN_FLOW if all(tree.is_flow(node) for node in nodes) else _STRAY_IN_BLOCK
     if stray.search(b"\n" + data):
         raise _Unsure
-    if _has_flow_content(tree):
+    if _FLOW_OPENER.search(data) and _has_flow_content(tree):  # the walk only if need be
         # Only flow collections have these (JSON in a block scalar or a string has them too).
         if _COLON_BEFORE_FLOW_INDICATOR.search(data) or _LONE_KEY.search(data):
             raise _Unsure
