@@ -24,10 +24,10 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
@@ -43,6 +43,7 @@ from ovsproxy.model.problems import (
     SourceLocation,
     ValidationError,
 )
+from ovsproxy.sources import fastyaml
 from ovsproxy.sources.convert import (
     check_service_proxy_name,
     convert_endpoint_slice,
@@ -58,13 +59,8 @@ MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 _API_VERSIONS = {"Service": "v1", "EndpointSlice": "discovery.k8s.io/v1"}
 
 
-class _Converter(Protocol):
-    def __call__(
-        self, obj: Mapping[str, Any], *, location: SourceLocation | None = None
-    ) -> Service | EndpointSlice: ...
-
-
-_CONVERTERS: dict[str, _Converter] = {
+# Service converters also take service_proxy_name=.
+_CONVERTERS: dict[str, Callable[..., Service | EndpointSlice]] = {
     "Service": convert_service,
     "EndpointSlice": convert_endpoint_slice,
 }
@@ -100,7 +96,61 @@ def parse_manifest(
     data: bytes | str, path: str, *, service_proxy_name: str | None = None
 ) -> ParsedManifest:
     """Parse and validate one file's content (pure: no file system access). Services are
-    ignored as a proxy named ``service_proxy_name`` ignores them (``service_ignored_reason``)."""
+    ignored as a proxy named ``service_proxy_name`` ignores them (``service_ignored_reason``).
+
+    Files the fast path (``fastyaml``) vouches for and that have no problem are read with
+    it; everything else, and every file with a problem, with PyYAML: the result is the same,
+    and the problems are PyYAML's, with the line of each bad field."""
+    raw = data.encode() if isinstance(data, str) else data
+    documents = fastyaml.documents(raw)
+    if documents is not None:
+        parsed = _parse_documents(documents, path, service_proxy_name)
+        if parsed is not None:
+            return parsed
+    return _parse_with_pyyaml(data, path, service_proxy_name)
+
+
+def _parse_documents(
+    documents: list[fastyaml.FastDocument], path: str, service_proxy_name: str | None
+) -> ParsedManifest | None:
+    """The fast path's documents as a ``ParsedManifest``, or None when anything is wrong
+    (PyYAML then says where, field by field)."""
+    objects: list[ManifestObject] = []
+    problems: list[Problem] = []
+    other = 0
+    for document in documents:
+        obj = document.value
+        where = SourceLocation(path, document.line, document.number)
+        kind = obj.get("kind")
+        if not isinstance(kind, str):
+            return None
+        items = obj.get("items")
+        if kind.endswith("List") and isinstance(items, list):
+            for index, item in enumerate(items):
+                line = (
+                    document.item_lines[index]
+                    if index < len(document.item_lines)
+                    else document.line
+                )
+                item_where = SourceLocation(path, line, document.number, item=index)
+                other += _add_object(
+                    item, None, item_where, objects, problems, service_proxy_name=service_proxy_name
+                )
+        else:
+            other += _add_object(
+                obj, None, where, objects, problems, service_proxy_name=service_proxy_name
+            )
+        if problems:
+            return None
+    keys = [obj.key for obj in objects if obj.key is not None]
+    if len(set(keys)) != len(keys):
+        return None  # a duplicate in the file: PyYAML's path reports it
+    return ParsedManifest(path, tuple(objects), (), other_documents=other)
+
+
+def _parse_with_pyyaml(
+    data: bytes | str, path: str, service_proxy_name: str | None
+) -> ParsedManifest:
     objects: list[ManifestObject] = []
     problems: list[Problem] = []
     other = 0
@@ -161,7 +211,7 @@ def parse_manifest(
 
 def _add_object(
     obj: Any,
-    node: yaml.Node,
+    node: yaml.Node | None,
     where: SourceLocation,
     objects: list[ManifestObject],
     problems: list[Problem],
@@ -180,8 +230,9 @@ def _add_object(
     errors: list[ValidationError] = []
     value: Service | EndpointSlice | None = None
     try:
+        # Both through _CONVERTERS: the cold-start bench times conversion there.
         if kind == "Service":
-            value = convert_service(obj, location=where, service_proxy_name=service_proxy_name)
+            value = _CONVERTERS[kind](obj, location=where, service_proxy_name=service_proxy_name)
         else:
             value = _CONVERTERS[kind](obj, location=where)
     except InvalidObjectError as exc:
@@ -197,7 +248,8 @@ def _add_object(
         )
         value = None
     # Point each error at the line of its own field, not just the object's first line.
-    errors = [_at_field_line(error, node) for error in errors]
+    if node is not None:
+        errors = [_at_field_line(error, node) for error in errors]
     problems.extend(errors)
     ignored = (
         service_ignored_reason(obj, service_proxy_name)
