@@ -285,6 +285,22 @@ def test_unparsable_yaml_names_file_and_line() -> None:
     assert "YAML does not parse" in problem.message
 
 
+def test_a_value_that_does_not_construct_names_its_document_and_keeps_the_others() -> None:
+    # YAML 1.1 resolves a plain 2024-13-45 as a timestamp that no date can hold.
+    text = (
+        "kind: Service\nmetadata:\n  name: first\n  annotations: {when: 2024-13-45}\n"
+        "---\n" + SERVICE.format(port=80)
+    )
+    parsed = parse_manifest(text, "dates.yaml")
+    assert not parsed.parse_failed
+    assert [obj.key for obj in parsed.objects if obj.key] and len(parsed.objects) == 1
+    [problem] = parsed.problems
+    assert isinstance(problem, SourceError)
+    assert problem.location.file == "dates.yaml" and problem.location.line == 1
+    assert problem.location.document == 1
+    assert "does not construct" in problem.message and "month" in problem.message
+
+
 # --- files changing under the source --------------------------------------------------
 
 SERVICE = """\

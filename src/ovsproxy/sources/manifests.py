@@ -160,10 +160,16 @@ def _parse_with_pyyaml(
         while loader.check_node():
             node = loader.get_node()
             document += 1
-            obj = loader.construct_document(node)
+            where = SourceLocation(path, node.start_mark.line + 1, document)
+            try:
+                obj = loader.construct_document(node)
+            except (ValueError, OverflowError) as exc:
+                # A scalar YAML 1.1 resolves but cannot build (a plain date such as 2024-13-45):
+                # this document is the problem, the file's other documents still count.
+                problems.append(SourceError(SOURCE, f"a value does not construct: {exc}", where))
+                continue
             if obj is None:
                 continue  # an empty document
-            where = SourceLocation(path, node.start_mark.line + 1, document)
             if not isinstance(obj, dict) or not isinstance(obj.get("kind"), str):
                 problems.append(SourceError(SOURCE, "not a Kubernetes object (no kind)", where))
                 continue
