@@ -10,6 +10,7 @@ import pytest
 
 from ovsproxy.ovs.ovsdb import _import_ovsdbapp
 from ovsproxy.ovs.sandbox import NETNS_PREFIX, Sandbox, list_records
+from tests.shared_sandbox import SandboxState, leave_as_found, pod_servers, read_state
 
 # Before any test module imports os-ken (and with it eventlet): see _import_ovsdbapp.
 _import_ovsdbapp()
@@ -30,8 +31,33 @@ def _no_leftovers() -> Iterator[None]:
     assert not mine and not leaked_ns, f"leftover sandboxes {mine} namespaces {leaked_ns}"
 
 
-@pytest.fixture
-def sandbox() -> Iterator[Sandbox]:
-    """A fresh private OVS: bridge br0 (netdev, OpenFlow15, fail_mode secure) and gw0."""
+@pytest.fixture(scope="module")
+def module_sandbox() -> Iterator[Sandbox]:
+    """One private OVS for a module's tests (see ``sandbox``)."""
     with Sandbox() as sb:
         yield sb
+
+
+@pytest.fixture(scope="module")
+def _module_sandbox_found() -> list[SandboxState]:
+    """The state the module's sandbox is in between its tests, once read."""
+    return []
+
+
+@pytest.fixture
+def sandbox(request: pytest.FixtureRequest) -> Iterator[Sandbox]:
+    """A private OVS: bridge br0 (netdev, OpenFlow15, fail_mode secure) and gw0. Fresh per
+    test, or in a module marked ``shared_sandbox`` the module's one, reset after each test to
+    the state the test found and checked to be so (tests/shared_sandbox.py)."""
+    if request.node.get_closest_marker("shared_sandbox") is None:
+        with Sandbox() as sb:
+            yield sb
+        return
+    sb = request.getfixturevalue("module_sandbox")
+    found = request.getfixturevalue("_module_sandbox_found")
+    # The previous test's teardown checked the sandbox is in this state again; read anew
+    # only if a module fixture has added pods since.
+    if not found or found[0].pods != pod_servers(sb):
+        found[:] = [read_state(sb)]
+    yield sb
+    leave_as_found(sb, found[0])

@@ -21,7 +21,7 @@ from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 WEB = "http://10.96.0.10/"
 API_V6 = "http://[fd00:10:96::20]/"
@@ -47,9 +47,14 @@ class Lab:
         )
 
 
+@pytest.fixture(scope="module")
+def pods(module_sandbox: Sandbox) -> dict[str, Pod]:
+    """The example lab's pods, once for the module (the sandbox is reset after each test)."""
+    return build_lab(module_sandbox)
+
+
 @pytest.fixture
-def lab(sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
-    pods = build_lab(sandbox)
+def lab(pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
     manifests = copy_examples(tmp_path / "manifests")
     agent = AgentProcess(sandbox, manifests, tmp_path / "agent.log")
     agent.start()

@@ -30,6 +30,7 @@ from ovsproxy.ovs.sandbox import Sandbox
 
 pytestmark = [
     pytest.mark.ovs,
+    pytest.mark.shared_sandbox,
     pytest.mark.skipif(os.geteuid() != 0, reason="the OVS sandbox needs root"),
 ]
 
