@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples
@@ -47,14 +46,9 @@ class Lab:
         )
 
 
-@pytest.fixture(scope="module")
-def pods(module_sandbox: Sandbox) -> dict[str, Pod]:
-    """The example lab's pods, once for the module (the sandbox is reset after each test)."""
-    return build_lab(module_sandbox)
-
-
 @pytest.fixture
-def lab(pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
+def lab(example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[Lab]:
+    pods = example_pods
     manifests = copy_examples(tmp_path / "manifests")
     agent = AgentProcess(sandbox, manifests, tmp_path / "agent.log")
     agent.start()

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ovsproxy.lab import build_lab
 from ovsproxy.metrics import KUBE_PROXY_PROGRAMMING_BUCKETS, KUBE_PROXY_SYNC_BUCKETS
-from ovsproxy.ovs.sandbox import Sandbox
+from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.sources.convert import TRIGGER_TIME_ANNOTATION
 from tests.e2e.harness import AgentProcess, copy_examples
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 PROGRAMMING = "ovsproxy_network_programming_duration_seconds"
 WEB_2 = """  - addresses: [10.244.0.12]
@@ -26,8 +25,7 @@ WEB_2 = """  - addresses: [10.244.0.12]
 
 
 @pytest.fixture
-def agent(sandbox: Sandbox, tmp_path: Path) -> Iterator[AgentProcess]:
-    build_lab(sandbox)
+def agent(example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[AgentProcess]:
     agent = AgentProcess(sandbox, copy_examples(tmp_path / "manifests"), tmp_path / "agent.log")
     agent.start()
     try:

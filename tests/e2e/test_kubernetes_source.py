@@ -16,12 +16,12 @@ import yaml
 
 from ovsproxy.agent import Agent
 from ovsproxy.config import load
-from ovsproxy.lab import EXAMPLES, build_lab
+from ovsproxy.lab import EXAMPLES
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.k8s_fake import FakeKubeApi
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 PLURAL = {"Service": "services", "EndpointSlice": "endpointslices"}
 
@@ -59,8 +59,10 @@ class World:
 
 
 @pytest.fixture
-async def world(sandbox: Sandbox, tmp_path: Path) -> AsyncIterator[World]:
-    pods = await asyncio.to_thread(build_lab, sandbox)
+async def world(
+    example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path
+) -> AsyncIterator[World]:
+    pods = example_pods
     async with FakeKubeApi() as api:
         for obj in example_objects():
             api.apply(PLURAL[obj["kind"]], obj)

@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from ovsproxy.lab import build_lab
 from ovsproxy.ovs.ovsdb import decode_id_ranges
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 WEB = "http://10.96.0.10/"
 
@@ -72,8 +71,8 @@ class Node:
 
 
 @pytest.fixture
-def node(sandbox: Sandbox, tmp_path: Path) -> Iterator[Node]:
-    pods = build_lab(sandbox)
+def node(example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[Node]:
+    pods = example_pods
     manifests = copy_examples(tmp_path / "manifests")
     agent = AgentProcess(sandbox, manifests, tmp_path / "agent.log")
     try:

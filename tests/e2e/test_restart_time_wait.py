@@ -18,13 +18,12 @@ from pathlib import Path
 import pytest
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.lab import build_lab
 from ovsproxy.model import IPFamily
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 SERVICES = "\n---\n".join(
     f"""apiVersion: v1
@@ -47,8 +46,10 @@ PORTS = ",".join(str(41000 + 2 * i) for i in range(12))
 
 
 @pytest.fixture
-def node(sandbox: Sandbox, tmp_path: Path) -> Iterator[tuple[Sandbox, Pod, AgentProcess]]:
-    pods = build_lab(sandbox)
+def node(
+    example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path
+) -> Iterator[tuple[Sandbox, Pod, AgentProcess]]:
+    pods = example_pods
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "tw.yaml").write_text(SERVICES)

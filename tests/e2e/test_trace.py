@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 # Two Services beside the examples: one without endpoints, one with internalTrafficPolicy
 # Local whose only endpoint runs on another node (the agent is node-1).
@@ -108,8 +107,8 @@ class World:
 
 
 @pytest.fixture
-def world(sandbox: Sandbox, tmp_path: Path) -> Iterator[World]:
-    pods = build_lab(sandbox)
+def world(example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[World]:
+    pods = example_pods
     manifests = copy_examples(tmp_path / "manifests")
     (manifests / "trace-extra.yaml").write_text(EXTRA)
     agent = AgentProcess(sandbox, manifests, tmp_path / "agent.log")

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ovsproxy.lab import build_lab
-from ovsproxy.ovs.sandbox import Sandbox
+from ovsproxy.ovs.sandbox import Pod, Sandbox
 from tests.e2e.harness import AgentProcess, copy_examples
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 
 class Node:
@@ -66,8 +65,7 @@ class Node:
 
 
 @pytest.fixture
-def node(sandbox: Sandbox, tmp_path: Path) -> Iterator[Node]:
-    build_lab(sandbox)
+def node(example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path) -> Iterator[Node]:
     manifests = copy_examples(tmp_path / "manifests")
     # A drift check every 2 s (the periodic full resync), routes repaired every 1 s.
     agent = AgentProcess(
