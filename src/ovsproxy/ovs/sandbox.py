@@ -705,6 +705,8 @@ class Sandbox:
         for port in pod.udp_ports:
             cmd += ["--udp", str(port)]
         ready = self.rundir / f"pod-{pod.name}.ready"
+        # A pod of this name removed before left its file: the new server is not ready yet.
+        ready.unlink(missing_ok=True)
         cmd += ["--ready-file", str(ready)]
         # Its output goes to a file: an inherited stdout would keep a caller's pipe open for
         # as long as a persistent sandbox lives (`ovsproxy lab up --json | ...` would hang).
