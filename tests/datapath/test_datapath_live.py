@@ -20,7 +20,7 @@ from ovsproxy.openflow.connection import Channel
 from ovsproxy.openflow.errors import BundleError
 from ovsproxy.ovs.sandbox import Sandbox
 
-pytestmark = pytest.mark.ovs
+pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 CONFIG = pl.PipelineConfig()
 

@@ -12,7 +12,7 @@ import pytest
 from ovsproxy.datapath import pipeline as pl
 from tests.semantics.harness import World, endpoint, make_world
 
-pytestmark = pytest.mark.ovs
+pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 URL = "http://10.96.0.20:80/"
 

@@ -17,7 +17,7 @@ from ovsproxy.model import Protocol
 from ovsproxy.ovs.sandbox import Pod
 from tests.semantics.harness import World, endpoint
 
-pytestmark = pytest.mark.ovs
+pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 NAMES = ("ep-0", "ep-1", "ep-2")
 

@@ -9,7 +9,7 @@ import pytest
 from ovsproxy.model import Protocol, TrafficPolicy
 from tests.semantics.harness import NODE, World, endpoint
 
-pytestmark = pytest.mark.ovs
+pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 OTHER = "node-b"
 

@@ -13,7 +13,7 @@ import pytest
 from ovsproxy.model import Protocol
 from tests.semantics.harness import World, endpoint
 
-pytestmark = pytest.mark.ovs
+pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 
 async def test_no_endpoints_refuses_tcp_and_udp_at_once_v4_and_v6(world: World) -> None:

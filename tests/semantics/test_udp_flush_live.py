@@ -20,7 +20,7 @@ import pytest
 from ovsproxy.model import Protocol
 from tests.semantics.harness import World, endpoint
 
-pytestmark = pytest.mark.ovs
+pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 ROUNDS = 12
 SOCKETS = 4  # each its own connection, each sending every INTERVAL
