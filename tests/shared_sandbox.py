@@ -164,7 +164,14 @@ def _read_netns() -> NetnsState:
     return NetnsState(
         links=tuple(sorted(line.split(":")[1].split("@")[0].strip() for line in _lines(links))),
         addresses=tuple(sorted(a for a in map(_address, _lines(addrs)) if a)),
-        routes=tuple(sorted(r for r in map(_route, _lines(routes4 + routes6)) if r)),
+        routes=tuple(
+            sorted(
+                f"{family} {route}"
+                for family, text in (("-4", routes4), ("-6", routes6))
+                for route in map(_route, _lines(text))
+                if route
+            )
+        ),
         rules=tuple(
             sorted(
                 f"{family} {rule}"
@@ -261,7 +268,8 @@ def _reset_netns(netns: str, found: NetnsState, now: NetnsState) -> None:
         if table.startswith("table ") and table not in found.nftables.splitlines():
             commands.append(f"nft delete {table.removesuffix(' {')}")
     for route in sorted(set(now.routes) - set(found.routes)):
-        commands.append(f"ip {'-6' if ':' in route else '-4'} route del {route}")
+        family, _, selector = route.partition(" ")
+        commands.append(f"ip {family} route del {selector}")
     for rule in sorted(set(now.rules) - set(found.rules)):
         family, priority, selector = rule.split(maxsplit=2)
         commands.append(f"ip {family} rule del pref {priority.rstrip(':')} {selector}")
