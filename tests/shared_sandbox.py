@@ -1,10 +1,11 @@
 """One sandbox for all tests of a module, each test leaving it as it found it.
 
 Starting a private OVS, and the example lab's pods and servers on it, costs seconds; a module
-marked ``pytest.mark.shared_sandbox`` gets one for all its tests (tests/conftest.py). Before each
-test its state is read (``SandboxState``); afterwards everything a test may have added is
-removed (``reset``) and the state is read again: any difference fails that test's teardown,
-so no test sees what another left.
+marked ``pytest.mark.shared_sandbox`` gets one for all its tests (tests/conftest.py). Its state
+is read before the first test (``SandboxState``; again when a module fixture has added pods
+since); after each test everything a test may have added is removed (``reset``) and the state
+is read again: any difference fails that test's teardown, so no test sees what another left,
+and the next test finds the state the check has just confirmed.
 
 The state is what a test or an agent can change: flows, groups and meters; the bridge's,
 ports' and interfaces' OVSDB rows; OVS conntrack; and in the node's and every pod's namespace
