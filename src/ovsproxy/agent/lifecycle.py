@@ -19,7 +19,7 @@ from typing import Any
 from ovsproxy import __version__
 from ovsproxy.agent import embedded
 from ovsproxy.agent.observability import StatusPages, register_metrics
-from ovsproxy.agent.ovsdb_link import OVSDBLink
+from ovsproxy.agent.ovsdb_link import OVSDBLink, set_zone_timeouts
 from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
 from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.switch_link import wait_for_switch
@@ -90,6 +90,7 @@ class Agent:
                 return
             parts.ovsdb, generation = connected
             log.info("cookie generation %d", generation)
+            await set_zone_timeouts(parts.ovsdb_link, parts.ovsdb, cfg.bridge)
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
             )
