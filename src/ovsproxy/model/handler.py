@@ -1,6 +1,6 @@
 """The interfaces sources deliver to: ``SourceHandler`` (Services and EndpointSlices; the change
-tracker implements it) and ``ServiceCIDRHandler`` (ServiceCIDRs; ``ovsproxy.servicecidr``
-implements it).
+tracker implements it), ``ServiceCIDRHandler`` (ServiceCIDRs; ``ovsproxy.servicecidr``
+implements it) and ``NodeHandler`` (this node's Node object; the agent implements it).
 
 Sources convert and validate before calling it, so a handler only ever sees model values:
 no Kubernetes object crosses this line. Add and update carry the whole new value; delete
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ovsproxy.model import EndpointSlice, Service, ServiceCIDR
+from ovsproxy.model.node import Node
 from ovsproxy.model.problems import SourceError, SourceProblem
 
 # The names sources pass to ``on_synced``: one per kind of object they have fully listed.
@@ -58,3 +59,19 @@ class ServiceCIDRHandler(Protocol):
 
     def on_error(self, problem: SourceError) -> None:
         """The list or watch failed (the API may not serve ServiceCIDRs at all)."""
+
+
+class NodeHandler(Protocol):
+    """This node's Node object as a model value. Delete carries the name only."""
+
+    def on_add(self, node: Node) -> None: ...
+
+    def on_update(self, node: Node) -> None: ...
+
+    def on_delete(self, name: str) -> None: ...
+
+    def on_synced(self) -> None:
+        """The source has listed the Node (found or not)."""
+
+    def on_error(self, problem: SourceError) -> None:
+        """The list or watch failed."""
