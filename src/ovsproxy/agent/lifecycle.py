@@ -174,7 +174,7 @@ class Agent:
             await asyncio.wait_for(watcher.synced.wait(), self.node_wait)
         except TimeoutError:
             log.warning(
-                "Node %s not listed within %.0fs: node IPs from the node's devices until it is",
+                "Node %s not listed within %gs: node IPs from the node's devices until it is",
                 watcher.name,
                 self.node_wait,
             )
