@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -62,8 +64,17 @@ def node(address: str = FIRST_IP, **spec: Any) -> dict[str, Any]:
 
 
 class World:
-    def __init__(self, sandbox: Sandbox, api: FakeKubeApi, agent: AgentProcess) -> None:
-        self.sandbox, self.api, self.agent = sandbox, api, agent
+    def __init__(
+        self, sandbox: Sandbox, api: FakeKubeApi, agent: AgentProcess, kubeconfig: Path
+    ) -> None:
+        self.sandbox, self.api, self.agent, self.kubeconfig = sandbox, api, agent, kubeconfig
+
+    def verify(self) -> subprocess.CompletedProcess[str]:
+        """``ovsproxy verify`` as an operator runs it: the same flags as the agent."""
+        cmd = [sys.executable, "-m", "ovsproxy", "verify", "--kubeconfig", str(self.kubeconfig)]
+        cmd += ["--ovsdb", self.sandbox.ovsdb, "--openflow", self.sandbox.openflow]
+        cmd += ["--netns", self.sandbox.netns, "--node-name", "node-1"]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
     def healthz(self) -> int:
         return self.agent.get("/healthz")[0]
@@ -109,7 +120,7 @@ async def world(sandbox: Sandbox, tmp_path: Path) -> AsyncIterator[World]:
         agent = AgentProcess(sandbox, None, tmp_path / "agent.log", "--kubeconfig", str(kubeconfig))
         try:
             await asyncio.to_thread(agent.start)
-            yield World(sandbox, api, agent)
+            yield World(sandbox, api, agent, kubeconfig)
         finally:
             await asyncio.to_thread(agent.stop)
 
@@ -168,6 +179,9 @@ async def test_node_ips_are_the_nodes_addresses_and_follow_them(world: World) ->
         "NodePort flows on the new node IP",
     )
     await until(lambda: world.nodeport_ips() == {SECOND_IP}, "the capture table's new node IP")
+    # `ovsproxy verify` takes the node IPs where the agent does: the Node's addresses.
+    result = await asyncio.to_thread(world.verify)
+    assert result.returncode == 0, result.stdout + result.stderr
     # A Node update that leaves the addresses alone changes nothing of it.
     world.api.apply("nodes", node(SECOND_IP, taints=[{"key": "other"}]))
     await asyncio.sleep(0.5)
