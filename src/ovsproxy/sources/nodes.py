@@ -11,13 +11,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.handler import NodeHandler
 from ovsproxy.model.node import Node
-from ovsproxy.model.problems import SourceError
+from ovsproxy.sources.kubejson import ClusterObjectEvents
 
 log = logging.getLogger(__name__)
 
@@ -93,24 +92,10 @@ def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-@dataclass(slots=True)
-class NodeEvents:
+class NodeEvents(ClusterObjectEvents[Node]):
     """Raw Node objects of an informer -> ``Node`` values -> the handler."""
 
-    handler: NodeHandler
+    __slots__ = ()
 
-    def on_add(self, obj: dict[str, Any]) -> None:
-        self.handler.on_add(convert_node(obj))
-
-    def on_update(self, obj: dict[str, Any]) -> None:
-        self.handler.on_update(convert_node(obj))
-
-    def on_delete(self, key: tuple[str, str]) -> None:
-        """``key``: ("", name), as the informer keys a cluster-scoped object."""
-        self.handler.on_delete(key[1])
-
-    def on_synced(self) -> None:
-        self.handler.on_synced()
-
-    def on_error(self, problem: SourceError) -> None:
-        self.handler.on_error(problem)
+    def __init__(self, handler: NodeHandler) -> None:
+        super().__init__(handler, convert_node)
