@@ -130,6 +130,12 @@ async def test_healthz_turns_503_as_the_node_goes_away_livez_stays_200(world: Wo
     status = world.agent.status()
     assert status["node"]["found"] and status["node"]["eligible"]
     assert status["node"]["pod_cidrs"] == ["10.244.0.0/24"]
+    # Settled first (no sync in the last second: start-up's follow-ups are done), so that any
+    # sync below would be one a Node event caused.
+    last = -1.0
+    while (now := await asyncio.to_thread(world.syncs)) != last:
+        last = now
+        await asyncio.sleep(1)
     steps: list[tuple[dict[str, Any] | None, int]] = [
         (node(taints=[{"key": TAINT, "effect": "NoSchedule"}]), 503),
         (node(taints=[{"key": "other", "effect": "NoSchedule"}]), 200),
