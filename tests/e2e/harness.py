@@ -32,7 +32,9 @@ def copy_examples(target: Path) -> Path:
 
 
 class AgentProcess:
-    def __init__(self, sandbox: Sandbox, manifests: Path, log: Path, *extra: str) -> None:
+    """``manifests`` None: no ``--manifests`` (give the source in ``extra``: ``--kubeconfig``)."""
+
+    def __init__(self, sandbox: Sandbox, manifests: Path | None, log: Path, *extra: str) -> None:
         self.sandbox = sandbox
         self.manifests = manifests
         self.log_path = log
@@ -56,8 +58,7 @@ class AgentProcess:
             self.sandbox.openflow,
             "--netns",
             self.sandbox.netns,
-            "--manifests",
-            str(self.manifests),
+            *(("--manifests", str(self.manifests)) if self.manifests is not None else ()),
             "--min-sync-interval",
             "0",
             "--metrics-address",

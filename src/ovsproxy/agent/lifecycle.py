@@ -1,6 +1,9 @@
 """The agent's life: start-up order and run (``Agent``), then shutdown and ``--cleanup``.
 
-sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. That loop
+sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. With the
+Kubernetes API as the source, this node's Node object is watched too (``agent.node``): its
+eligibility for /healthz, and its addresses as the node IPs unless they are configured (the
+node side waits up to ``NODE_WAIT`` for the Node's first list, then scans the devices). That loop
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
 adopts them hitlessly) unless ``cleanup`` is set; even then the virtual next hop's host route
@@ -37,12 +40,16 @@ from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
-from ovsproxy.model import IPFamily
+from ovsproxy.model import IPAddress, IPFamily
 from ovsproxy.openflow import protocol as of
 from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
 from ovsproxy.proxy.runner import SyncRunner
 
 log = logging.getLogger("ovsproxy.agent")
+
+# How long start-up waits for the Node object's first list before it reads the node IPs from
+# the node's devices (the Node's addresses are taken whenever they come).
+NODE_WAIT = 10.0
 
 
 class Agent:
@@ -54,6 +61,7 @@ class Agent:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.node_wait = NODE_WAIT
         self.parts = Components(config)
         self.health = HealthState()
         # kube-proxy's proxy health: /healthz and /livez, and the health checks' view of us
@@ -80,7 +88,7 @@ class Agent:
             self.tasks.append(source_started)
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
             if cfg.captures:
-                cfg = await self._start_node_side()
+                cfg = await self._start_node_side(source_started)
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
             register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
@@ -113,6 +121,8 @@ class Agent:
                 runner.request()
 
             parts.tracker.set_notify(changed)
+            if parts.node is not None and parts.node_side is not None:
+                parts.node.follow(self._node_ips_changed)
             await parts.channel.start(wait=False)
             if not await wait_for_switch(parts.channel, stop):
                 return  # stopped while waiting
@@ -139,18 +149,52 @@ class Agent:
         parts.netns = parts.sandbox.netns
         return parts.sandbox.ovsdb, parts.sandbox.openflow
 
-    async def _start_node_side(self) -> AgentConfig:
+    async def _start_node_side(self, source_started: asyncio.Task[None]) -> AgentConfig:
         """The capture's policy routes and node IPs, before the datapath: the pipeline marks
         the node's own packets by its IPs (discovered ones included)."""
         parts = self.parts
         node_side = parts.node_side = build_node_side(self.config, parts.netns, self.proxy_health)
-        await node_side.start()
+        await node_side.start(await self._node_object_ips(source_started))
         if not self.config.node_ip:
             self.config = dataclasses.replace(
                 self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
             )
             parts.config = self.config
         return self.config
+
+    async def _node_object_ips(self, source_started: asyncio.Task[None]) -> tuple[IPAddress, ...]:
+        """The Node object's addresses, if the node IPs are not configured and the Node is
+        watched: after its first list, waited for up to ``node_wait``."""
+        if self.config.node_ip:
+            return ()
+        await asyncio.shield(source_started)  # (creates the watcher; it does not list)
+        watcher = self.parts.node
+        if watcher is None:
+            return ()
+        try:
+            await asyncio.wait_for(watcher.synced.wait(), self.node_wait)
+        except TimeoutError:
+            log.warning(
+                "Node %s not listed within %gs: node IPs from the node's devices until it is",
+                watcher.name,
+                self.node_wait,
+            )
+        return watcher.host_ips
+
+    def _node_ips_changed(self, node_ips: tuple[IPAddress, ...]) -> None:
+        """The Node's addresses changed: the capture table, the Classifier's node-IP flows and
+        the NodePort frontends follow, in a full sync."""
+        parts = self.parts
+        node_side, proxier, runner = parts.node_side, parts.proxier, parts.runner
+        if node_side is None or not node_side.set_node_ips(node_ips):
+            return
+        self.config = parts.config = dataclasses.replace(
+            self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
+        )
+        if proxier is not None:
+            proxier.set_node_ips(node_side.node_ips, node_side.node_port_ips)
+        if runner is not None:
+            runner.request(full=True)
 
     def _progress(self) -> tuple[bool, dict[str, Any]]:
         status, body = self.proxy_health.livez()
@@ -160,6 +204,13 @@ class Agent:
         parts = self.parts
         source = parts.source = build_source(self.config, parts.tracker)
         await source.start()
+        if not manifest_paths(self.config):
+            from ovsproxy.agent.node import NodeWatcher
+            from ovsproxy.sources.kubernetes import KubernetesSource
+
+            assert isinstance(source, KubernetesSource)
+            parts.node = NodeWatcher(self.config.node_name, self.proxy_health)
+            source.node(parts.node, self.config.node_name)
 
     def _watch_service_cidrs(self) -> None:
         """The ServiceCIDR informer, once the route discoverer exists (API source only)."""
