@@ -13,7 +13,8 @@ Service ports that sync touched and:
 ``start`` installs the policy routing that takes captured packets to the gateway
 (``routes.capture``) and decides the node's IPs (configured, else read from the node's
 devices) and, from ``node_port_addresses``, which of them accept NodePorts. ``cleanup``
-(``--cleanup``) deletes the table and the policy routes. See docs/nodeport.md.
+(``--cleanup``) deletes the table and the policy routes (``agent.cleanup``). See
+docs/nodeport.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from ovsproxy.agent.cleanup import CleanupReport, remove_capture
 from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
 from ovsproxy.capture.table import load_binding
 from ovsproxy.config import AgentConfig
@@ -207,17 +209,9 @@ class NodeSide:
             lines.append(f"health-check {key[0]}/{key[1]} port {port}")
         return lines
 
-    async def cleanup(self) -> None:
+    async def cleanup(self, report: CleanupReport) -> None:
         """--cleanup: our table and our policy routes go; nothing else is touched."""
-        try:
-            await self.table.cleanup()
-        except Exception as exc:
-            log.error("cleanup of the capture table failed: %s", exc)
-        try:
-            for change in await self.routes.remove():
-                log.info("capture policy routing: %s", change)
-        except Exception as exc:
-            log.error("cleanup of the capture policy routes failed: %s", exc)
+        await remove_capture(self.table, self.routes, report)
 
     async def close(self) -> None:
         if self.servers is not None:

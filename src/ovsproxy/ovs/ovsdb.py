@@ -249,9 +249,20 @@ class OVSDB:
         ).execute(check_error=True)
         return generation
 
+    def forget_agent(self, bridge: str) -> list[str]:
+        """Remove what agents record on the bridge (``AGENT_KEYS`` of its external_ids);
+        returns the keys that were there."""
+        ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
+        present = [key for key in AGENT_KEYS if key in ext]
+        if present:
+            self.api.db_remove("Bridge", bridge, "external_ids", *present).execute(check_error=True)
+        return present
+
 
 # -- the group-id registry ------------------------------------------------------------------
 GROUP_IDS_KEY = "ovsproxy-group-ids"
+# Every key an agent writes to its bridge's external_ids (``OVSDB.forget_agent`` removes them).
+AGENT_KEYS = (GENERATION_KEY, GROUP_IDS_KEY)
 
 
 def encode_id_ranges(ids: Iterable[int]) -> str:

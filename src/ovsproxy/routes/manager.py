@@ -272,6 +272,23 @@ class RouteManager:
 
         return await self._submit("uninstall", job)
 
+    async def remove_next_hop(self, *, neighbours: bool) -> list[str]:
+        """Undo the virtual next hop on the gateway (``ovsproxy cleanup``, after
+        ``uninstall``): its host route when ours and, with ``neighbours``, the permanent
+        neighbour entries resolving to the virtual MAC. Only a backend that can tell its own
+        (Linux: ``LinuxRouteBackend.remove_next_hop``) removes anything; returns what it did."""
+        remove = getattr(self.backend, "remove_next_hop", None)
+
+        async def job() -> list[str]:
+            done: list[str] = []
+            if remove is not None:
+                for family in self.families:
+                    done += await remove(self.gateway, family, neighbours=neighbours)
+                    self._state[family].next_hop_ready = False
+            return done
+
+        return await self._submit("remove next hop", job)
+
     async def sync(self) -> RouteChanges:
         """Periodic repair: re-add desired routes that are missing (deleted by hand, device
         recreated). Never deletes. Runs a pending reconcile if the last one could not list."""
