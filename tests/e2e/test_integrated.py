@@ -88,6 +88,7 @@ def test_integrated_mode_balances_and_leaves_the_cni_alone(integrated) -> None: 
     groups = [line for line in sandbox.ofctl("dump-groups").splitlines() if "group_id=" in line]
     ids = {int(g.split("group_id=")[1].split(",")[0]) for g in groups}
     assert ids and all(GROUP_MIN <= gid <= GROUP_MAX for gid in ids)
+    assert "meter=24177 " in sandbox.ofctl("dump-meters")  # the reject limiter
     # Stopping with --cleanup removes ours and only ours.
     agent.stop()
     agent.extra = (*agent.extra, "--cleanup")
@@ -97,5 +98,6 @@ def test_integrated_mode_balances_and_leaves_the_cni_alone(integrated) -> None: 
     assert not [f for f in flows if "cookie=0x5e71" in f]
     assert len([f for f in flows if "cookie=0xc0ffee" in f]) == cni_flows
     assert not [line for line in sandbox.ofctl("dump-groups").splitlines() if "group_id" in line]
+    assert "meter=" not in sandbox.ofctl("dump-meters")
     routes = sandbox.exec("ip", "route").stdout + sandbox.exec("ip", "-6", "route").stdout
     assert "via 169.254.0.253" not in routes and "via fc01::aabb:ccdd:eeff" not in routes

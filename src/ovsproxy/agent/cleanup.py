@@ -1,5 +1,7 @@
 """Removing everything of ours from a node: ``ovsproxy cleanup`` (one shot: no Kubernetes API,
-no sync, safe to repeat) and ``ovsproxy run --cleanup`` (on exit) run the same steps.
+no sync, safe to repeat) and ``ovsproxy run --cleanup`` (on exit) run the same steps, except
+that ``--cleanup`` leaves the virtual next hop (its host route and neighbour entries) for a
+later agent, as it always did.
 
 Ours, told by construction (nothing else is touched):
 
@@ -60,9 +62,16 @@ class CleanupReport:
         return "\n".join(lines)
 
 
-def deliberately_left(config: AgentConfig) -> list[str]:
-    """What a cleanup does not remove, and why (the docs list the same)."""
-    left = [
+def deliberately_left(config: AgentConfig, *, on_exit: bool = False) -> list[str]:
+    """What a cleanup does not remove, and why (the docs list the same); ``on_exit``: of
+    ``--cleanup``, which also leaves the virtual next hop."""
+    left = []
+    if on_exit:
+        left.append(
+            f"the virtual next hop's host route and neighbour entries to the virtual MAC on "
+            f"{config.gateway} (a later agent reuses them; `ovsproxy cleanup` removes them)"
+        )
+    left += [
         f"the bridge {config.bridge}, its ports and the gateway device {config.gateway} "
         "with its addresses (the CNI's or the operator's)",
         "conntrack entries of Service connections (Open vSwitch's zones and the kernel's NAT "
@@ -115,9 +124,11 @@ async def remove_switch_state(
         report.errors.append(f"external_ids of bridge {bridge}: {type(exc).__name__}: {exc}")
 
 
-async def remove_routes(manager: RouteManager, *, neighbours: bool, report: CleanupReport) -> None:
-    """Our Service routes, then the virtual next hop (its host route; with ``neighbours``,
-    the permanent neighbour entries to the virtual MAC)."""
+async def remove_routes(
+    manager: RouteManager, *, next_hop: bool, neighbours: bool, report: CleanupReport
+) -> None:
+    """Our Service routes, then with ``next_hop`` the virtual next hop (its host route; with
+    ``neighbours``, the permanent neighbour entries to the virtual MAC)."""
     try:
         changes = await manager.uninstall()
         for dst in changes.deleted:
@@ -126,6 +137,8 @@ async def remove_routes(manager: RouteManager, *, neighbours: bool, report: Clea
         report.errors += [f"Service routes: {error}" for error in changes.errors]
     except Exception as exc:
         report.errors.append(f"Service routes: {type(exc).__name__}: {exc}")
+    if not next_hop:
+        return
     try:
         report.removed += await manager.remove_next_hop(neighbours=neighbours)
     except Exception as exc:
@@ -222,7 +235,8 @@ async def _clean_routes(config: AgentConfig, report: CleanupReport) -> bool:
         await manager.stop()
         return True
     try:
-        await remove_routes(manager, neighbours=config.mode == pl.Mode.STANDALONE, report=report)
+        standalone = config.mode == pl.Mode.STANDALONE
+        await remove_routes(manager, next_hop=True, neighbours=standalone, report=report)
     finally:
         await manager.stop()
     return True

@@ -4,7 +4,8 @@ sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event lo
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
 adopts them hitlessly) unless ``cleanup`` is set: then what ``ovsproxy cleanup`` removes of
-what this run set up goes first (``agent.cleanup``). The capture table, its policy routes and
+what this run set up goes first (``agent.cleanup``), but the virtual next hop's host route and
+neighbour entries stay for a later agent. The capture table, its policy routes and
 the health-check servers are the node side's (``agent.nodeport``).
 """
 
@@ -21,6 +22,7 @@ from ovsproxy.agent import embedded
 from ovsproxy.agent.cleanup import (
     CleanupReport,
     deliberately_left,
+    remove_capture,
     remove_routes,
     remove_switch_state,
 )
@@ -230,7 +232,7 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
 
 async def cleanup(parts: Components) -> None:
     """--cleanup: on exit, what ``ovsproxy cleanup`` removes of what this run set up (the
-    steps of ``agent.cleanup``), each line logged."""
+    steps of ``agent.cleanup``) but the virtual next hop, each line logged."""
     config, report = parts.config, CleanupReport()
     if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
         rejector = parts.semantics.rejector if parts.semantics else Rejector(parts.channel)
@@ -238,13 +240,12 @@ async def cleanup(parts: Components) -> None:
     elif parts.datapath is not None:
         report.errors.append("OpenFlow not connected: flows, groups and the meter stay")
     if parts.routes is not None:
-        standalone = config.mode == pl.Mode.STANDALONE
-        await remove_routes(parts.routes, neighbours=standalone, report=report)
+        await remove_routes(parts.routes, next_hop=False, neighbours=False, report=report)
     if parts.node_side is not None:
-        await parts.node_side.cleanup(report)
+        await remove_capture(parts.node_side.table, parts.node_side.routes, report)
     for item in report.removed:
         log.info("cleanup: removed %s", item)
-    for item in deliberately_left(config):
+    for item in deliberately_left(config, on_exit=True):
         log.info("cleanup: left on purpose: %s", item)
     for item in report.errors:
         log.error("cleanup failed: %s", item)

@@ -12,8 +12,8 @@ Service ports that sync touched and:
 
 ``start`` installs the policy routing that takes captured packets to the gateway
 (``routes.capture``) and decides the node's IPs (configured, else read from the node's
-devices) and, from ``node_port_addresses``, which of them accept NodePorts. ``cleanup``
-(``--cleanup``) deletes the table and the policy routes (``agent.cleanup``). See
+devices) and, from ``node_port_addresses``, which of them accept NodePorts. ``--cleanup``
+deletes the table and the policy routes (``agent.cleanup.remove_capture``). See
 docs/nodeport.md.
 """
 
@@ -23,7 +23,6 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from ovsproxy.agent.cleanup import CleanupReport, remove_capture
 from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
 from ovsproxy.capture.table import load_binding
 from ovsproxy.config import AgentConfig
@@ -208,10 +207,6 @@ class NodeSide:
         for key, port in sorted((self.servers.running if self.servers else {}).items()):
             lines.append(f"health-check {key[0]}/{key[1]} port {port}")
         return lines
-
-    async def cleanup(self, report: CleanupReport) -> None:
-        """--cleanup: our table and our policy routes go; nothing else is touched."""
-        await remove_capture(self.table, self.routes, report)
 
     async def close(self) -> None:
         if self.servers is not None:
