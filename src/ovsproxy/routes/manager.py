@@ -256,14 +256,12 @@ class RouteManager:
         return await self._submit("reconcile", job)
 
     async def uninstall(self) -> RouteChanges:
-        """Remove every Service route of ours (`ovsproxy run --cleanup`): the desired set is
-        emptied and each family is converged with deletes.
+        """Remove every Service route of ours (``ovsproxy cleanup``, ``ovsproxy run
+        --cleanup``): the desired set is emptied and each family is converged with deletes.
 
-        The virtual next hop's host route and permanent neighbour entry stay, on purpose: they
-        carry no Service traffic once no route points at them; the neighbour entry has no
-        ownership mark and a host route found in place is adopted whoever made it, so we cannot
-        tell ours from a CNI's on the same gateway (the address and MAC are Antrea's too); and a
-        later agent reuses them as they are."""
+        The virtual next hop's host route and permanent neighbour entry stay: they carry no
+        Service traffic once no route points at them, and a later agent reuses them as they
+        are. ``remove_next_hop`` removes them (``ovsproxy cleanup``)."""
 
         async def job() -> RouteChanges:
             self._desired = frozenset()
