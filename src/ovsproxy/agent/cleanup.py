@@ -55,7 +55,7 @@ class CleanupReport:
     def text(self) -> str:
         lines = [f"removed: {item}" for item in self.removed]
         if not self.removed:
-            lines.append("nothing of ours to remove")
+            lines.append("nothing removed" if self.errors else "nothing of ours to remove")
         lines += [f"note: {item}" for item in self.notes]
         lines += [f"left on purpose: {item}" for item in self.left]
         lines += [f"error: {item}" for item in self.errors]

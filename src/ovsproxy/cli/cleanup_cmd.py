@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
-from ovsproxy.cli.run_cmd import _options
-from ovsproxy.config import ConfigError, load
+from ovsproxy.cli.run_cmd import _options, report_config
+from ovsproxy.config import ConfigError
 
 
 @click.command()
@@ -24,15 +24,9 @@ def cleanup(config_file: str | None, timeout: float, **flags: Any) -> None:
     """Remove our flows, groups, meter, Service routes, neighbour entries, nftables table and
     policy rules from this node (stop the agent first); print what was removed and what is
     left on purpose."""
-    from ovsproxy.agent import setup_logging
     from ovsproxy.agent.cleanup import cleanup_node
 
-    try:
-        config = load(config_file, **flags)
-    except ConfigError as exc:
-        raise click.ClickException(f"configuration: {exc}") from exc
-    # Quiet unless asked: what cleanup prints is the report (logs go to stderr).
-    setup_logging(flags.get("log_level") or "warning", config.log_format)
+    config = report_config(config_file, flags)
     try:
         report = asyncio.run(cleanup_node(config, timeout=timeout))
     except ConfigError as exc:
