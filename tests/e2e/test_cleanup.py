@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
-from tests.e2e.harness import AgentProcess, copy_examples
+from tests.e2e.harness import AgentProcess, copy_examples, run_cleanup
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
@@ -146,12 +145,7 @@ def foreign_state(sandbox: Sandbox) -> None:
 
 
 def cleanup(sandbox: Sandbox, log: Path) -> subprocess.CompletedProcess[str]:
-    """`ovsproxy cleanup` with the same flags as the agent's (where ours is)."""
-    cmd = [
-        *(sys.executable, "-m", "ovsproxy", "cleanup"),
-        *("--ovsdb", sandbox.ovsdb, "--openflow", sandbox.openflow, "--netns", sandbox.netns),
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    result = run_cleanup(sandbox)
     with log.open("a") as out:
         out.write(f"$ ovsproxy cleanup\n{result.stdout}{result.stderr}")
     return result
