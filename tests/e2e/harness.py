@@ -31,6 +31,17 @@ def copy_examples(target: Path) -> Path:
     return target
 
 
+def run_cleanup(sandbox: Sandbox, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`ovsproxy cleanup` as an operator runs it on the sandbox node (``extra``: the flags
+    the agent had that say where ours is: mode, group range)."""
+    cmd = [
+        *(sys.executable, "-m", "ovsproxy", "cleanup"),
+        *("--ovsdb", sandbox.ovsdb, "--openflow", sandbox.openflow, "--netns", sandbox.netns),
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 class AgentProcess:
     """``manifests`` None: no ``--manifests`` (give the source in ``extra``: ``--kubeconfig``)."""
 

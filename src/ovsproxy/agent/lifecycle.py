@@ -6,9 +6,10 @@ eligibility for /healthz, and its addresses as the node IPs unless they are conf
 node side waits up to ``NODE_WAIT`` for the Node's first list, then scans the devices). That loop
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
-adopts them hitlessly) unless ``cleanup`` is set; even then the virtual next hop's host route
-and permanent neighbour entry stay (see ``RouteManager.uninstall``). The capture table, its
-policy routes and the health-check servers are the node side's (``agent.nodeport``).
+adopts them hitlessly) unless ``cleanup`` is set: then what ``ovsproxy cleanup`` removes of
+what this run set up goes first (``agent.cleanup``), but the virtual next hop's host route and
+neighbour entries stay for a later agent. The capture table, its policy routes and
+the health-check servers are the node side's (``agent.nodeport``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ from typing import Any
 
 from ovsproxy import __version__
 from ovsproxy.agent import embedded
+from ovsproxy.agent.cleanup import (
+    CleanupReport,
+    deliberately_left,
+    remove_capture,
+    remove_routes,
+    remove_switch_state,
+)
 from ovsproxy.agent.observability import StatusPages, register_metrics
 from ovsproxy.agent.ovsdb_link import OVSDBLink, set_zone_timeouts
 from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
@@ -38,6 +46,7 @@ from ovsproxy.agent.wiring import (
 )
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.reject import Rejector
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPAddress, IPFamily
@@ -267,27 +276,28 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
         await asyncio.to_thread(parts.sandbox.down)
     log.info(
         "stopped%s",
-        " (flows, groups and Service routes removed; the virtual next hop's host route "
-        "and neighbour entry stay)"
+        " (ours removed: see the cleanup lines)"
         if parts.config.cleanup
         else " (flows, groups and routes left in place for a hitless restart)",
     )
 
 
 async def cleanup(parts: Components) -> None:
-    """--cleanup: remove every flow and group we own, our Service routes, the capture table
-    and its policy routes."""
+    """--cleanup: on exit, what ``ovsproxy cleanup`` removes of what this run set up (the
+    steps of ``agent.cleanup``) but the virtual next hop, each line logged."""
+    config, report = parts.config, CleanupReport()
     if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
-        for owner in parts.datapath.owners():
-            parts.datapath.unstage(owner)
-        try:
-            await parts.datapath.commit()
-        except Exception as exc:
-            log.error("cleanup of flows and groups failed: %s", exc)
+        rejector = parts.semantics.rejector if parts.semantics else Rejector(parts.channel)
+        await remove_switch_state(parts.datapath, rejector, parts.ovsdb, config.bridge, report)
+    elif parts.datapath is not None:
+        report.errors.append("OpenFlow not connected: flows, groups and the meter stay")
     if parts.routes is not None:
-        try:
-            await parts.routes.uninstall()
-        except Exception as exc:
-            log.error("cleanup of routes failed: %s", exc)
+        await remove_routes(parts.routes, next_hop=False, neighbours=False, report=report)
     if parts.node_side is not None:
-        await parts.node_side.cleanup()
+        await remove_capture(parts.node_side.table, parts.node_side.routes, report)
+    for item in report.removed:
+        log.info("cleanup: removed %s", item)
+    for item in deliberately_left(config, on_exit=True):
+        log.info("cleanup: left on purpose: %s", item)
+    for item in report.errors:
+        log.error("cleanup failed: %s", item)

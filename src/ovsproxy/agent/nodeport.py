@@ -14,8 +14,8 @@ Service ports that sync touched and:
 (``routes.capture``) and decides the node's IPs (configured; else the Node object's addresses,
 with the Kubernetes API as the source; else read from the node's devices) and, from
 ``node_port_addresses``, which of them accept NodePorts. ``set_node_ips`` takes the Node's new
-addresses later (the agent then re-syncs the NodePort frontends). ``cleanup``
-(``--cleanup``) deletes the table and the policy routes. See docs/nodeport.md.
+addresses later (the agent then re-syncs the NodePort frontends). ``--cleanup`` deletes the
+table and the policy routes (``agent.cleanup.remove_capture``). See docs/nodeport.md.
 """
 
 from __future__ import annotations
@@ -227,18 +227,6 @@ class NodeSide:
         for key, port in sorted((self.servers.running if self.servers else {}).items()):
             lines.append(f"health-check {key[0]}/{key[1]} port {port}")
         return lines
-
-    async def cleanup(self) -> None:
-        """--cleanup: our table and our policy routes go; nothing else is touched."""
-        try:
-            await self.table.cleanup()
-        except Exception as exc:
-            log.error("cleanup of the capture table failed: %s", exc)
-        try:
-            for change in await self.routes.remove():
-                log.info("capture policy routing: %s", change)
-        except Exception as exc:
-            log.error("cleanup of the capture policy routes failed: %s", exc)
 
     async def close(self) -> None:
         if self.servers is not None:

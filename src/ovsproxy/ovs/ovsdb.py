@@ -253,6 +253,7 @@ class OVSDB:
                 new_datapath = datapath is None
                 if datapath is None:
                     datapath = txn.insert(tables["Datapath"])
+                    datapath.external_ids = {ZONE_OWNER_KEY: "true"}
                     root.setkey("datapaths", datapath_type, datapath)
                 for zone in zones:
                     # A row inserted in this transaction has no column to read yet.
@@ -281,22 +282,30 @@ class OVSDB:
 
     def remove_zone_timeouts(self) -> list[int]:
         """Remove the CT_Zone rows we made (``ensure_zone_timeouts``), with their timeout
-        policies, from every Datapath record; the zones removed."""
+        policies, from every Datapath record (and a Datapath record we made, once empty); the
+        zones removed."""
         from ovsdbapp.backend.ovs_idl import command
 
         removed: list[int] = []
 
         class RemoveZoneTimeouts(command.BaseCommand):  # type: ignore[misc]
             def run_idl(self, txn: Any) -> None:
-                for datapath in self.api.tables["Datapath"].rows.values():
-                    for zone, ct_zone in list(datapath.ct_zones.items()):
+                root = next(iter(self.api.tables["Open_vSwitch"].rows.values()))
+                for datapath_type, datapath in list(root.datapaths.items()):
+                    zones = dict(datapath.ct_zones)
+                    for zone, ct_zone in list(zones.items()):
                         if ct_zone.external_ids.get(ZONE_OWNER_KEY) != "true":
                             continue
                         datapath.delkey("ct_zones", zone)
                         for policy in ct_zone.timeout_policy:
                             policy.delete()
                         ct_zone.delete()
+                        del zones[zone]
                         removed.append(int(zone))
+                    # The Datapath record too, when we made it and nothing else is in it.
+                    if not zones and datapath.external_ids.get(ZONE_OWNER_KEY) == "true":
+                        root.delkey("datapaths", datapath_type)
+                        datapath.delete()
 
         with self.api.transaction(check_error=True) as txn:
             txn.add(RemoveZoneTimeouts(self.api))
@@ -326,9 +335,20 @@ class OVSDB:
         ).execute(check_error=True)
         return generation
 
+    def forget_agent(self, bridge: str) -> list[str]:
+        """Remove what agents record on the bridge (``AGENT_KEYS`` of its external_ids);
+        returns the keys that were there."""
+        ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
+        present = [key for key in AGENT_KEYS if key in ext]
+        if present:
+            self.api.db_remove("Bridge", bridge, "external_ids", *present).execute(check_error=True)
+        return present
+
 
 # -- the group-id registry ------------------------------------------------------------------
 GROUP_IDS_KEY = "ovsproxy-group-ids"
+# Every key an agent writes to its bridge's external_ids (``OVSDB.forget_agent`` removes them).
+AGENT_KEYS = (GENERATION_KEY, GROUP_IDS_KEY)
 
 
 def encode_id_ranges(ids: Iterable[int]) -> str:
