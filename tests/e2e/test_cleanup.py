@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,19 @@ def snapshot(sandbox: Sandbox) -> dict[str, str]:
     return parts
 
 
+def addresses_settled(sandbox: Sandbox, timeout: float = 20) -> None:
+    """IPv6 duplicate address detection done on every device (each has its link-local
+    address, none is tentative): the kernel adds their local routes when it ends, and a
+    snapshot taken earlier would see them appear later as if the agent had left them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        tentative = sandbox.exec("ip", "-6", "addr", "show", "tentative").stdout.strip()
+        if not tentative:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"IPv6 addresses still tentative after {timeout} s: {tentative}")
+
+
 def foreign_state(sandbox: Sandbox) -> None:
     """Someone else's state of every kind the cleanup looks at."""
     # The node's uplink with its IPs (a veth pair inside the namespace: the kernel here has
@@ -159,6 +173,7 @@ def cleanup(sandbox: Sandbox, log: Path) -> subprocess.CompletedProcess[str]:
 def test_cleanup_after_a_killed_agent_restores_the_node(sandbox: Sandbox, tmp_path: Path) -> None:
     pods = build_lab(sandbox)
     foreign_state(sandbox)
+    addresses_settled(sandbox)
     before = snapshot(sandbox)
     # The host-SNAT addresses' neighbour entries, as the README has operators make them
     # today (and the agent itself with zero-config host SNAT): ours by their virtual MAC.
