@@ -48,8 +48,10 @@ from ovsproxy.model import (
     TrafficPolicy,
 )
 from ovsproxy.model.node import PodPort
+from ovsproxy.model.problems import PortConflict
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
+from ovsproxy.proxy.claims import ClaimResolver
 from ovsproxy.proxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
@@ -491,6 +493,9 @@ class Proxier:
         # (with OVS's error), which keep that last good state until they change.
         self._good: dict[ServicePortName, ServiceState] = {}
         self.refused: dict[ServicePortName, str] = {}
+        # Which port owns each nodePort, healthCheckNodePort and address:port: a port that
+        # claims one an older Service holds is refused whole (never staged).
+        self.claims = ClaimResolver()
         self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
@@ -761,22 +766,35 @@ class Proxier:
         if full:
             self._stage_pipeline()
             states = self.tracker.snapshot()
-            for name in [n for n in self.services if n not in states]:
+            self._log_claims(self.claims.reset(state.port for state in states.values()))
+            served = {n: s for n, s in states.items() if not self.claims.refused(n)}
+            for name in [n for n in self.services if n not in served]:
                 self._remove_service(name)
                 touched[name] = None
-            for name in [n for n in self.refused if n not in states]:
+            for name in [n for n in self.refused if n not in served]:
                 touched[name] = None
-            for name, state in states.items():
+            for name in states.keys() - served.keys():
+                touched[name] = None  # refused: a claim of theirs is an older Service's
+            for name, state in served.items():
                 self._stage_service(state)
                 touched[name] = state
             changed = len(states)
         else:
-            for name, change in changes.items():
-                if change.current is None:
+            currents = {name: change.current for name, change in changes.items()}
+            flipped = self.claims.update(
+                {name: state.port if state else None for name, state in currents.items()}
+            )
+            self._log_claims(flipped)
+            for name in flipped - currents.keys():
+                # an older Service took a claim of this port, or gave one back
+                currents[name] = self.tracker.state_of(name)
+            for name, current in currents.items():
+                if current is None or self.claims.refused(name):
                     self._remove_service(name)
+                    current = None
                 else:
-                    self._stage_service(change.current)
-                touched[name] = change.current
+                    self._stage_service(current)
+                touched[name] = current
             changed = len(changes)
         await self._stage_pods()
         self._unpublished.update(dict.fromkeys(touched))  # kept if this sync fails
@@ -812,6 +830,20 @@ class Proxier:
                 " (full)" if full else "",
             )
         return result
+
+    def _log_claims(self, flipped: set[ServicePortName]) -> None:
+        for name in sorted(flipped):
+            conflicts = self.claims.refusals.get(name)
+            if conflicts is None:
+                if self.tracker.state_of(name) is not None:
+                    log.info("Service port %s: no longer in conflict, served", name)
+                continue
+            for conflict in conflicts:
+                log.warning("%s", conflict)
+
+    def conflicts(self) -> list[PortConflict]:
+        """Every claim lost to an older Service, by refused port."""
+        return [c for name in sorted(self.claims.refusals) for c in self.claims.refusals[name]]
 
     def _publish(self) -> None:
         """The touched ports' installed state becomes what they are programmed to."""
