@@ -29,6 +29,7 @@ from ovsproxy.lab.manifests import (
 from .conftest import start_lab
 from .helpers import client_pod, http, install
 from .test_nodeport import get, node_ip
+from .test_trace import pod_of, trace_json
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
@@ -88,14 +89,15 @@ def through(change: Callable[[], None], send: Callable[[], dict[str, Any]]) -> d
 def assert_named(lab: Lab, refused: str, owner: str, claim: str, number: str) -> None:
     wait_conflict(lab, refused, owner, claim)
     for node in lab.nodes:
-        assert refused_metric(lab, node) >= 1, node
+        assert refused_metric(lab, node) >= 1, (node, "metric")
         status = lab.agent_status(node)
-        assert refused not in {s["name"] for s in status["services"]}, node
+        assert refused not in {s["name"] for s in status["services"]}, (node, status["services"])
         problem = next(c["problem"] for c in status["conflicts"] if c["refused"] == refused)
         service, owner_service = refused.split(":", 1)[0], owner.split(":", 1)[0]
         assert f"Service {service}" in problem and f"Service {owner_service}" in problem
         log = lab.agent_log(node)
-        assert any(service in line and number in line for line in log.splitlines()), node
+        lines = [line for line in log.splitlines() if service in line]
+        assert any(number in line for line in lines), (node, lines)
 
 
 def test_node_port(lab: Lab) -> None:
@@ -115,6 +117,10 @@ def test_node_port(lab: Lab) -> None:
 
         out = through(change, lambda: http(lab.external_netns, node_1, REQUESTS, port=30180))
         assert out["failed"] == 0 and out["counts"] == {"web-1": REQUESTS}, out
+        # ovsproxy trace follows the owner (it used to refuse "nodePort 30180 of several ports")
+        traced = trace_json(lab, "node-1", "192.168.50.100", f"{node_1}:30180")
+        assert traced["verdict"] == "forwarded", traced
+        assert pod_of(lab, traced["endpoint"]) == "web-1", traced
         # the rest of the newer Service is served
         other = http(lab.external_netns, node_2, 20, port=30181)
         assert other["counts"] == {"web-2": 20}, other

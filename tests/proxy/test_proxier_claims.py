@@ -25,6 +25,7 @@ class Rig:
         self.tracker.on_synced(SYNC_ENDPOINT_SLICES)
         config = pl.PipelineConfig(node_ips=(NODE_IP,))
         self.touched: list[dict[ServicePortName, ServiceState | None]] = []
+        self.conflicts_seen: list[int] = []  # published conflicts while the node side followed
         self.proxier = Proxier(
             self.tracker,
             Datapath(Recorder(), config, 1),
@@ -37,6 +38,7 @@ class Rig:
         self, touched: Mapping[ServicePortName, ServiceState | None], full: bool
     ) -> None:
         self.touched.append(dict(touched))
+        self.conflicts_seen.append(len(self.proxier.conflicts))
 
     def flows(self) -> str:
         return "\n".join(self.proxier.datapath.dump())
@@ -58,13 +60,15 @@ async def test_a_node_port_taken_is_refused_whole_and_served_once_the_older_goes
     assert rig.served() == {"old"}
     assert "10.96.0.2" not in rig.flows() and "10.0.0.2" not in rig.flows()
     assert rig.touched[-1] == {NEW.name: None}  # the capture and health checks never see it
-    assert [str(c) for c in rig.proxier.conflicts()] == [
+    # published with the sync that applied it (as status and the metric read it), not before
+    assert rig.conflicts_seen == [0, 0] and rig.proxier.conflicts_refused == 1
+    assert [str(c) for c in rig.proxier.conflicts] == [
         "Service ns/new: port p/TCP: nodePort 30080/TCP is already claimed by the older "
         "Service ns/old (port p/TCP); this port is refused"
     ]
     rig.tracker.on_service_delete("ns", "old")
     await rig.proxier.sync()
-    assert rig.served() == {"new"} and rig.proxier.conflicts() == []
+    assert rig.served() == {"new"} and rig.proxier.conflicts == ()
     assert "10.96.0.2" in rig.flows() and "10.0.0.2" in rig.flows()
     assert set(rig.touched[-1]) == {OLD.name, NEW.name}
     assert rig.touched[-1][NEW.name] is not None
@@ -100,7 +104,7 @@ async def test_every_kind_of_claim_and_a_full_sync_decide_alike() -> None:
     for full in (False, True):
         await rig.proxier.sync(full=full)
         assert rig.served() == {"old", "free"}, full
-        assert {(c.refused.name, c.claim) for c in rig.proxier.conflicts()} == {
+        assert {(c.refused.name, c.claim) for c in rig.proxier.conflicts} == {
             ("same-ip", "10.96.0.1:80/TCP"),
             ("external", "192.0.2.1:80/TCP"),
             ("health", "healthCheckNodePort 32000"),

@@ -166,7 +166,7 @@ class StatusPages:
     def status_json(self) -> dict[str, Any]:
         parts = self.parts
         services = []
-        conflicts = parts.proxier.conflicts() if parts.proxier is not None else []
+        conflicts = parts.proxier.conflicts if parts.proxier is not None else ()
         if parts.proxier is not None:
             for name, inst in sorted(parts.proxier.programmed.items(), key=lambda kv: str(kv[0])):
                 port = inst.state.port

@@ -103,7 +103,7 @@ class Syncer:
                 self.proxy_health.updated(family)
         m.services.set(len(proxier.services))
         m.refused.labels("switch").set(len(proxier.refused))
-        m.refused.labels("conflict").set(len(proxier.claims.refusals))
+        m.refused.labels("conflict").set(proxier.conflicts_refused)
         m.endpoints.set(proxier.endpoint_count())
         m.groups.set(len(datapath.installed_groups))
         m.flows.set(len(datapath.installed_flows))

@@ -496,6 +496,11 @@ class Proxier:
         # Which port owns each nodePort, healthCheckNodePort and address:port: a port that
         # claims one an older Service holds is refused whole (never staged).
         self.claims = ClaimResolver()
+        # ... and, published with the sync that applied them as ``programmed`` is: every claim
+        # lost to an older Service (by refused port), and how many ports that refuses
+        self.conflicts: tuple[PortConflict, ...] = ()
+        self.conflicts_refused = 0
+        self._claims_unpublished = False
         self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
@@ -832,6 +837,7 @@ class Proxier:
         return result
 
     def _log_claims(self, flipped: set[ServicePortName]) -> None:
+        self._claims_unpublished = self._claims_unpublished or bool(flipped)
         for name in sorted(flipped):
             conflicts = self.claims.refusals.get(name)
             if conflicts is None:
@@ -841,12 +847,13 @@ class Proxier:
             for conflict in conflicts:
                 log.warning("%s", conflict)
 
-    def conflicts(self) -> list[PortConflict]:
-        """Every claim lost to an older Service, by refused port."""
-        return [c for name in sorted(self.claims.refusals) for c in self.claims.refusals[name]]
-
     def _publish(self) -> None:
         """The touched ports' installed state becomes what they are programmed to."""
+        if self._claims_unpublished:
+            refusals = self.claims.refusals
+            self.conflicts = tuple(c for name in sorted(refusals) for c in refusals[name])
+            self.conflicts_refused = len(refusals)
+            self._claims_unpublished = False
         for name in self._unpublished:
             installed = self.services.get(name)
             if installed is None:
