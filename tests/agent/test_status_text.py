@@ -68,12 +68,18 @@ async def test_status_text_says_dropping_rejecting_or_forwarding_to_n_endpoints(
     assert "IPv6: rejecting (no usable endpoints)" in dual
 
 
-async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges() -> None:
+def _node_port_parts() -> Components:
+    """An agent's parts with a proxier that programs NodePorts, on a recording switch."""
     parts = Components(AgentConfig(node_name=NODE))
     parts.tracker.on_synced(SYNC_SERVICES)
     parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
     parts.datapath = Datapath(Recorder(), pl.PipelineConfig(), 1)
     parts.proxier = Proxier(parts.tracker, parts.datapath, node_name=NODE, node_ports=True)
+    return parts
+
+
+async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges() -> None:
+    parts = _node_port_parts()
     apply(
         parts.tracker,
         port(
@@ -104,11 +110,7 @@ async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges(
 
 
 async def test_status_text_names_both_services_of_a_port_conflict() -> None:
-    parts = Components(AgentConfig(node_name=NODE))
-    parts.tracker.on_synced(SYNC_SERVICES)
-    parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    parts.datapath = Datapath(Recorder(), pl.PipelineConfig(), 1)
-    parts.proxier = Proxier(parts.tracker, parts.datapath, node_name=NODE, node_ports=True)
+    parts = _node_port_parts()
     nodeport = {"type": ServiceType.NODE_PORT, "node_port": 30080}
     apply(parts.tracker, port("10.96.0.5", name="old", created=1.0, **nodeport), [ep("10.0.0.1")])
     apply(parts.tracker, port("10.96.0.6", name="new", created=2.0, **nodeport), [ep("10.0.0.2")])

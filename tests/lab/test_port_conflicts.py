@@ -134,50 +134,40 @@ def test_node_port(lab: Lab) -> None:
         remove_service(lab.manifests, new)
 
 
-def test_cluster_ip_port(lab: Lab) -> None:
-    old = service(lab, "cip-old", "10.96.4.20", "web-1", OLDER)
-    new = service(lab, "cip-new", "10.96.4.20", "web-2", NEWER,
-                  LabPort("http", 80, HTTP_PORT), LabPort("other", 81, HTTP_PORT))  # fmt: skip
+ADDRESS_CASES = [
+    # (kind, the older's ClusterIP, the newer's, the address both claim, extra spec)
+    pytest.param("cip", "10.96.4.20", "10.96.4.20", "10.96.4.20", {}, id="ClusterIP"),
+    pytest.param(
+        "ext", "10.96.4.30", "10.96.4.31", "198.51.100.30",
+        {"externalIPs": ["198.51.100.30"]}, id="external-IP",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "old_ip", "new_ip", "claimed", "spec"), ADDRESS_CASES)
+def test_address_port(
+    lab: Lab, kind: str, old_ip: str, new_ip: str, claimed: str, spec: dict[str, Any]
+) -> None:
+    old = service(lab, f"{kind}-old", old_ip, "web-1", OLDER, extra_spec=spec)
+    new = service(lab, f"{kind}-new", new_ip, "web-2", NEWER,
+                  LabPort("http", 80, HTTP_PORT), LabPort("other", 81, HTTP_PORT),
+                  extra_spec=spec)  # fmt: skip
     install(lab, old)
     client = client_pod(lab.nodes["node-1"])
     try:
 
         def change() -> None:
             write_service(lab.manifests, new)
-            assert_named(lab, "lab/cip-new:http/TCP", "lab/cip-old:http/TCP", "10.96.4.20:80/TCP",
-                         "10.96.4.20:80")  # fmt: skip
+            assert_named(lab, f"lab/{kind}-new:http/TCP", f"lab/{kind}-old:http/TCP",
+                         f"{claimed}:80/TCP", f"{claimed}:80")  # fmt: skip
 
-        out = through(change, lambda: http(client, "10.96.4.20", REQUESTS))
+        out = through(change, lambda: http(client, claimed, REQUESTS))
         assert out["failed"] == 0 and out["counts"] == {"web-1": REQUESTS}, out
-        other = http(client, "10.96.4.20", 20, port=81)  # the newer's other port: its own
+        other = http(client, new_ip, 20, port=81)  # the newer's other port is served
         assert other["counts"] == {"web-2": 20}, other
         remove_service(lab.manifests, old)
-        lab.wait_endpoints("lab/cip-new:http/TCP", endpoint_texts(new.endpoints, HTTP_PORT))
-        served = http(client, "10.96.4.20", 20)
-        assert served["counts"] == {"web-2": 20}, served
-    finally:
-        remove_service(lab.manifests, old)
-        remove_service(lab.manifests, new)
-
-
-def test_external_ip_port(lab: Lab) -> None:
-    external = {"externalIPs": ["198.51.100.30"]}
-    old = service(lab, "ext-old", "10.96.4.30", "web-1", OLDER, extra_spec=external)
-    new = service(lab, "ext-new", "10.96.4.31", "web-2", NEWER, extra_spec=external)
-    install(lab, old)
-    client = client_pod(lab.nodes["node-1"])
-    try:
-
-        def change() -> None:
-            write_service(lab.manifests, new)
-            assert_named(lab, "lab/ext-new:http/TCP", "lab/ext-old:http/TCP",
-                         "198.51.100.30:80/TCP", "198.51.100.30:80")  # fmt: skip
-
-        out = through(change, lambda: http(client, "198.51.100.30", REQUESTS))
-        assert out["failed"] == 0 and out["counts"] == {"web-1": REQUESTS}, out
-        remove_service(lab.manifests, old)
-        lab.wait_endpoints("lab/ext-new:http/TCP", endpoint_texts(new.endpoints, HTTP_PORT))
-        served = http(client, "198.51.100.30", 20)
+        lab.wait_endpoints(f"lab/{kind}-new:http/TCP", endpoint_texts(new.endpoints, HTTP_PORT))
+        served = http(client, claimed, 20)
         assert served["counts"] == {"web-2": 20}, served
     finally:
         remove_service(lab.manifests, old)
