@@ -9,8 +9,15 @@ from collections.abc import Iterable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovsproxy.model import Protocol, ServicePort, ServicePortName, ServiceType
-from ovsproxy.proxy.claims import Claim, ClaimResolver, claims_of, resolve, seniority
+from ovsproxy.model import Protocol, ServicePort, ServicePortName, ServiceState, ServiceType
+from ovsproxy.proxy.claims import (
+    Claim,
+    ClaimResolver,
+    claims_of,
+    render_claim,
+    resolve,
+    seniority,
+)
 
 IPS = [ipaddress.ip_address(a) for a in ("10.96.0.1", "10.96.0.2", "fd00::1", "192.0.2.1")]
 
@@ -115,11 +122,11 @@ def test_the_resolver_gives_the_claim_back_when_the_older_service_goes() -> None
     old = service_port("a", created=1.0, node_port=30080)
     new = service_port("b", cluster_ips=("10.96.0.2",), created=2.0, node_port=30080)
     resolver = ClaimResolver()
-    assert resolver.update({new.name: new}) == set()
-    assert resolver.update({old.name: old}) == {new.name}  # the older arrives: b refused
+    assert resolver.update([(new.name, new)]) == set()
+    assert resolver.update([(old.name, old)]) == {new.name}  # the older arrives: b refused
     assert resolver.refused(new.name)
-    assert resolver.update({old.name: old}) == set()  # the same port again: nothing
-    assert resolver.update({old.name: None}) == {new.name}
+    assert resolver.update([(old.name, old)]) == set()  # the same port again: nothing
+    assert resolver.update([(old.name, None)]) == {new.name}
     assert resolver.refusals == {}
 
 
@@ -178,7 +185,7 @@ def test_the_decision_depends_on_the_set_only_and_the_older_always_wins(groups, 
                 assert conflict.owner not in refusals  # a refused port holds nothing
                 assert owner.name.service != port.name.service
                 assert seniority(owner) < seniority(port)  # the older wins
-                assert conflict.claim in {str(c) for c in claims_of(owner)}
+                assert conflict.claim in {render_claim(c) for c in claims_of(owner)}
             continue
         for claim in claims_of(port):
             # no two served Services share a claim: no refused claim reaches the datapath
@@ -215,7 +222,10 @@ def test_the_resolver_after_any_sequence_of_changes_is_the_decision(batches, ful
             for port in item:
                 current[port.name] = port
                 changes[port.name] = port
-        flipped = resolver.reset(current.values()) if full else resolver.update(changes)
+        if full:
+            flipped = resolver.reset({n: ServiceState(p) for n, p in current.items()})
+        else:
+            flipped = resolver.update(changes.items())
         assert resolver.refusals == resolve(current.values())
         assert flipped == {
             n

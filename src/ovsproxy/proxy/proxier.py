@@ -771,7 +771,7 @@ class Proxier:
         if full:
             self._stage_pipeline()
             states = self.tracker.snapshot()
-            self._log_claims(self.claims.reset(state.port for state in states.values()))
+            self._log_claims(self.claims.reset(states))
             served = {n: s for n, s in states.items() if not self.claims.refused(n)}
             for name in [n for n in self.services if n not in served]:
                 self._remove_service(name)
@@ -787,7 +787,7 @@ class Proxier:
         else:
             currents = {name: change.current for name, change in changes.items()}
             flipped = self.claims.update(
-                {name: state.port if state else None for name, state in currents.items()}
+                (name, state.port if state else None) for name, state in currents.items()
             )
             self._log_claims(flipped)
             for name in flipped - currents.keys():
