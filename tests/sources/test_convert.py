@@ -707,3 +707,15 @@ def test_plain_endpoints_take_the_fast_path() -> None:
     )
     assert convert._plain_endpoint(raw, IPFamily.IPv6) is None  # the checker reports it
     assert convert._plain_endpoint({**raw, "hints": {"forZones": []}}, IPFamily.IPv4) is None
+
+
+def test_creation_timestamp_is_unix_seconds_on_every_port_and_a_bad_one_is_named() -> None:
+    obj = service(ports=[{"name": "a", "port": 80}, {"name": "b", "port": 81}])
+    assert {p.created for p in convert_service(obj).ports} == {None}  # not given
+    obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    assert {p.created for p in convert_service(obj).ports} == {1767225600.0}
+    # unquoted in YAML, a timestamp PyYAML constructs
+    obj["metadata"]["creationTimestamp"] = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    assert convert_service(obj).ports[0].created == 1767225600.0
+    obj["metadata"]["creationTimestamp"] = "yesterday"
+    assert errors_of(convert_service, obj) == {("metadata.creationTimestamp", "yesterday")}
