@@ -772,13 +772,16 @@ class Proxier:
             self._stage_pipeline()
             states = self.tracker.snapshot()
             self._log_claims(self.claims.reset(states))
-            served = {n: s for n, s in states.items() if not self.claims.refused(n)}
+            refusals = self.claims.refusals  # (of ports in states only, after the reset)
+            served = states
+            if refusals:
+                served = {n: s for n, s in states.items() if n not in refusals}
             for name in [n for n in self.services if n not in served]:
                 self._remove_service(name)
                 touched[name] = None
             for name in [n for n in self.refused if n not in served]:
                 touched[name] = None
-            for name in states.keys() - served.keys():
+            for name in refusals:
                 touched[name] = None  # refused: a claim of theirs is an older Service's
             for name, state in served.items():
                 self._stage_service(state)
