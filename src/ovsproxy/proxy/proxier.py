@@ -22,6 +22,9 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
   conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
   revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
 
+* two Services claiming one nodePort, healthCheckNodePort or address:port: the newer's port
+  is refused before anything is staged (``proxy.claims``), and served once the claim is free.
+
 ``InstalledService`` records all of it as plain data for ``ovsproxy status``.
 """
 
