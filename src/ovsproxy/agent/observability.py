@@ -227,6 +227,8 @@ class StatusPages:
             "last_sync": last_sync,
             "routes": routes,
             "node_ports": parts.node_side.status() if parts.node_side is not None else None,
+            # The Node object (Kubernetes API source only): eligibility, addresses, podCIDRs
+            "node": parts.node.status() if parts.node is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
             # Service ports refused because an older Service claims one of their ports
