@@ -45,6 +45,13 @@ _NETNS_COMMANDS = (
 )
 _BRIDGE_COLUMNS = "name,external_ids,other_config,protocols,fail_mode,controller,datapath_type"
 _INTERFACE_COLUMNS = "name,type,ofport,external_ids,options"
+_OPEN_VSWITCH_COLUMNS = "external_ids,other_config,datapaths,manager_options,ssl"
+# The agent's conntrack zone timeout policies (none in a fresh sandbox).
+_ZONE_TABLES = (
+    ("Datapath", "ct_zones,external_ids"),
+    ("CT_Zone", "timeout_policy,external_ids"),
+    ("CT_Timeout_Policy", "timeouts,external_ids"),
+)
 _TCP_LISTEN = "0A"  # the state column of /proc/net/tcp
 _CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -94,6 +101,8 @@ class SandboxState:
     ports: tuple[str, ...]
     bridge: str  # the Bridge row (JSON)
     interfaces: str  # the Interface rows (JSON)
+    open_vswitch: str  # the Open_vSwitch row (JSON)
+    zones: str  # the Datapath, CT_Zone and CT_Timeout_Policy rows (JSON)
     ovs_conntrack: tuple[str, ...]
     pods: tuple[tuple[str, bool], ...]  # (name, its server runs)
     netns: tuple[tuple[str, NetnsState], ...]
@@ -196,7 +205,7 @@ def _netns_state(netns: str) -> NetnsState:
 def _rows(sandbox: Sandbox, table: str, columns: str) -> list[dict[str, Any]]:
     out = json.loads(sandbox.vsctl("--format=json", f"--columns={columns}", "list", table))
     rows = [dict(zip(out["headings"], row, strict=True)) for row in out["data"]]
-    return sorted(rows, key=lambda r: str(r.get("name")))
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
 
 
 def namespaces(sandbox: Sandbox) -> list[str]:
@@ -222,6 +231,8 @@ def read_state(sandbox: Sandbox) -> SandboxState:
         ports=_lines(sandbox.vsctl("list-ports", sandbox.bridge)),
         bridge=json.dumps(_rows(sandbox, "Bridge", _BRIDGE_COLUMNS)),
         interfaces=json.dumps(interfaces),
+        open_vswitch=json.dumps(_rows(sandbox, "Open_vSwitch", _OPEN_VSWITCH_COLUMNS)),
+        zones=json.dumps([_rows(sandbox, table, columns) for table, columns in _ZONE_TABLES]),
         ovs_conntrack=_lines(sandbox.appctl("dpctl/dump-conntrack")),
         pods=pod_servers(sandbox),
         netns=tuple((ns, _netns_state(ns)) for ns in namespaces(sandbox)),
@@ -240,27 +251,39 @@ def _vsctl_value(value: Any) -> str:
     return json.dumps(value)
 
 
-def _restore_bridge(sandbox: Sandbox, found: SandboxState) -> None:
-    """The Bridge row as it was: map keys added since removed, changed values written back,
-    a controller added since deleted."""
-    (was,) = json.loads(found.bridge)
-    (now,) = _rows(sandbox, "Bridge", _BRIDGE_COLUMNS)
+def _restore_row(sandbox: Sandbox, table: str, record: str, was: Any, now: Any) -> None:
+    """An OVSDB row as it was: map keys added since removed, changed values written back,
+    references (a controller, a manager, a datapath) added since cleared."""
     for column, value in was.items():
         if now[column] == value:
             continue
         if column in ("external_ids", "other_config"):
             before, after = _ovsdb_map(value), _ovsdb_map(now[column])
             for key in after.keys() - before.keys():
-                sandbox.vsctl("remove", "Bridge", sandbox.bridge, column, key)
+                sandbox.vsctl("remove", table, record, column, key)
             for key, text in before.items():
                 if after.get(key) != text:
-                    sandbox.vsctl(
-                        "set", "Bridge", sandbox.bridge, f"{column}:{key}={json.dumps(text)}"
-                    )
-        elif column == "controller" and value == ["set", []]:
-            sandbox.vsctl("del-controller", sandbox.bridge)
-        elif column != "controller":
-            sandbox.vsctl("set", "Bridge", sandbox.bridge, f"{column}={_vsctl_value(value)}")
+                    sandbox.vsctl("set", table, record, f"{column}:{key}={json.dumps(text)}")
+        elif column in _REFERENCES:
+            # Only an empty reference can be put back; the check names any other.
+            if value in (["set", []], ["map", []]):
+                sandbox.vsctl("clear", table, record, column)
+        else:
+            sandbox.vsctl("set", table, record, f"{column}={_vsctl_value(value)}")
+
+
+_REFERENCES = ("controller", "datapaths", "manager_options", "ssl")
+
+
+def _restore_ovsdb(sandbox: Sandbox, found: SandboxState) -> None:
+    """The Bridge and Open_vSwitch rows as they were (what they refer to goes with them:
+    controllers, and the Datapath records holding conntrack zone timeout policies)."""
+    (was,) = json.loads(found.bridge)
+    (now,) = _rows(sandbox, "Bridge", _BRIDGE_COLUMNS)
+    _restore_row(sandbox, "Bridge", sandbox.bridge, was, now)
+    (was,) = json.loads(found.open_vswitch)
+    (now,) = _rows(sandbox, "Open_vSwitch", _OPEN_VSWITCH_COLUMNS)
+    _restore_row(sandbox, "Open_vSwitch", ".", was, now)
 
 
 def _reset_netns(netns: str, found: NetnsState, now: NetnsState) -> None:
@@ -320,7 +343,7 @@ def reset(sandbox: Sandbox, found: SandboxState) -> SandboxState:
     for port in _lines(sandbox.vsctl("list-ports", sandbox.bridge)):
         if port not in ports:
             sandbox.vsctl("--if-exists", "del-port", sandbox.bridge, port)
-    _restore_bridge(sandbox, found)  # first: it may have lost OpenFlow 1.5
+    _restore_ovsdb(sandbox, found)  # first: the bridge may have lost OpenFlow 1.5
     sandbox.ofctl("del-flows")
     sandbox.ofctl("del-groups")
     sandbox.ofctl("del-meters")

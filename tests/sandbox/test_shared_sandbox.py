@@ -55,6 +55,12 @@ def test_what_a_test_leaves_is_seen_and_removed(sandbox: Sandbox) -> None:
         "fail_mode=standalone",
     )
     sandbox.vsctl("set-controller", sandbox.bridge, "ptcp:16654:127.0.0.1")
+    sandbox.vsctl(
+        *("--", "--id=@dp", "create", "Datapath", "external_ids:left=behind"),
+        *("--", "set", "Open_vSwitch", ".", "datapaths:netdev=@dp"),
+    )
+    sandbox.vsctl("add-zone-tp", "netdev", "zone=65520", "tcp_time_wait=120")
+    sandbox.vsctl("set", "Open_vSwitch", ".", "external_ids:left=behind")
     sandbox.ofctl("add-flow", "table=0,priority=2,ip,actions=ct(commit),NORMAL")
     sandbox.ofctl("add-flow", "table=0,priority=1,actions=NORMAL")
     sandbox.ofctl("add-group", "group_id=9,type=select,bucket=actions=drop")
@@ -70,6 +76,7 @@ def test_what_a_test_leaves_is_seen_and_removed(sandbox: Sandbox) -> None:
     node = {f"{sandbox.netns} {name}" for name in ("links", "addresses", "neighbours")}
     node |= {f"{sandbox.netns} {name}" for name in ("routes", "rules", "nftables", "conntrack")}
     wanted = {"flows", "groups", "meters", "ports", "bridge", "interfaces", "ovs_conntrack"}
+    wanted |= {"open_vswitch", "zones"}
     wanted |= {"pods", "namespaces", f"{sandbox.netns} sockets"} | node
     missing = {name for name in wanted if not any(s.startswith(name) for s in seen)}
     assert not missing, (missing, seen)
