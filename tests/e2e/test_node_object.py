@@ -23,13 +23,12 @@ from typing import Any
 
 import pytest
 
-from ovsproxy.lab import build_lab
-from ovsproxy.ovs.sandbox import Sandbox
+from ovsproxy.ovs.sandbox import Pod, Sandbox
 from tests.e2e.harness import AgentProcess
 from tests.e2e.test_kubernetes_source import PLURAL, example_objects
 from tests.k8s_fake import FakeKubeApi
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
 TAINT = "ToBeDeletedByClusterAutoscaler"
 NODE_PORT = 30080
@@ -110,8 +109,9 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = 10) -
 
 
 @pytest.fixture
-async def world(sandbox: Sandbox, tmp_path: Path) -> AsyncIterator[World]:
-    await asyncio.to_thread(build_lab, sandbox)
+async def world(
+    example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path
+) -> AsyncIterator[World]:
     async with FakeKubeApi() as api:
         for obj in [*example_objects(), NODE_PORT_SERVICE]:
             api.apply(PLURAL[obj["kind"]], obj)
