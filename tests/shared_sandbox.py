@@ -46,8 +46,13 @@ _NETNS_COMMANDS = (
 _BRIDGE_COLUMNS = "name,external_ids,other_config,protocols,fail_mode,controller,datapath_type"
 _INTERFACE_COLUMNS = "name,type,ofport,external_ids,options"
 _OPEN_VSWITCH_COLUMNS = "external_ids,other_config,datapaths,manager_options,ssl"
-# The agent's conntrack zone timeout policies (none in a fresh sandbox).
-_ZONE_TABLES = (
+_ZONE_TABLES = ("Datapath", "CT_Zone", "CT_Timeout_Policy")
+_OVSDB_TABLES = (
+    ("Bridge", _BRIDGE_COLUMNS),
+    ("Port", "name"),
+    ("Interface", _INTERFACE_COLUMNS),
+    ("Open_vSwitch", _OPEN_VSWITCH_COLUMNS),
+    # The agent's conntrack zone timeout policies (none in a fresh sandbox).
     ("Datapath", "ct_zones,external_ids"),
     ("CT_Zone", "timeout_policy,external_ids"),
     ("CT_Timeout_Policy", "timeouts,external_ids"),
@@ -202,10 +207,31 @@ def _netns_state(netns: str) -> NetnsState:
     return in_netns(netns, _read_netns)
 
 
-def _rows(sandbox: Sandbox, table: str, columns: str) -> list[dict[str, Any]]:
-    out = json.loads(sandbox.vsctl("--format=json", f"--columns={columns}", "list", table))
-    rows = [dict(zip(out["headings"], row, strict=True)) for row in out["data"]]
-    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+def _ovsdb_rows(sandbox: Sandbox) -> dict[str, list[dict[str, Any]]] | None:
+    """The rows of every table of _OVSDB_TABLES, in one transaction (None: no ovsdb-server
+    answers)."""
+    selects = [
+        {"op": "select", "table": table, "where": [], "columns": columns.split(",")}
+        for table, columns in _OVSDB_TABLES
+    ]
+    done = subprocess.run(
+        [
+            "ovsdb-client",
+            "--timeout=10",
+            "transact",
+            sandbox.ovsdb,
+            json.dumps(["Open_vSwitch", *selects]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        return None
+    return {
+        table: sorted(result["rows"], key=lambda r: json.dumps(r, sort_keys=True))
+        for (table, _), result in zip(_OVSDB_TABLES, json.loads(done.stdout), strict=True)
+    }
 
 
 def namespaces(sandbox: Sandbox) -> list[str]:
@@ -222,17 +248,21 @@ def pod_servers(sandbox: Sandbox) -> tuple[tuple[str, bool], ...]:
     )
 
 
-def read_state(sandbox: Sandbox) -> SandboxState:
-    interfaces = [r for r in _rows(sandbox, "Interface", _INTERFACE_COLUMNS)]
+def read_state(
+    sandbox: Sandbox, rows: dict[str, list[dict[str, Any]]] | None = None
+) -> SandboxState:
+    """The sandbox's state (``rows``: its OVSDB rows, when just read)."""
+    rows = rows or _ovsdb_rows(sandbox)
+    assert rows, f"no ovsdb-server answers on {sandbox.ovsdb}"
     return SandboxState(
         flows=_openflow(sandbox, "dump-flows"),
         groups=_openflow(sandbox, "dump-groups"),
         meters=_openflow(sandbox, "dump-meters"),
-        ports=_lines(sandbox.vsctl("list-ports", sandbox.bridge)),
-        bridge=json.dumps(_rows(sandbox, "Bridge", _BRIDGE_COLUMNS)),
-        interfaces=json.dumps(interfaces),
-        open_vswitch=json.dumps(_rows(sandbox, "Open_vSwitch", _OPEN_VSWITCH_COLUMNS)),
-        zones=json.dumps([_rows(sandbox, table, columns) for table, columns in _ZONE_TABLES]),
+        ports=tuple(r["name"] for r in rows["Port"]),
+        bridge=json.dumps(rows["Bridge"]),
+        interfaces=json.dumps(rows["Interface"]),
+        open_vswitch=json.dumps(rows["Open_vSwitch"]),
+        zones=json.dumps([rows[table] for table in _ZONE_TABLES]),
         ovs_conntrack=_lines(sandbox.appctl("dpctl/dump-conntrack")),
         pods=pod_servers(sandbox),
         netns=tuple((ns, _netns_state(ns)) for ns in namespaces(sandbox)),
@@ -275,14 +305,16 @@ def _restore_row(sandbox: Sandbox, table: str, record: str, was: Any, now: Any) 
 _REFERENCES = ("controller", "datapaths", "manager_options", "ssl")
 
 
-def _restore_ovsdb(sandbox: Sandbox, found: SandboxState) -> None:
-    """The Bridge and Open_vSwitch rows as they were (what they refer to goes with them:
-    controllers, and the Datapath records holding conntrack zone timeout policies)."""
-    (was,) = json.loads(found.bridge)
-    (now,) = _rows(sandbox, "Bridge", _BRIDGE_COLUMNS)
+def _restore_ovsdb(sandbox: Sandbox, found: SandboxState, rows: dict[str, Any]) -> None:
+    """Ports added since deleted; the Bridge and Open_vSwitch rows as they were (what they
+    refer to goes with them: controllers, and the Datapath records holding conntrack zone
+    timeout policies)."""
+    for row in rows["Port"]:
+        if row["name"] not in found.ports:
+            sandbox.vsctl("--if-exists", "del-port", sandbox.bridge, row["name"])
+    (was,), (now,) = json.loads(found.bridge), rows["Bridge"]
     _restore_row(sandbox, "Bridge", sandbox.bridge, was, now)
-    (was,) = json.loads(found.open_vswitch)
-    (now,) = _rows(sandbox, "Open_vSwitch", _OPEN_VSWITCH_COLUMNS)
+    (was,), (now,) = json.loads(found.open_vswitch), rows["Open_vSwitch"]
     _restore_row(sandbox, "Open_vSwitch", ".", was, now)
 
 
@@ -316,34 +348,41 @@ def _reset_netns(netns: str, found: NetnsState, now: NetnsState) -> None:
         )
 
 
-def _revive(sandbox: Sandbox) -> None:
-    """Start again a daemon the test stopped or made exit (its database file is kept)."""
-    try:
-        sandbox.appctl("version", target="ovsdb-server")
-    except SandboxError:
-        sandbox.stop_ovsdb_server()
-        sandbox.start_ovsdb_server()
-    try:
-        sandbox.appctl("version")
-    except SandboxError:
-        sandbox.stop_vswitchd()
-        sandbox.start_vswitchd()
+def _restored(found: SandboxState) -> dict[str, Any]:
+    """The rows _restore_ovsdb puts back, as ``found`` has them."""
+    return {
+        "Port": [{"name": name} for name in found.ports],
+        "Bridge": json.loads(found.bridge),
+        "Open_vSwitch": json.loads(found.open_vswitch),
+    }
 
 
 def reset(sandbox: Sandbox, found: SandboxState) -> SandboxState:
     """Remove what was added since ``found`` was read: pods, ports, flows, groups, meters,
     bridge keys, conntrack entries, and in every namespace links, addresses, routes,
     neighbours, nftables tables, sockets and kernel conntrack entries. A daemon the test
-    stopped is started again first. Returns the state read afterwards."""
-    _revive(sandbox)
+    stopped is started again (its database file is kept). Returns the state read afterwards."""
+    rows = _ovsdb_rows(sandbox)
+    if rows is None:
+        sandbox.stop_ovsdb_server()
+        sandbox.start_ovsdb_server()
+        rows = _ovsdb_rows(sandbox)
+        assert rows is not None, f"ovsdb-server on {sandbox.ovsdb} did not come back"
     known = {name for name, _ in found.pods}
-    for name in [n for n in sandbox.pods if n not in known]:
+    added = [name for name in sandbox.pods if name not in known]
+    for name in added:
         sandbox.remove_pod(name)
-    ports = set(found.ports)
-    for port in _lines(sandbox.vsctl("list-ports", sandbox.bridge)):
-        if port not in ports:
-            sandbox.vsctl("--if-exists", "del-port", sandbox.bridge, port)
-    _restore_ovsdb(sandbox, found)  # first: the bridge may have lost OpenFlow 1.5
+    if added:
+        rows = _ovsdb_rows(sandbox)
+        assert rows is not None
+    try:
+        sandbox.appctl("version")
+    except SandboxError:  # no ovs-vswitchd answers (ovs-vsctl would wait for one)
+        sandbox.stop_vswitchd()
+        sandbox.start_vswitchd()
+        rows = _ovsdb_rows(sandbox)  # the new one rewrote the interfaces' rows
+        assert rows is not None
+    _restore_ovsdb(sandbox, found, rows)  # first: the bridge may have lost OpenFlow 1.5
     sandbox.ofctl("del-flows")
     sandbox.ofctl("del-groups")
     sandbox.ofctl("del-meters")
@@ -351,7 +390,9 @@ def reset(sandbox: Sandbox, found: SandboxState) -> SandboxState:
     # revalidation: a packet of the next test must meet its own flows.
     sandbox.appctl("revalidator/purge")
     sandbox.appctl("dpctl/flush-conntrack")
-    now = read_state(sandbox)
+    if any(rows.get(table) != was for table, was in _restored(found).items()):
+        rows = {}  # changed by the restore: read again
+    now = read_state(sandbox, rows)
     was = dict(found.netns)
     changed = [ns for ns, state in now.netns if ns in was and state != was[ns]]
     if not changed:
