@@ -8,7 +8,8 @@ is read again: any difference fails that test's teardown, so no test sees what a
 and the next test finds the state the check has just confirmed.
 
 The state is what a test or an agent can change: flows, groups and meters; the bridge's,
-ports' and interfaces' OVSDB rows; OVS conntrack; and in the node's and every pod's namespace
+ports', interfaces' and Open_vSwitch's OVSDB rows and the conntrack zone timeout policies;
+OVS conntrack; and in the node's and every pod's namespace
 the links, addresses, routes, rules, permanent neighbours, nftables ruleset, kernel conntrack
 and the TCP sockets that are not listening (a TIME_WAIT from one test would meet the next
 test's reuse of a 5-tuple). Kernel-made details that a vswitchd restart renews (link-local
