@@ -68,22 +68,6 @@ def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def clear_value_caches() -> None:
-    """Forget every cached flow/bucket value, so a full sync is measured cold (agent start)."""
-    for value in vars(svc).values():
-        if callable(getattr(value, "cache_clear", None)):
-            value.cache_clear()
-    # hand-made caches (the bucket encoders per port: rebuilt too)
-    for name in ("_bucket_wires",):
-        cache = getattr(svc, name, None)
-        if cache is not None:
-            cache.clear()
-    for name in ("_last_bucket_wires", "_last_templates"):  # identity memos
-        last = getattr(svc, name, None)
-        if last is not None:
-            last[:] = [None] * len(last)
-
-
 # -- the sandbox ---------------------------------------------------------------------------
 
 
@@ -219,8 +203,8 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
     """Model values -> groups and flows in a fresh switch, timed to the commit reply."""
     channel, dp = await connect(sb)
     try:
+        # A new context: its encoders start empty, so the sync is measured cold (agent start).
         ctx = svc.Context(dp.tables, GENERATION)
-        clear_value_caches()
         gc.collect()
         sent_before = channel.counters.total("sent")[1]
         committing = _time_bundle_commits(channel)

@@ -300,13 +300,13 @@ def test_without_a_loop_staging_leaves_the_collector_alone() -> None:
 
 
 def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
-    tables = pl.Tables.for_config(CONFIG)
+    ctx = svc.Context(pl.Tables.for_config(CONFIG), 1)
 
     def spec(keys: list[int]) -> GroupSpec:
         buckets = []
         for k in keys:
             ip = ipaddress.ip_address(f"10.244.{k // 250}.{k % 250 + 1}")
-            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_wire(ip, 80, False, tables)))
+            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_wire(ip, 80, False, ctx)))
         return GroupSpec(3, tuple(buckets))
 
     first = plan_group(spec(list(range(100))), None).result

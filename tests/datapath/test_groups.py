@@ -24,13 +24,14 @@ from ovsproxy.datapath.groups import (
 from ovsproxy.openflow import protocol as of
 
 TABLES = pl.Tables.for_config(pl.PipelineConfig())
+CTX = svc.Context(TABLES, 1)
 CMD = of.GroupModCommand
 
 
 def bucket(i: int, port: int = 8080, v6: bool = False) -> BucketSpec:
     base = "fd00:10:244::" if v6 else "10.244."
     ip = ipaddress.ip_address(f"{base}{i:x}" if v6 else f"{base}{i // 250}.{i % 250 + 1}")
-    return BucketSpec((ip, port), svc.endpoint_bucket_wire(ip, port, False, TABLES))
+    return BucketSpec((ip, port), svc.endpoint_bucket_wire(ip, port, False, CTX))
 
 
 def group(keys: list[int], gid: int = 7, **kw: object) -> GroupSpec:
@@ -256,7 +257,7 @@ def test_a_repeated_endpoint_key_is_one_bucket() -> None:
 
 def test_bucket_specs_hold_the_encoding_and_read_back_as_values() -> None:
     ip = ipaddress.ip_address("10.244.0.9")
-    actions = svc.endpoint_bucket_actions(ip, 8080, True, TABLES)
-    spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, TABLES))
+    actions = svc.endpoint_bucket_actions(ip, 8080, True, CTX)
+    spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, CTX))
     assert type(spec.wire) is bytes and spec.actions == actions
     assert bucket_spec("k", actions) == spec

@@ -11,11 +11,9 @@ generic constructors encode, several times cheaper (bench ``encode``).
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.datapath import EncodedFlow
@@ -56,9 +54,29 @@ def _ip_value(ip: IPAddress) -> int:
     return int(ip)
 
 
+# A bucket's actions as bytes: the endpoint address goes in.
+_BucketWire = Callable[[int], bytes]
+_DnatTemplates = dict[int, templates.EndpointDnatFlows]
+_FrontendTemplates = dict[int, templates.FrontendFlows]
+
+
+class Encoders:
+    """A pipeline context's flow and bucket encoders (the codec's fast constructors), each
+    built on first use: EndpointDNAT and ServiceLB templates by protocol (then IP version),
+    bucket action encoders by (port, affinity, IP version). Bounded by the protocols and
+    ports in use; a new ``Context`` starts with none."""
+
+    __slots__ = ("buckets", "by_protocol")
+
+    def __init__(self) -> None:
+        self.by_protocol: dict[Protocol, tuple[_DnatTemplates, _FrontendTemplates]] = {}
+        self.buckets: dict[tuple[int, bool, int], _BucketWire] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
-    """Everything the flow builders need besides the Service itself."""
+    """Everything the flow builders need besides the Service itself (and, in ``encoders``,
+    what they build it with)."""
 
     tables: pl.Tables
     generation: int
@@ -70,6 +88,7 @@ class Context:
     host_snat: tuple[IPAddress, ...] = ()
     # Standalone: the node's own IPs; packets from them are marked "from the node" (in-cluster).
     node_ips: tuple[IPAddress, ...] = ()
+    encoders: Encoders = field(default_factory=Encoders, compare=False, repr=False)
 
     def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
         return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)
@@ -496,14 +515,6 @@ def endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
     return address << 17 | port << 1 | (type(ip) is not _IPV4)
 
 
-# A bucket's actions as bytes, by (port, affinity, IP version): the endpoint address goes in;
-# per pipeline (Tables), the tables of the last lookup remembered by identity (hashing the
-# Tables dataclass is done in Python). Bounded by the pipelines x ports in use.
-_BucketWire = Callable[[int], bytes]
-_bucket_wires: dict[pl.Tables, dict[tuple[int, bool, int], _BucketWire]] = {}
-_last_bucket_wires: list[Any] = [None, None]  # tables, its makers
-
-
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
     state = pl.Selection.TO_LEARN if affinity else pl.Selection.SELECTED
     return (
@@ -512,17 +523,6 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
         ),
         of.Resubmit(tables.service_lb if affinity else tables.endpoint_dnat),
     )
-
-
-def _bucket_wire_makers(tables: pl.Tables) -> dict[tuple[int, bool, int], _BucketWire]:
-    last = _last_bucket_wires
-    if last[0] is not tables:
-        makers = _bucket_wires.get(tables)
-        if makers is None:
-            makers = _bucket_wires[tables] = {}
-        last[:] = (tables, makers)
-    current: dict[tuple[int, bool, int], _BucketWire] = last[1]
-    return current
 
 
 def _new_bucket_wire(
@@ -538,30 +538,29 @@ def _new_bucket_wire(
     return make
 
 
-def endpoint_bucket_wire(ip: IPAddress, port: int, affinity: bool, tables: pl.Tables) -> bytes:
+def endpoint_bucket_wire(ip: IPAddress, port: int, affinity: bool, ctx: Context) -> bytes:
     """A bucket's actions, encoded: endpoint address into reg3/xxreg3, port and selection
     state into reg4 (one masked set_field), then on to EndpointDNAT (or back to ServiceLB to
     learn affinity)."""
     version = 4 if type(ip) is _IPV4 else 6
-    makers = _bucket_wire_makers(tables)
+    makers = ctx.encoders.buckets
     make = makers.get((port, affinity, version))
     if make is None:
-        make = _new_bucket_wire(makers, port, affinity, version, tables)
+        make = _new_bucket_wire(makers, port, affinity, version, ctx.tables)
     return make(ip._ip)  # type: ignore[union-attr]
 
 
 def endpoint_bucket_actions(
-    ip: IPAddress, port: int, affinity: bool, tables: pl.Tables
+    ip: IPAddress, port: int, affinity: bool, ctx: Context
 ) -> tuple[of.Action, ...]:
     """``endpoint_bucket_wire`` as values."""
-    wire = endpoint_bucket_wire(ip, port, affinity, tables)
+    wire = endpoint_bucket_wire(ip, port, affinity, ctx)
     return decode_actions(wire, 0, len(wire))
 
 
 _CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
 
 
-@functools.lru_cache(maxsize=64)
 def _dnat_template(ctx: Context, version: int, protocol: Protocol) -> templates.EndpointDnatFlows:
     """The EndpointDNAT flows of one family and protocol (the codec's fast constructor)."""
     family = IPFamily(version)
@@ -580,7 +579,6 @@ def _dnat_template(ctx: Context, version: int, protocol: Protocol) -> templates.
     )
 
 
-@functools.lru_cache(maxsize=64)
 def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templates.FrontendFlows:
     """ServiceLB's group (or reject/drop) flows of one family and protocol."""
     family = IPFamily(version)
@@ -595,24 +593,16 @@ def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templa
     )
 
 
-# The templates of the last (context, protocol), remembered by identity (the lru_caches hash
-# the Context dataclass in Python), by IP version: EndpointDNAT and ServiceLB templates.
-_last_templates: list[Any] = [None, None, None, None]
-_DnatTemplates = dict[int, templates.EndpointDnatFlows]
-
-
-def _templates(
-    ctx: Context, protocol: Protocol
-) -> tuple[_DnatTemplates, dict[int, templates.FrontendFlows]]:
-    last = _last_templates
-    if last[0] is not ctx or last[1] is not protocol:
-        last[:] = (
-            ctx,
-            protocol,
+def _templates(ctx: Context, protocol: Protocol) -> tuple[_DnatTemplates, _FrontendTemplates]:
+    """The context's EndpointDNAT and ServiceLB templates of a protocol, by IP version."""
+    by_protocol = ctx.encoders.by_protocol
+    found = by_protocol.get(protocol)
+    if found is None:
+        found = by_protocol[protocol] = (
             {v: _dnat_template(ctx, v, protocol) for v in (4, 6)},
             {v: _frontend_template(ctx, v, protocol) for v in (4, 6)},
         )
-    return last[2], last[3]
+    return found
 
 
 # EndpointDNAT flows are not cached: the datapath keeps what it was given as its encoding
@@ -798,7 +788,7 @@ def frontend_objects(
     svc_cookie = ctx.cookie(pl.Category.SERVICE)
     affinity = port.session_affinity
     dnat_templates, frontend_templates = _templates(ctx, port.protocol)
-    makers = _bucket_wire_makers(t)
+    makers = ctx.encoders.buckets
     ipv4 = _IPV4
     # The EndpointDNAT flows of the port's endpoints, each once.
     dnat: dict[EndpointKey, EncodedFlow] = {}

@@ -54,18 +54,6 @@ _ERROR = int(of.MsgType.ERROR)
 _KEEPALIVE_DATA = b"ovsproxy"
 _ADD_HEADER = of.BUNDLE_ADD_HEADER_LEN
 _encode_bundle_add = of.encode_bundle_add
-# A BUNDLE_ADD: outer header, bundle id and flags, inner header, then the inner body.
-_ADD_STRUCTS: dict[int, struct.Struct] = {}
-
-
-def _add_struct(body_size: int) -> struct.Struct:
-    found = _ADD_STRUCTS.get(body_size)
-    if found is None:
-        found = struct.Struct(f"!BBHII2xHBBHI{body_size}s")
-        if len(_ADD_STRUCTS) < 1024:
-            _ADD_STRUCTS[body_size] = found
-    return found
-
 
 _VERSION = int(of.OFP_VERSION)
 _BUNDLE_ADD = int(of.MsgType.BUNDLE_ADD_MESSAGE)
@@ -375,6 +363,9 @@ class Session:
         self._others_out_bytes = 0
         self._last_xid = 0  # xids are 1..2**32-1, then wrap
         self._bundle_ids = itertools.count(1)
+        # A BUNDLE_ADD's layout per inner body size (outer header, bundle id and flags, inner
+        # header, then the body): the bodies of a run are mostly of a few sizes.
+        self._add_structs: dict[int, struct.Struct] = {}
         self._pending: dict[int, _Pending] = {}
         self._bundles: dict[int, BundleState] = {}  # not ended yet, by bundle id
         # xid of an OPEN/CLOSE/COMMIT/DISCARD -> its bundle and what it asked (answered here,
@@ -620,6 +611,14 @@ class Session:
         self._adds_out += 1
         return xid
 
+    def _add_struct(self, body_size: int) -> struct.Struct:
+        found = self._add_structs.get(body_size)
+        if found is None:
+            found = struct.Struct(f"!BBHII2xHBBHI{body_size}s")
+            if len(self._add_structs) < 1024:
+                self._add_structs[body_size] = found
+        return found
+
     def bundle_add_bodies(self, bundle: BundleState, msg_type: int, bodies: Sequence[bytes]) -> int:
         """Queues one message per body (the encoding of a ``msg_type`` message without its
         header: ``FlowMod.wire``, ``GroupMod.wire``) into the bundle, with consecutive xids;
@@ -648,7 +647,7 @@ class Session:
         for body in bodies:
             if len(body) != size:
                 size = len(body)
-                pack_into = _add_struct(size).pack_into
+                pack_into = self._add_struct(size).pack_into
             pack_into(
                 data,
                 at,
