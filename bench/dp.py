@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from support.cluster import CLUSTER_IP_BASE, ENDPOINT_BASE, ENDPOINT_PORT
+
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.compare import RecordingSwitch
@@ -39,9 +41,6 @@ from ovsproxy.ovs.sandbox import Sandbox, SandboxError
 CONFIG = pl.PipelineConfig()
 GENERATION = 1
 PIPELINE_OWNER = ("pipeline",)
-ENDPOINT_PORT = 8080
-_CLUSTER_IP_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
-_ENDPOINT_BASE = int(ipaddress.IPv4Address("10.0.1.0"))
 
 Cluster = list[tuple[ServicePort, tuple[Endpoint, ...]]]
 
@@ -51,9 +50,9 @@ def cluster(services: int, endpoints: int, *, namespace: str = "bench") -> Clust
     result: Cluster = []
     for i in range(services):
         name = ServicePortName(namespace, f"svc-{i}", "http", Protocol.TCP)
-        port = ServicePort(name, (ipaddress.IPv4Address(_CLUSTER_IP_BASE + 1 + i),), 80)
+        port = ServicePort(name, (ipaddress.IPv4Address(CLUSTER_IP_BASE + 1 + i),), 80)
         eps = tuple(
-            Endpoint(ipaddress.IPv4Address(_ENDPOINT_BASE + i * endpoints + j), ENDPOINT_PORT)
+            Endpoint(ipaddress.IPv4Address(ENDPOINT_BASE + i * endpoints + j), ENDPOINT_PORT)
             for j in range(endpoints)
         )
         result.append((port, eps))

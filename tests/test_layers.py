@@ -497,3 +497,64 @@ def test_the_state_check_catches_planted_caches() -> None:
         "ovsproxy.model.node._row changes module-level _ROWS: a cache belongs to an object "
         "its owner holds"
     ]
+
+
+# -- tests, benchmarks and what they share ------------------------------------------------------
+
+ROOT = SRC.parent
+# Each tree, and the top-level packages it must not import: tests and bench share only
+# `support` (and the product); support is shared, so it imports neither.
+NOT_FROM: Mapping[str, frozenset[str]] = {
+    "tests": frozenset({"bench"}),
+    "bench": frozenset({"tests"}),
+    "support": frozenset({"tests", "bench"}),
+}
+
+
+def tree_sources(root: Path = ROOT) -> dict[str, str]:
+    """``{path relative to the repository: source}`` of every module of tests, bench and
+    support."""
+    return {
+        str(path.relative_to(root)): path.read_text()
+        for tree in NOT_FROM
+        for path in sorted((root / tree).rglob("*.py"))
+    }
+
+
+def cross_tree_imports(sources: Mapping[str, str]) -> list[str]:
+    """Absolute imports from one tree into a tree it must not import (anywhere in a module:
+    inside functions too)."""
+    problems: list[str] = []
+    for path, text in sorted(sources.items()):
+        banned = NOT_FROM[path.split("/", 1)[0]]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in banned:
+                    problems.append(f"{path}:{node.lineno} imports {name}")
+    return problems
+
+
+def test_tests_and_bench_import_each_other_not() -> None:
+    assert cross_tree_imports(tree_sources()) == []
+
+
+def test_the_tree_check_catches_planted_imports() -> None:
+    sources = tree_sources()
+    sources["tests/sources/test_fastyaml.py"] += "\nfrom bench import kubeapi\n"
+    sources["bench/dp.py"] += "\ndef f():\n    import tests.k8s_fake\n"
+    sources["support/cluster.py"] += "\nfrom bench.dp import cluster\n"
+    sources["bench/tests/test_fuzz.py"] += "\nfrom tests.openflow import ofctl\n"
+    problems = cross_tree_imports(sources)
+    assert [p.split(":")[0] for p in problems] == [
+        "bench/dp.py",
+        "bench/tests/test_fuzz.py",
+        "support/cluster.py",
+        "tests/sources/test_fastyaml.py",
+    ]
+    assert problems[0].endswith("imports tests.k8s_fake")

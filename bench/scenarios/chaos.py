@@ -2,7 +2,7 @@
 ``ovsproxy verify`` is clean on every node.
 
 ``python -m bench chaos --nodes 3 --minutes N [--seed S]`` (root). A dual-stack lab
-(src/ovsproxy/lab) whose agents read the fake Kubernetes API (tests/k8s_fake, real HTTP
+(src/ovsproxy/lab) whose agents read the fake Kubernetes API (support/k8s_fake, real HTTP
 list/watch, run in a thread of this process). Traffic, all the run long: a prober
 (bench/chaos_prober.py, one thread per target, a new connection or socket per request) in every
 node's client pod, to a ClusterIP Service and to the ClusterIPs of a NodePort Service (TCP and
@@ -147,7 +147,7 @@ class ChaosLab:
     """The lab, the fake API, the probed Services and the faults' actions."""
 
     def __init__(self, nodes: int, seed: int, workdir: Path) -> None:
-        from tests.conformance.apiserver import FakeApiThread
+        from support.apiserver import FakeApiThread
 
         from ovsproxy.lab.cluster import Lab
 

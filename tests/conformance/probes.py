@@ -17,12 +17,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
+from support.apiserver import NAMESPACE, Pod
 
 from ovsproxy.lab.cluster import Lab, LabNode
 from ovsproxy.model import IPFamily
 from ovsproxy.ovs.traffic import run_in_netns
-
-from .apiserver import NAMESPACE, Pod
 
 
 def client_pod(node: LabNode) -> str:

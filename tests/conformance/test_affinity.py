@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 import pytest
+from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .apiserver import ControlPlane, Port
 from .conftest import pod
 from .probes import (
     Gaps,

@@ -15,11 +15,11 @@ import subprocess
 import time
 
 import pytest
+from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .apiserver import ControlPlane, Port
 from .conftest import pod
 from .probes import (
     POD_TO_OWN_NODE_GAP,

@@ -14,11 +14,11 @@ from __future__ import annotations
 import functools
 
 import pytest
+from support.apiserver import HEADLESS_LABEL, PROXY_NAME_LABEL, ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .apiserver import HEADLESS_LABEL, PROXY_NAME_LABEL, ControlPlane, Port
 from .conftest import pod
 from .probes import (
     assert_not_programmed,

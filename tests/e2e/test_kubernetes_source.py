@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.agent import Agent
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES, build_lab
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
-from tests.k8s_fake import FakeKubeApi
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 

@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.lab.cluster import Lab
 from ovsproxy.lab.manifests import LabPort, LabService, addresses, endpoint_texts
-from tests.k8s_fake import FakeKubeApi
 
 from .helpers import client_pod, clients, http
 

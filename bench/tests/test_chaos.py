@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from bench.scenarios import chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.readme import render_files, section_of, splice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_readme_bench_section_is_rendered_from_committed_results() -> None:
