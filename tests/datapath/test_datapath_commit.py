@@ -372,8 +372,7 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
 
 def _fresh(*, stream: bool, switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
     switch = switch or FakeSwitch()
-    dp = Datapath(switch, CONFIG, 1)
-    dp.stream_while_staging = stream
+    dp = Datapath(switch, CONFIG, 1, stream_while_staging=stream)
     dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
     return dp, switch
 

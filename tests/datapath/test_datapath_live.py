@@ -69,7 +69,7 @@ def eps(n: int, base: str = "10.244.", port: int = 8080) -> list[Endpoint]:
     ]
 
 
-async def make_rig(sandbox: Sandbox, generation: int = 1) -> Rig:
+async def make_rig(sandbox: Sandbox, generation: int = 1, *, stream: bool = True) -> Rig:
     dp: Datapath | None = None
 
     async def hook() -> None:
@@ -77,7 +77,7 @@ async def make_rig(sandbox: Sandbox, generation: int = 1) -> Rig:
         await dp.on_connected()
 
     channel = Channel(sandbox.openflow, on_connected=hook)
-    dp = Datapath(channel, CONFIG, generation)
+    dp = Datapath(channel, CONFIG, generation, stream_while_staging=stream)
     await channel.start()
     ctx = svc.Context(dp.tables, generation)
     dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
@@ -290,14 +290,13 @@ async def test_a_restart_streamed_while_staging_adopts_the_switch_as_an_unstream
     monkeypatch.setattr(dpm, "_STREAM_OWNERS_EVERY", 1)
     dumps = []
     for stream in (False, True):
-        monkeypatch.setattr(Datapath, "stream_while_staging", False)
-        old = await make_rig(sandbox, generation=1)
+        old = await make_rig(sandbox, generation=1, stream=False)
         old.stage_service("keep", "10.96.0.31", eps(2), gid=1)
         old.stage_service("gone", "10.96.0.32", eps(2, base="10.245."), gid=2)
         await old.datapath.commit()
         await old.channel.close()
-        monkeypatch.setattr(Datapath, "stream_while_staging", stream)
-        new = await make_rig(sandbox, generation=2)  # (stages the pipeline: streamed or not)
+        # (stages the pipeline: streamed or not)
+        new = await make_rig(sandbox, generation=2, stream=stream)
         try:
             new.stage_service("keep", "10.96.0.31", eps(3), gid=7)
             changed = new.stage_service("changed", "10.96.0.33", eps(2, base="10.246."), gid=8)

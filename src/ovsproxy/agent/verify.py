@@ -111,8 +111,8 @@ async def build_desired(
         discoverer = ServiceCIDRDiscoverer(
             configured=config.service_cidr, use_api=not manifest_paths(config)
         )
-    datapath = Datapath(compare.RecordingSwitch(), config.pipeline, generation)
-    datapath.freeze_gc = False  # a one-shot process: nothing to keep out of the collector
+    # a one-shot process: nothing to keep out of the collector
+    datapath = Datapath(compare.RecordingSwitch(), config.pipeline, generation, freeze_gc=False)
 
     async def current_pods() -> list[PodPort]:
         return pods

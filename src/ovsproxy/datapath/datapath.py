@@ -456,10 +456,10 @@ DESCRIBE_SAFE_BUCKETS = 1000
 
 
 class Datapath:
-    # After a big commit, move what is alive out of the cyclic collector's sight (see above).
-    freeze_gc = True
-    # Stream the adopting commit's bundle while its owners are staged (see _Streaming).
-    stream_while_staging = True
+    """``freeze_gc``: after a big commit, move what is alive out of the cyclic collector's
+    sight (see above; a one-shot process has nothing to keep out of it).
+    ``stream_while_staging``: stream the adopting commit's bundle while its owners are staged
+    (see ``_Streaming``)."""
 
     def __init__(
         self,
@@ -467,7 +467,12 @@ class Datapath:
         config: pl.PipelineConfig,
         generation: int,
         registry: GroupRegistry | None = None,
+        *,
+        freeze_gc: bool = True,
+        stream_while_staging: bool = True,
     ) -> None:
+        self.freeze_gc = freeze_gc
+        self.stream_while_staging = stream_while_staging
         self.switch = switch
         self.registry = registry
         self._saved_group_ids: set[int] | None = None
