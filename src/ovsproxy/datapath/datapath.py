@@ -97,12 +97,6 @@ _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED: tuple[InstalledGroup | None, str] = (None, "delete")
 
 
-def _command(flow: _Flow) -> int:
-    """A flow's command (a FlowMod's, or read from a wire)."""
-    return flow[17] if isinstance(flow, bytes) else flow[7]
-
-
-_MATCH_AT = 40  # where a FlowMod's match starts in its wire
 _ENCODED_FLOW = of.EncodedFlowMod
 _ENCODED_GROUP = of.EncodedGroupMod
 _new_tuple = tuple.__new__
@@ -154,16 +148,6 @@ class EncodedFlow(NamedTuple):
 
     key: FlowKey
     wire: bytes
-
-
-_U16 = struct.Struct("!H")
-
-
-def encoded_flow(wire: bytes) -> EncodedFlow:
-    """The ``EncodedFlow`` of a FlowMod's wire: the key is read from it."""
-    end = _MATCH_AT + ((_U16.unpack_from(wire, _MATCH_AT + 2)[0] + 7) & ~7)
-    key = b"".join((wire[16:17], wire[22:24], wire[_MATCH_AT:end]))
-    return _new_tuple(EncodedFlow, (key, wire))
 
 
 def _delete_strict(key: FlowKey) -> of.FlowMod:

@@ -178,11 +178,6 @@ class InstalledGroup:
         )
 
 
-def bucket_of(spec: BucketSpec, bucket_id: int) -> of.Bucket:
-    """The bucket as a value (for reading; planning uses the encodings)."""
-    return of.Bucket(bucket_id, spec.actions, spec[2])
-
-
 def _bucket_len(spec: BucketSpec) -> int:
     return len(spec[1]) + BUCKET_OVERHEAD
 

@@ -463,10 +463,6 @@ class ManifestSource:
         found.extend(self._duplicates.values())
         return found
 
-    @property
-    def object_count(self) -> int:
-        return len(self._current)
-
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval)
