@@ -570,7 +570,7 @@ BUCKET_OVERHEAD = 16
 def bucket_wire(bucket_id: int, actions: bytes, weight: int = 100) -> bytes:
     """``Bucket(bucket_id, actions, weight).wire`` from the actions' encoding (what a group
     keeps per endpoint: see ``datapath.groups.BucketSpec``)."""
-    prop = _weight_prop(weight)
+    prop = _DEFAULT_WEIGHT if weight == 100 and type(weight) is int else _weight_prop(weight)
     if prop is None:
         raise OpenFlowEncodeError(f"bucket weight {weight!r} is out of range")
     if not 0 <= bucket_id <= c.OFPG_BUCKET_MAX:
