@@ -40,6 +40,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.reject import Rejector
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
@@ -142,7 +143,8 @@ async def build_desired(
             assert isinstance(source, KubernetesSource)
             source.service_cidrs(ServiceCIDRHandler(discoverer))
         await _wait_synced(tracker, timeout)
-        await proxier.sync(full=True)
+        with gc_paused():  # as the agent's sync (see agent.sync)
+            await proxier.sync(full=True)
         if discoverer is not None:
             deadline = asyncio.get_running_loop().time() + timeout
             while not discoverer.ready:

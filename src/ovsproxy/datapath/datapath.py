@@ -45,9 +45,8 @@ collection of the cyclic collector would traverse them again (most of a 10,000-S
 with the default thresholds, and every full collection afterwards; bench ``full-sync`` reports
 the time still spent in the collector). So:
 
-* the collector is paused from a ``stage`` until the event loop next runs (a burst of staging
-  is synchronous code: the proxier stages every changed Service, then awaits the commit), and
-  a commit started in that burst keeps it paused until it is done;
+* the agent's sync runs with the collector paused (``agent.sync``: the proxier stages every
+  changed Service, then awaits the commit; the datapath itself does not switch it for staging);
 * a commit touching more than ``GC_PAUSE_THRESHOLD`` groups and flows runs paused too, and
   when it succeeds (with ``Datapath.freeze_gc``, the default) everything alive is moved to the
   permanent generation (``gc.freeze()``) before the collector resumes: the new state is never
@@ -489,7 +488,6 @@ class Datapath:
         self._adopt = True
         self.last_commit = CommitStats()
         self.commits = 0
-        self._gc_burst: contextlib.AbstractContextManager[None] | None = None
         self._streaming: _Streaming | None = None
         self._abandoned: list[StreamingBundle] = []  # streamed bundles to discard
 
@@ -501,8 +499,6 @@ class Datapath:
         flows: Iterable[of.FlowMod | EncodedFlow],
     ) -> None:
         """Replace everything `owner` wants. Cost: the size of the owner's old + new sets."""
-        if self._gc_burst is None:
-            self._pause_gc_for_burst()
         pack = _KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
         new_flows: dict[FlowKey, _Flow] = {}
@@ -716,22 +712,6 @@ class Datapath:
             with contextlib.suppress(Exception):
                 await bundle.discard()
 
-    def _pause_gc_for_burst(self) -> None:
-        """Pause the cyclic GC until the event loop runs its next callback (see above)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (a synchronous caller): nothing would resume it
-        pause = gc_paused()
-        pause.__enter__()
-        self._gc_burst = pause
-        loop.call_soon(self._end_gc_burst)
-
-    def _end_gc_burst(self) -> None:
-        pause, self._gc_burst = self._gc_burst, None
-        if pause is not None:
-            pause.__exit__(None, None, None)
-
     def _ref_shared(self, key: FlowKey, ref: _FlowRef, owner: _Owner) -> None:
         if isinstance(ref, dict):
             ref.pop(owner, None)
@@ -924,17 +904,10 @@ class Datapath:
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all
         when nothing changed). Raises on failure; the same diff is retried by the next call."""
-        # A commit right after a burst of staging keeps the collector paused until it is done
-        # (its first await would otherwise end the burst with millions of young objects).
-        burst, self._gc_burst = self._gc_burst, None
-        try:
-            async with self._lock:
-                if self._adopt:
-                    return await self._resync_locked()
-                return await self._commit_locked()
-        finally:
-            if burst is not None:
-                burst.__exit__(None, None, None)
+        async with self._lock:
+            if self._adopt:
+                return await self._resync_locked()
+            return await self._commit_locked()
 
     async def on_connected(self) -> None:
         """The channel's (re)connection hook: replay before any new change is sent."""
