@@ -234,6 +234,14 @@ FROM_POD = 0x1
 # endpoints (kube-proxy's), not held to this node's.
 FROM_NODE_REG = FROM_POD_REG
 FROM_NODE = 0x2
+# Standalone, after an ovs-vswitchd restart (see PRIORITY_MID_STREAM): ConntrackState marks a
+# new TCP segment without SYN (a connection conntrack picked up mid-stream) PROBE and resubmits
+# it to L3Forwarding, which only answers whether its destination is a local pod (TO_LOCAL_POD);
+# ServiceLB then re-creates (or drops) the translation of one that an endpoint sent.
+PROBE_REG = FROM_POD_REG
+PROBE = 0x4
+TO_LOCAL_POD_REG = FROM_POD_REG
+TO_LOCAL_POD = 0x8
 
 
 class Selection(enum.IntEnum):
@@ -255,6 +263,10 @@ def endpoint_ip_reg(family: IPFamily) -> str:
 
 
 # -- priorities ---------------------------------------------------------------------------
+# L3Forwarding, standalone: a PROBE packet to a local pod marks TO_LOCAL_POD; any other PROBE
+# packet ends there (the probe forwards nothing).
+PRIORITY_LOCAL_POD_PROBE = 230
+PRIORITY_PROBE_END = 225
 PRIORITY_HAIRPIN_SNAT = 220
 # ConntrackState: a TCP RST conntrack calls invalid is not dropped (see datapath.stale_reset:
 # after a vswitchd restart, the RST that ends an endpoint's TIME_WAIT for a reused 4-tuple).
@@ -278,6 +290,14 @@ PRIORITY_SHORT_CIRCUIT = 192  # ServiceLB: in-cluster clients of eTP Local exter
 PRIORITY_LOW = 190
 PRIORITY_SPOOFED = 185
 PRIORITY_HOST_SNAT = PRIORITY_LOW
+# ConntrackState (standalone): a new TCP segment without SYN or RST is probed (PROBE, above)
+# before Service selection; ServiceLB: such a segment from an endpoint's address and TCP port
+# to a local pod is a Service connection's whose entry the switch lost (a vswitchd restart).
+# When exactly one frontend maps to that endpoint, ct(commit, nat(src=frontend)) re-creates
+# the translation from the server's side (the entry's reply direction is then the client's
+# packet to the frontend); otherwise it is dropped and the client's next packet recovers it
+# (the group picks the same endpoint). Between COMMIT and the frontends' LOW.
+PRIORITY_MID_STREAM = 100
 PRIORITY_COMMIT = 1
 PRIORITY_MISS = 0
 
