@@ -22,9 +22,10 @@ the first round always completes), each on a random node where it has one:
   node's client pod holds six long-lived TCP connections to a ClusterIP Service whose
   endpoints serve ``ovsproxy.ovs.streams`` on every node (the client pushes, the server
   pushes, both; IPv4 and IPv6: the group picks a local or a remote endpoint), the node's
-  ovs-vswitchd is killed (kill -9) and started again under them; ``connections`` has their
-  resets, lost records and, per direction, ``moved_s``: from the switch answering again to
-  its first record after the silence;
+  ovs-vswitchd is killed (kill -9) and started again under them (they run on while the fault
+  converges); ``connections`` has their resets, lost records and, per direction, the silence
+  around the kill (``silent_s``) and ``moved_s``: from the switch answering again to its first
+  record after the silence (0: it moved before);
 * ``ovsdb-restart``: ovsdb-server is killed and started again on its database;
 * ``broken-object``: a Service with an invalid port (70000) appears in the API, then is fixed;
 * ``watch-break``: every open watch is cut (connection dropped) or expired (the history is
@@ -180,6 +181,8 @@ class ChaosLab:
         self.web_dropped: str | None = None
         self.probers: list[tuple[subprocess.Popen[bytes], Path, list[str]]] = []
         self.stream_servers: list[subprocess.Popen[bytes]] = []
+        # vswitchd-kill-connections running: (client, its fault, killed, back, duration)
+        self.streams: tuple[subprocess.Popen[str], Fault, float, float, float] | None = None
         self.configs: dict[str, Any] = {}
         # One process per node runs `verify`: checks of three nodes in one interpreter would
         # share its GIL (and the fake API's thread), and the convergence figure is only as
@@ -274,6 +277,9 @@ class ChaosLab:
 
     def down(self) -> None:
         self.stop_probers()
+        if self.streams is not None:
+            self.streams[0].kill()
+            self.streams[0].wait()
         for server in self.stream_servers:
             server.kill()
             server.wait(timeout=10)
@@ -299,9 +305,10 @@ class ChaosLab:
                     raise RuntimeError(f"the stream server in {pod.name} did not start")
                 time.sleep(0.05)
 
-    def connections_across_vswitchd_kill(self, node: Any) -> dict[str, Any]:
+    def connections_across_vswitchd_kill(self, node: Any, fault: Fault) -> None:
         """Six long-lived connections from the node's client pod across a kill -9 and restart
-        of its ovs-vswitchd (see the module docstring); their figures."""
+        of its ovs-vswitchd (see the module docstring); ``collect`` takes their figures once
+        the fault has converged (they run on meanwhile)."""
         targets = [
             {"name": f"IPv{6 if ':' in ip else 4} {mode}", "host": ip, "port": 80, "mode": mode}
             for ip in STREAM_IPS
@@ -313,10 +320,18 @@ class ChaosLab:
         cmd += ["run", "--targets", json.dumps(targets), "--duration", str(duration)]
         client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         time.sleep(STREAM_BEFORE_S)
+        killed = time.time()
         node.sandbox.restart_vswitchd(kill=True)
-        back = time.time()
+        self.streams = (client, fault, killed, time.time(), duration)
+
+    def collect(self, fault: Fault) -> None:
+        """The figures of the connections ``fault`` ran (if it ran any)."""
+        if self.streams is None or self.streams[1] is not fault:
+            return
+        client, _, killed, back, duration = self.streams
+        self.streams = None
         out, _ = client.communicate(timeout=duration + 180)
-        return connection_figures(json.loads(out), back)
+        fault.connections = connection_figures(json.loads(out), killed, back)
 
     def start_probers(self) -> None:
         for node in self.lab.nodes.values():
@@ -412,7 +427,7 @@ class ChaosLab:
             node.sandbox.restart_vswitchd(kill=True)
         elif kind == "vswitchd-kill-connections":
             fault = Fault(kind, node_name, "6 long-lived connections, kill -9, started", now())
-            fault.connections = self.connections_across_vswitchd_kill(node)
+            self.connections_across_vswitchd_kill(node, fault)
         elif kind == "ovsdb-restart":
             fault = Fault(kind, node_name, "SIGKILL, then started on its database", now())
             node.sandbox.restart_ovsdb_server(kill=True)
@@ -480,10 +495,11 @@ class ChaosLab:
         }
 
 
-def connection_figures(results: list[dict[str, Any]], back: float) -> dict[str, Any]:
-    """Resets, lost records and per direction how long after ``back`` (the switch answering,
-    wall time) its first record after the silence came (``ovsproxy.ovs.streams`` results)."""
-    resets, lost, moved = 0, 0, []
+def connection_figures(results: list[dict[str, Any]], killed: float, back: float) -> dict[str, Any]:
+    """Resets, lost records and per direction the silence around ``killed`` (``silent_s``)
+    and how long after ``back`` (the switch answering; wall time) its first record after the
+    silence came (``moved_s``; 0 when it moved before: ``ovsproxy.ovs.streams`` results)."""
+    resets, lost, moved, silent = 0, 0, [], []
     errors = []
     for r in results:
         if r["error"]:
@@ -495,8 +511,10 @@ def connection_figures(results: list[dict[str, Any]], back: float) -> dict[str, 
                 continue
             sent, received = d.get("sent") or 0, d.get("received") or 0
             lost += max(0, sent - received) + (0 if d.get("in_order") else 1)
-            ends = [end for start, end in d.get("gaps") or () if start <= back <= end]
-            moved.append(round(ends[0] - back, 3) if ends else 0.0)
+            gaps = [(start, end) for start, end in d.get("gaps") or () if end >= killed]
+            first = gaps[0] if gaps and gaps[0][0] <= back + 0.5 else None
+            silent.append(round(first[1] - first[0], 3) if first else 0.0)
+            moved.append(round(max(0.0, first[1] - back), 3) if first else 0.0)
     return {
         "connections": len(results),
         "resets": resets,
@@ -504,6 +522,7 @@ def connection_figures(results: list[dict[str, Any]], back: float) -> dict[str, 
         "moved_s": moved,
         "moved_median_s": round(statistics.median(moved), 3) if moved else None,
         "moved_worst_s": max(moved, default=None),
+        "silent_s": silent,
         "errors": errors,
     }
 
@@ -789,6 +808,7 @@ def chaos(
                         break
                     fault = world.inject(kind)
                     world.converge(fault)
+                    world.collect(fault)
                     faults.append(fault)
                     print(
                         f"chaos: {fault.kind:15} {fault.node or '':7} converged "

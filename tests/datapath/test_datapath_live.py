@@ -240,18 +240,24 @@ async def test_drift_check_sees_a_bucket_changed_or_removed_behind_our_back(rig:
     assert not await rig.datapath.drifted()
 
 
+async def restart_vswitchd_and_replay(rig: Rig) -> None:
+    """kill -9 and restart ovs-vswitchd; returns once the channel reconnected (its hook has
+    replayed)."""
+    connections = rig.channel.connections
+    await asyncio.to_thread(rig.sandbox.restart_vswitchd)
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if rig.channel.connections > connections and rig.channel.connected:
+            break
+    assert rig.channel.connections > connections
+
+
 async def test_vswitchd_restart_replays_everything_without_an_event(rig: Rig) -> None:
     rig.stage_service("web", "10.96.0.10", eps(3), gid=1)
     rig.stage_service("v6", "fd00:10:96::12", eps(2, base="fd00:10:244::"), gid=2)
     await rig.datapath.commit()
     flows, groups = sorted(rig.flows()), rig.groups()
-    connections = rig.channel.connections
-    await asyncio.to_thread(rig.sandbox.restart_vswitchd)
-    for _ in range(100):  # the channel reconnects and its hook replays
-        await asyncio.sleep(0.05)
-        if rig.channel.connections > connections and rig.channel.connected:
-            break
-    assert rig.channel.connections > connections
+    await restart_vswitchd_and_replay(rig)
     assert sorted(rig.flows()) == flows
     assert sorted(rig.groups()) == sorted(groups)
 
@@ -279,13 +285,7 @@ async def test_vswitchd_restart_replays_groups_with_their_bucket_ids_and_order(r
         )
         for port in range(40000, 40040, 4)
     }
-    connections = rig.channel.connections
-    await asyncio.to_thread(rig.sandbox.restart_vswitchd)
-    for _ in range(100):  # the channel reconnects and its hook replays
-        await asyncio.sleep(0.05)
-        if rig.channel.connections > connections and rig.channel.connected:
-            break
-    assert rig.channel.connections > connections
+    await restart_vswitchd_and_replay(rig)
     assert rig.groups() == [before]
     assert [line for line in rig.datapath.dump() if line.startswith("group_id")] == [before]
     for port, (scored, _) in picks.items():
