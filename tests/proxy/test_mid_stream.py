@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
+from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.mid_stream import Address, Contribution, MidStreamIndex, contribution
 
 E1 = (ipaddress.ip_address("10.244.1.10"), 8080)
@@ -52,7 +53,7 @@ def test_index_stages_what_changed_and_removes_what_left() -> None:
 
     class Recorder:
         def stage(self, owner: object, groups: object, flows: list[object]) -> None:
-            staged[owner] = [_text(f) for f in flows]
+            staged[owner] = [_text(of.decode_flow_mod(f[1])) for f in flows]  # encoded
 
     index = MidStreamIndex()
     index.update({}, {E1: frozenset({F1})})
@@ -87,3 +88,22 @@ def test_index_equals_a_recount_from_scratch(changes: list[tuple[int, Contributi
             expected.setdefault(endpoint, set()).update(fronts)
     for endpoint in (E1, E6, F1, F2, F6):
         assert set(index.frontends(endpoint)) == expected.get(endpoint, set())
+
+
+_v4 = st.integers(1, 2**32 - 2).map(ipaddress.IPv4Address)
+_v6 = st.integers(1, 2**128 - 2).map(ipaddress.IPv6Address)
+_ports = st.integers(1, 0xFFFF)
+
+
+@given(
+    st.one_of(
+        st.tuples(_v4, _ports, st.lists(st.tuples(_v4, _ports), min_size=1, max_size=3)),
+        st.tuples(_v6, _ports, st.lists(st.tuples(_v6, _ports), min_size=1, max_size=3)),
+    )
+)
+def test_the_fast_encoding_is_the_generic_one(case: tuple) -> None:  # type: ignore[type-arg]
+    ip, port, frontends = case
+    fronts = dict.fromkeys(frontends)
+    assert svc.mid_stream_wire(_ctx(), ip, port, fronts) == (
+        svc.mid_stream_flow(_ctx(), ip, port, fronts).wire
+    )

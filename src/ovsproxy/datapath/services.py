@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -694,6 +694,84 @@ def mid_stream_flow(
         instructions=instructions,
         cookie=ctx.cookie(pl.Category.ENDPOINT),
     )
+
+
+# mid_stream_flow's encoding for many endpoints (one flow per TCP endpoint in a full sync):
+# the flow of sample values, encoded once by the generic constructors, with the endpoint's
+# and the frontend's address and port written at their places (the places of sample values
+# that occur once in it; checked against a second generic encoding, else generic for good).
+_SAMPLES = {
+    4: (
+        (
+            ipaddress.ip_address("10.241.226.211"),
+            0xB7C5,
+            ipaddress.ip_address("10.193.178.163"),
+            0x9D8E,
+        ),
+        (ipaddress.ip_address("10.17.34.51"), 0x1357, ipaddress.ip_address("10.68.85.102"), 0x2468),
+    ),
+    6: (
+        (
+            ipaddress.ip_address("fd5b:a7c3:91e2:d4f6:08b1:3c5e:7a9d:2f64"),
+            0xB7C5,
+            ipaddress.ip_address("fd3e:c1a9:57d2:e8b4:6f03:9a1c:d5e7:4b28"),
+            0x9D8E,
+        ),
+        (ipaddress.ip_address("fd00::1"), 0x1357, ipaddress.ip_address("fd00::2"), 0x2468),
+    ),
+}
+_MidStreamWire = Callable[[IPAddress, int, IPAddress, int], bytes]
+
+
+@functools.lru_cache(maxsize=32)
+def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> _MidStreamWire | None:
+    """A fast ``mid_stream_flow(...).wire`` for one family and kind (None: not templatable)."""
+
+    def generic(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+        fronts = [(frontend, frontend_port)] * (1 if recreate else 2)
+        if not recreate:  # two frontends: the drop
+            fronts[1] = (frontend, frontend_port + 1 if frontend_port < 0xFFFF else 1)
+        return mid_stream_flow(ctx, ip, port, fronts).wire
+
+    sample, check = _SAMPLES[version]
+    proto = generic(*sample)
+    values = [(sample[0].packed, 0), (sample[1].to_bytes(2, "big"), 1)]
+    if recreate:
+        values += [(sample[2].packed, 2), (sample[3].to_bytes(2, "big"), 3)]
+    places: list[tuple[int, int, int]] = []
+    for raw, which in values:
+        at = proto.find(raw)
+        if at < 0 or proto.find(raw, at + 1) >= 0:
+            return None
+        places.append((at, at + len(raw), which))
+
+    def fast(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+        wire = bytearray(proto)
+        args = (
+            ip.packed,
+            port.to_bytes(2, "big"),
+            frontend.packed,
+            frontend_port.to_bytes(2, "big"),
+        )
+        for start, end, which in places:
+            wire[start:end] = args[which]
+        return bytes(wire)
+
+    if fast(*check) != generic(*check):
+        return None
+    return fast
+
+
+def mid_stream_wire(
+    ctx: Context, ip: IPAddress, port: int, frontends: Collection[tuple[IPAddress, int]]
+) -> bytes:
+    """``mid_stream_flow(ctx, ip, port, frontends).wire``, several times cheaper."""
+    recreate = len(frontends) == 1
+    fast = _mid_stream_wire(ctx, ip.version, recreate)
+    if fast is None:
+        return mid_stream_flow(ctx, ip, port, frontends).wire
+    frontend, frontend_port = next(iter(frontends)) if recreate else (ip, 1)
+    return fast(ip, port, frontend, frontend_port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.datapath import Datapath, encoded_flow
 from ovsproxy.model import IPAddress
 
 Address = tuple[IPAddress, int]
@@ -84,8 +84,9 @@ class MidStreamIndex:
             owner = (MID_STREAM_OWNER, *endpoint)
             fronts = self._frontends.get(endpoint)
             if fronts:
-                flow = svc.mid_stream_flow(ctx, endpoint[0], endpoint[1], fronts)
-                datapath.stage(owner, (), (flow,))
+                # kept as its encoding only, as the EndpointDNAT flows (one per endpoint)
+                wire = svc.mid_stream_wire(ctx, endpoint[0], endpoint[1], fronts)
+                datapath.stage(owner, (), (encoded_flow(wire),))
             else:
                 datapath.stage(owner, (), ())
         return len(dirty)
