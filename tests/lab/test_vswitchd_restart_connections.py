@@ -58,7 +58,11 @@ def _stream_servers(lab: Lab) -> list[subprocess.Popen[bytes]]:
         servers.append(subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True))
         deadline = time.monotonic() + 20
         while not ready.exists():
-            assert time.monotonic() < deadline, f"stream server in {pod.name} did not start"
+            if time.monotonic() > deadline:
+                for server in servers:
+                    server.kill()
+                    server.wait(timeout=10)
+                raise AssertionError(f"the stream server in {pod.name} did not start")
             time.sleep(0.05)
     return servers
 
@@ -115,8 +119,8 @@ def test_connections_of_every_kind_survive_vswitchd_kills(lab: Lab, tmp_path: Pa
         service = LabService(name, ips, (LabPort("stream", 80, STREAM_PORT),), lab.endpoints(pod))
         install(lab, service)
     servers = _stream_servers(lab)
+    client = _start_client(node1, duration=26)
     try:
-        client = _start_client(node1, duration=26)
         time.sleep(3)
         # Phase 1: both switches killed and restarted, the agents running.
         back1 = _restart_switches([node1, node2])
@@ -129,9 +133,10 @@ def test_connections_of_every_kind_survive_vswitchd_kills(lab: Lab, tmp_path: Pa
         agent_back = time.time()
         out, _ = client.communicate(timeout=120)
     finally:
-        for server in servers:
-            server.kill()
-            server.wait(timeout=10)
+        for proc in (client, *servers):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
         if lab.nodes["node-1"].agent is None:
             lab.start_agent("node-1")
     results = json.loads(out)
