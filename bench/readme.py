@@ -483,7 +483,14 @@ def _chaos(ch: dict[str, Any], source: str) -> list[str]:
         " ClusterIP and a NodePort Service's ClusterIPs, the external client to the NodePort on"
         " every node IP; TCP and UDP, IPv4 and IPv6; a new connection or socket per request),"
         " and a seeded random schedule of faults: endpoint churn, Service add and delete, agent"
-        " SIGKILL and restart, ovs-vswitchd kill -9 and restart, ovsdb-server kill and restart,"
+        " SIGKILL and restart, ovs-vswitchd kill -9 and restart,"
+        + (
+            " established connections across a vswitchd kill (six long-lived connections of"
+            " the node's client pod, the client, the server or both pushing, through the kill),"
+            if "vswitchd-kill-connections" in ch["by_kind"]
+            else ""
+        )
+        + " ovsdb-server kill and restart,"
         " a broken Service (port 70000) appearing then fixed, every watch cut or expired (410,"
         " then a relist) with a change made meanwhile. After each fault `ovsproxy verify` runs"
         " on every node until clean; a fault's requests are those from its start to its"
@@ -494,7 +501,9 @@ def _chaos(ch: dict[str, Any], source: str) -> list[str]:
         "",
         f"![chaos timeline](results/{Path(ch['plot']).name})",
         "",
-        "| goal (issue 17) | target | measured | |",
+        "| goal (issues 17, 27) | target | measured | |"
+        if "vswitchd-kill-connections" in ch["by_kind"]
+        else "| goal (issue 17) | target | measured | |",
         "|---|---|---|---|",
         *goals,
         "",

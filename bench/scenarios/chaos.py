@@ -18,6 +18,14 @@ the first round always completes), each on a random node where it has one:
 * ``agent-sigkill``: an agent is killed with SIGKILL and started again;
 * ``vswitchd-kill``: ovs-vswitchd is killed (kill -9) and started again (flows, groups and the
   switch's conntrack are gone);
+* ``vswitchd-kill-connections`` (established connections across a vswitchd kill): the
+  node's client pod holds six long-lived TCP connections to a ClusterIP Service whose
+  endpoints serve ``ovsproxy.ovs.streams`` on every node (the client pushes, the server
+  pushes, both; IPv4 and IPv6: the group picks a local or a remote endpoint), the node's
+  ovs-vswitchd is killed (kill -9) and started again under them (they run on while the fault
+  converges); ``connections`` has their resets, lost records and, per direction, the silence
+  around the kill (``silent_s``) and ``moved_s``: from the switch answering again to its first
+  record after the silence (0: it moved before);
 * ``ovsdb-restart``: ovsdb-server is killed and started again on its database;
 * ``broken-object``: a Service with an invalid port (70000) appears in the API, then is fixed;
 * ``watch-break``: every open watch is cut (connection dropped) or expired (the history is
@@ -43,8 +51,10 @@ retransmitted, or a stall).
 
 Goals (issue 17): agent SIGKILL -> 0 failed requests; ovs-vswitchd restart -> traffic back
 <= 2 s after it is up again; ovsdb-server restart -> 0 failed; every fault converged <= 5 s;
-0 differences at the end. The result has each goal with its figure and whether it was met, and
-a timeline plot (``plot``: requests/s, failures, fault windows).
+0 differences at the end. Issue 27: established connections across a vswitchd kill -> 0
+resets and 0 lost records, moving again <= 1.5 s after the switch is up (the median direction:
+the common case; the worst is in the fault log). The result has each goal with its figure and
+whether it was met, and a timeline plot (``plot``: requests/s, failures, fault windows).
 """
 
 from __future__ import annotations
@@ -82,12 +92,19 @@ KINDS = (
     "service-delete",
     "agent-sigkill",
     "vswitchd-kill",
+    "vswitchd-kill-connections",
     "ovsdb-restart",
     "broken-object",
     "watch-break",
 )
 GOAL_CONVERGE_S = 5.0
 GOAL_TRAFFIC_BACK_S = 2.0
+GOAL_CONNECTIONS_MOVED_S = 1.5
+STREAM_IPS = ("10.96.7.30", "fd00:10:96::7:30")
+STREAM_PORT = 9000  # ovsproxy.ovs.streams in every web pod
+STREAM_BEFORE_S = 2.0  # the connections run this long before the kill
+STREAM_RESTART_ALLOWANCE_S = 4.0  # ... the restart within this (else less time after it)
+STREAM_AFTER_S = 6.0  # ... and this long after the switch is back
 GRACE_S = 1.0  # after convergence, still the fault's window
 CONVERGE_TIMEOUT_S = 60.0  # give up following a fault (the goal is far below)
 TCP_TIMEOUT_S = 2.0  # a SYN lost once is retransmitted after 1 s: slow, not failed
@@ -133,6 +150,8 @@ class Fault:
     failed_at: list[str] = field(default_factory=list)  # the first ones, from the fault's start
     traffic_back_s: float | None = None
     healthy_after_s: float | None = None  # agent-sigkill: from its spawn to /healthz 200
+    # vswitchd-kill-connections: resets, lost records, moved_s per direction (see above)
+    connections: dict[str, Any] = field(default_factory=dict)
 
     @property
     def window_end(self) -> float:
@@ -161,6 +180,9 @@ class ChaosLab:
         self.counter = 0
         self.web_dropped: str | None = None
         self.probers: list[tuple[subprocess.Popen[bytes], Path, list[str]]] = []
+        self.stream_servers: list[subprocess.Popen[bytes]] = []
+        # vswitchd-kill-connections running: (client, its fault, killed, back, duration)
+        self.streams: tuple[subprocess.Popen[str], Fault, float, float, float] | None = None
         self.configs: dict[str, Any] = {}
         # One process per node runs `verify`: checks of three nodes in one interpreter would
         # share its GIL (and the fake API's thread), and the convergence figure is only as
@@ -204,6 +226,14 @@ class ChaosLab:
             type="NodePort",
         )
 
+    def stream_service(self) -> Any:
+        from ovsproxy.lab.manifests import LabPort, LabService, addresses
+
+        pods = [ep for ep in self.lab.endpoints() if ep.pod.startswith("web-")]
+        return LabService(
+            "chaos-stream", addresses(*STREAM_IPS), (LabPort("stream", 80, STREAM_PORT),), pods
+        )
+
     def extra_service(self, index: int, port: int = 80) -> Any:
         from ovsproxy.lab.manifests import LabPort, LabService, addresses
 
@@ -221,10 +251,16 @@ class ChaosLab:
         self.lab.up()
         self.apply(self.web())
         self.apply(self.nodeport())
+        self.apply(self.stream_service())
+        self.start_stream_servers()
         self.counter += 1
         self.extra.append(self.extra_service(self.counter).name)
         self.apply(self.extra_service(self.counter))
-        for name, service in (("chaos-web", self.web()), ("chaos-np", self.nodeport())):
+        for name, service in (
+            ("chaos-web", self.web()),
+            ("chaos-np", self.nodeport()),
+            ("chaos-stream", self.stream_service()),
+        ):
             for port in service.ports:
                 self.lab.wait_endpoints(
                     f"lab/{name}:{port.name}/{port.protocol}",
@@ -241,6 +277,12 @@ class ChaosLab:
 
     def down(self) -> None:
         self.stop_probers()
+        if self.streams is not None:
+            self.streams[0].kill()
+            self.streams[0].wait()
+        for server in self.stream_servers:
+            server.kill()
+            server.wait(timeout=10)
         self.verifiers.shutdown(cancel_futures=True)
         with contextlib.suppress(Exception):
             self.lab.down()
@@ -248,6 +290,49 @@ class ChaosLab:
             self.api.stop()
 
     # -- traffic -------------------------------------------------------------------------
+    def start_stream_servers(self) -> None:
+        for node in self.lab.nodes.values():
+            pod = node.pods[f"web-{node.index}"]
+            ready = self.workdir / f"streams-{pod.name}.ready"
+            cmd = ["ip", "netns", "exec", pod.netns, sys.executable, "-m", "ovsproxy.ovs.streams"]
+            cmd += ["serve", "--port", str(STREAM_PORT), "--ready-file", str(ready)]
+            self.stream_servers.append(
+                subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+            )
+            deadline = time.monotonic() + 30
+            while not ready.exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the stream server in {pod.name} did not start")
+                time.sleep(0.05)
+
+    def connections_across_vswitchd_kill(self, node: Any, fault: Fault) -> None:
+        """Six long-lived connections from the node's client pod across a kill -9 and restart
+        of its ovs-vswitchd (see the module docstring); ``collect`` takes their figures once
+        the fault has converged (they run on meanwhile)."""
+        targets = [
+            {"name": f"IPv{6 if ':' in ip else 4} {mode}", "host": ip, "port": 80, "mode": mode}
+            for ip in STREAM_IPS
+            for mode in ("client", "server", "both")
+        ]
+        pod = node.pods[f"client-{node.index}"]
+        duration = STREAM_BEFORE_S + STREAM_RESTART_ALLOWANCE_S + STREAM_AFTER_S
+        cmd = ["ip", "netns", "exec", pod.netns, sys.executable, "-m", "ovsproxy.ovs.streams"]
+        cmd += ["run", "--targets", json.dumps(targets), "--duration", str(duration)]
+        client = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        time.sleep(STREAM_BEFORE_S)
+        killed = time.time()
+        node.sandbox.restart_vswitchd(kill=True)
+        self.streams = (client, fault, killed, time.time(), duration)
+
+    def collect(self, fault: Fault) -> None:
+        """The figures of the connections ``fault`` ran (if it ran any)."""
+        if self.streams is None or self.streams[1] is not fault:
+            return
+        client, _, killed, back, duration = self.streams
+        self.streams = None
+        out, _ = client.communicate(timeout=duration + 180)
+        fault.connections = connection_figures(json.loads(out), killed, back)
+
     def start_probers(self) -> None:
         for node in self.lab.nodes.values():
             targets = []
@@ -340,6 +425,9 @@ class ChaosLab:
         elif kind == "vswitchd-kill":
             fault = Fault(kind, node_name, "kill -9, then started again", now())
             node.sandbox.restart_vswitchd(kill=True)
+        elif kind == "vswitchd-kill-connections":
+            fault = Fault(kind, node_name, "6 long-lived connections, kill -9, started", now())
+            self.connections_across_vswitchd_kill(node, fault)
         elif kind == "ovsdb-restart":
             fault = Fault(kind, node_name, "SIGKILL, then started on its database", now())
             node.sandbox.restart_ovsdb_server(kill=True)
@@ -405,6 +493,38 @@ class ChaosLab:
             n: {"clean": clean, "report": text[-3000:]}
             for n, (clean, text) in zip(names, (f.result() for f in futures), strict=True)
         }
+
+
+def connection_figures(results: list[dict[str, Any]], killed: float, back: float) -> dict[str, Any]:
+    """Resets, lost records and per direction the silence around ``killed`` (``silent_s``)
+    and how long after ``back`` (the switch answering; wall time) its first record after the
+    silence came (``moved_s``; 0 when it moved before: ``ovsproxy.ovs.streams`` results)."""
+    resets, lost, moved, silent = 0, 0, [], []
+    errors = []
+    for r in results:
+        if r["error"]:
+            resets += 1
+            errors.append(f"{r['name']}: {r['error']}")
+        for name in ("to_server", "to_client"):
+            d = r[name]
+            if d is None:
+                continue
+            sent, received = d.get("sent") or 0, d.get("received") or 0
+            lost += max(0, sent - received) + (0 if d.get("in_order") else 1)
+            gaps = [(start, end) for start, end in d.get("gaps") or () if end >= killed]
+            first = gaps[0] if gaps and gaps[0][0] <= back + 0.5 else None
+            silent.append(round(first[1] - first[0], 3) if first else 0.0)
+            moved.append(round(max(0.0, first[1] - back), 3) if first else 0.0)
+    return {
+        "connections": len(results),
+        "resets": resets,
+        "lost_records": lost,
+        "moved_s": moved,
+        "moved_median_s": round(statistics.median(moved), 3) if moved else None,
+        "moved_worst_s": max(moved, default=None),
+        "silent_s": silent,
+        "errors": errors,
+    }
 
 
 def verify_config(agent_command: list[str]) -> Any:
@@ -502,7 +622,7 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
         elif t1 - t0 >= SLOW_S:
             owner.slow += 1
     for fault in faults:
-        if fault.kind not in ("vswitchd-kill", "ovsdb-restart"):
+        if fault.kind not in ("vswitchd-kill", "vswitchd-kill-connections", "ovsdb-restart"):
             continue
         mine = [r for r in requests if r[1] >= fault.start and r[0] <= fault.window_end]
         failed = [r[0] for r in mine if not r[3]]
@@ -545,6 +665,30 @@ def goals(faults: list[Fault], final: dict[str, Any]) -> list[dict[str, Any]]:
             "value": back,
             "faults": len(restarts),
             "met": bool(restarts) and back is not None and back <= GOAL_TRAFFIC_BACK_S,
+        }
+    )
+    held = of("vswitchd-kill-connections")
+    figures = [f.connections for f in held]
+    broken = sum(c.get("resets", 0) + c.get("lost_records", 0) for c in figures)
+    out.append(
+        {
+            "goal": "established connections across a vswitchd kill: resets + lost records",
+            "target": "0",
+            "value": broken,
+            "faults": len(held),
+            "met": bool(held) and broken == 0,
+        }
+    )
+    moved = [m for c in figures for m in c.get("moved_s", [])]
+    median = round(statistics.median(moved), 3) if moved else None
+    out.append(
+        {
+            "goal": "established connections across a vswitchd kill: moving again after it "
+            "is up (s, median direction)",
+            "target": f"<= {GOAL_CONNECTIONS_MOVED_S:g}",
+            "value": median,
+            "faults": len(held),
+            "met": median is not None and median <= GOAL_CONNECTIONS_MOVED_S,
         }
     )
     ovsdb = of("ovsdb-restart")
@@ -664,6 +808,7 @@ def chaos(
                         break
                     fault = world.inject(kind)
                     world.converge(fault)
+                    world.collect(fault)
                     faults.append(fault)
                     print(
                         f"chaos: {fault.kind:15} {fault.node or '':7} converged "

@@ -261,3 +261,27 @@ def test_bucket_specs_hold_the_encoding_and_read_back_as_values() -> None:
     spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, CTX))
     assert type(spec.wire) is bytes and spec.actions == actions
     assert bucket_spec("k", actions) == spec
+
+
+@given(st.lists(st.lists(st.integers(0, 30), unique=True, max_size=12), min_size=1, max_size=6))
+def test_a_replay_writes_what_the_switch_held_ids_and_order(steps: list[list[int]]) -> None:
+    """Any history of changes, then the switch loses the group (a vswitchd restart): the
+    replay writes the very buckets, ids and order it held (OVS's hash scores buckets by id
+    and weight, ties to the later one: a connection picked up mid-stream meets the same
+    endpoint, issue 27). The installed state keeps the switch's order throughout."""
+    installed: InstalledGroup | None = None
+    switch: dict[int, of.Bucket] | None = None
+    for keys in steps:
+        plan = plan_group(group(keys), installed)
+        switch = apply_to_model(switch, tuple(values(plan)))
+        installed = plan.result
+        assert installed is not None and switch is not None
+        assert [installed.ids[k] for k in installed.buckets] == list(switch)
+    assert installed is not None and switch is not None
+    replay = plan_group(group(steps[-1]), None, present_unknown=True, replay=installed)
+    (message, *more) = values(replay)
+    assert message.command == CMD.ADD_OR_MOD and not more
+    assert [(b.bucket_id, b.weight, b.actions) for b in message.buckets] == [
+        (b.bucket_id, b.weight, b.actions) for b in switch.values()
+    ]
+    assert replay.result is not None and replay.result.ids == installed.ids

@@ -149,6 +149,18 @@ class EncodedFlow(NamedTuple):
     wire: bytes
 
 
+_MATCH_AT = 40  # where a FlowMod's match starts in its wire
+_U16 = struct.Struct("!H")
+
+
+def encoded_flow(wire: bytes) -> EncodedFlow:
+    """The ``EncodedFlow`` of a FlowMod's wire: the key is read from it (the mid-stream
+    flows are staged from their wires, ``proxy.mid_stream``)."""
+    end = _MATCH_AT + ((_U16.unpack_from(wire, _MATCH_AT + 2)[0] + 7) & ~7)
+    key = b"".join((wire[16:17], wire[22:24], wire[_MATCH_AT:end]))
+    return _new_tuple(EncodedFlow, (key, wire))
+
+
 def _delete_strict(key: FlowKey) -> of.FlowMod:
     """The DELETE_STRICT of the flow with this key (any cookie)."""
     table, priority = _KEY_HEAD.unpack_from(key)
@@ -485,6 +497,9 @@ class Datapath:
         # groups the switch may hold with content we do not know (agent restart, uncertain
         # commit): rewritten whole, or deleted, before their id is trusted
         self._unknown_groups: set[int] = set()
+        # what the switch held of groups a reconnection made unknown: rewritten whole with the
+        # same bucket ids and order (groups.plan_group's ``replay``), until recorded again
+        self._replay_groups: dict[int, InstalledGroup] = {}
         # old-generation cookies to delete with the next commit
         self._stale_generations: set[int] = set()
         # dirty flows: an ordered set (a dict; the values mean nothing)
@@ -635,7 +650,9 @@ class Datapath:
                 if gid in sent_groups:  # written for an owner that gave it up
                     streaming.recheck_groups.add(gid)
                     continue
-                plan = plan_group(spec, None, present_unknown=True)
+                plan = plan_group(
+                    spec, None, present_unknown=True, replay=self._replay_groups.get(gid)
+                )
                 for msg in plan.messages:
                     name = _GROUP_KINDS[msg.command]
                     kinds[name] = kinds.get(name, 0) + 1
@@ -816,7 +833,8 @@ class Datapath:
                     stats.groups_deleted += 1
                 plans[gid] = _DELETED
                 continue
-            plan = plan_group(desired, installed, present_unknown=unknown)
+            replay = self._replay_groups.get(gid) if installed is None else None
+            plan = plan_group(desired, installed, present_unknown=unknown, replay=replay)
             kind = plan.kind
             plans[gid] = (plan.result, kind)
             if kind == "add":
@@ -1016,7 +1034,10 @@ class Datapath:
     def _record(self, diff: _Commit) -> None:
         installed_groups = self.installed_groups
         unknown = self._unknown_groups
+        replay = self._replay_groups
         for gid, (result, _) in diff.plans.items():
+            if replay:
+                replay.pop(gid, None)
             if result is None:
                 if installed_groups.pop(gid, None) is not None:
                     self._group_ids_changed = True
@@ -1152,6 +1173,9 @@ class Datapath:
         # we installed and no longer want (a DELETE_STRICT of a missing flow is harmless).
         refs = self._flow_refs
         self._installed_flows = {k: f for k, f in self._installed_flows.items() if k not in refs}
+        # (a lost group is replayed with the bucket ids and order it had: the same endpoint
+        # for each connection conntrack picks up again; groups.plan_group)
+        self._replay_groups.update(self.installed_groups)
         self.installed_groups.clear()
         self._group_ids_changed = True
         # Every group we want is written whole with ADD_OR_MOD: right whether the switch lost
@@ -1224,7 +1248,8 @@ class Datapath:
             text = f"group_id={gid},type=select"
             if group.selection_method is not None:
                 text += "," + group.selection_method.to_text()
-            for key, spec in sorted(group.buckets.items(), key=lambda kv: group.ids[kv[0]]):
+            # in the switch's order, as ovs-ofctl dump-groups prints them
+            for key, spec in group.buckets.items():
                 bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
                 text += "," + bucket.to_text(of.GroupType.SELECT)
             lines.append(text)

@@ -12,7 +12,7 @@ generic constructors encode, several times cheaper (bench ``encode``).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ovsproxy.datapath import pipeline as pl
@@ -66,11 +66,13 @@ class Encoders:
     bucket action encoders by (port, affinity, IP version). Bounded by the protocols and
     ports in use; a new ``Context`` starts with none."""
 
-    __slots__ = ("buckets", "by_protocol")
+    __slots__ = ("buckets", "by_protocol", "mid_stream")
 
     def __init__(self) -> None:
         self.by_protocol: dict[Protocol, tuple[_DnatTemplates, _FrontendTemplates]] = {}
         self.buckets: dict[tuple[int, bool, int], _BucketWire] = {}
+        # mid-stream flow encoders by (IP version, re-create); None: not templatable
+        self.mid_stream: dict[tuple[int, bool], _MidStreamWire | None] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +285,29 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(eth_type=eth_type(family), ct_state=(of.CT_TRK, of.CT_TRK | of.CT_NEW)),
             _apply(of.Resubmit(t.forwarding)),
         )
+        if ctx.standalone:
+            # A new TCP segment without SYN or RST: a connection conntrack picks up mid-stream
+            # (its entry went with a vswitchd restart). Probe L3Forwarding for whether it goes
+            # to a local pod, then select as usual: ServiceLB re-creates the translation of
+            # one an endpoint sent (PRIORITY_MID_STREAM, mid_stream_flow).
+            probe = of.SetField(pl.PROBE_REG, pl.PROBE, pl.PROBE)
+            add(
+                t.conntrack_state,
+                pl.PRIORITY_MID_STREAM,
+                of.Match(
+                    eth_type=eth_type(family),
+                    ip_proto=IPPROTO_TCP,
+                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
+                    tcp_flags=(0, TCP_SYN | TCP_RST),
+                ),
+                _apply(
+                    probe,
+                    of.Resubmit(t.forwarding),
+                    of.SetField(pl.PROBE_REG, 0, pl.PROBE),
+                    of.Resubmit(t.session_affinity),
+                    of.Resubmit(t.service_lb),
+                ),
+            )
     # The hand-off to forwarding is a resubmit, never a goto_table: in integrated mode the
     # CNI's next table may come before ours (goto_table only goes forward).
     add(t.conntrack_zone, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
@@ -301,17 +326,18 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
     )
     if ctx.standalone:
-        # A new connection that is not to a Service and crosses the gateway is committed: its
-        # replies are then established, not invalid (a SYN-ACK conntrack never saw the SYN of
-        # is +inv). Here those that came in from the gateway (from other nodes, the far end of
-        # a Service connection DNATed there, or the node itself); L3Forwarding commits those of
-        # local pods leaving through it. Pod-to-pod on this bridge is not committed: such an
-        # entry would share its reply with a DNATed connection of the same 5-tuple after NAT.
+        # A new connection that is not to a Service is committed: its replies are then
+        # established, not invalid (a SYN-ACK conntrack never saw the SYN of is +inv), and,
+        # after a vswitchd restart, a mid-stream segment of it is told from one of a Service
+        # connection whose entry was lost (only those are new: PRIORITY_MID_STREAM). Pod to
+        # pod on this bridge too: a direct connection to an endpoint's port would otherwise
+        # be new in every packet. (A Service connection whose translated tuple an entry of
+        # such a direct connection holds gets another source port from conntrack's NAT.)
         for family in IPFamily:
             add(
                 t.service_lb,
                 pl.PRIORITY_COMMIT,
-                of.Match(eth_type=eth_type(family), **{pl.FROM_POD_REG: (0, pl.FROM_POD)}),
+                of.Match(eth_type=eth_type(family)),
                 _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
             )
     # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
@@ -320,18 +346,14 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
         flows.extend(_to_node_flows(ctx, ck))
-        for family in IPFamily:
-            add(
-                t.forwarding,
-                pl.PRIORITY_COMMIT,
-                of.Match(
-                    eth_type=eth_type(family),
-                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
-                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
-                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
-                ),
-                _apply(of.CT(commit=True, zone=pl.ct_zone(family)), of.Output(of.OFPP_NORMAL)),
-            )
+        # The mid-stream probe (PRIORITY_MID_STREAM) forwards nothing: a local pod's flow
+        # marks TO_LOCAL_POD (pod_forwarding_flows), every other probe ends here.
+        add(
+            t.forwarding,
+            pl.PRIORITY_PROBE_END,
+            of.Match(**{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
+            (),
+        )
         add(t.forwarding, pl.PRIORITY_MISS, of.Match(), _apply(of.Output(of.OFPP_NORMAL)))
     return flows
 
@@ -455,6 +477,17 @@ def pod_forwarding_flows(
                     cookie=ck,
                 )
             )
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_LOCAL_POD_PROBE,
+                match=of.Match(**to_pod, **{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
+                instructions=_apply(
+                    of.SetField(pl.TO_LOCAL_POD_REG, pl.TO_LOCAL_POD, pl.TO_LOCAL_POD)
+                ),
+                cookie=ck,
+            )
+        )
         flows.append(
             of.FlowMod(
                 table_id=t.forwarding,
@@ -611,6 +644,129 @@ def _templates(ctx: Context, protocol: Protocol) -> tuple[_DnatTemplates, _Front
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
     return _templates(ctx, protocol)[0][ip.version].flow(int(ip), port)
+
+
+def mid_stream_flow(
+    ctx: Context, ip: IPAddress, port: int, frontends: Iterable[tuple[IPAddress, int]]
+) -> of.FlowMod:
+    """ServiceLB (standalone): a TCP segment without SYN, new to conntrack, from the endpoint
+    ``ip:port`` to a local pod (the probe's TO_LOCAL_POD) is a Service connection whose entry
+    the switch lost, seen from the server's side. With exactly one frontend (address, port)
+    mapping to this endpoint, ``ct(commit, nat(src=frontend))`` re-creates the translation the
+    client's socket expects (the entry's reply direction is its next packet to the frontend,
+    un-NATed to the endpoint); with more than one it is dropped: the client's next packet
+    picks the connection up through the group (the same endpoint: the same bucket ids)."""
+    family = IPFamily.of(ip)
+    unique = sorted(set(frontends), key=lambda f: (f[0].version, int(f[0]), f[1]))
+    match = of.Match(
+        **{
+            "eth_type": eth_type(family),
+            "ip_proto": IPPROTO_TCP,
+            _src_field(family): ip,
+            "tcp_src": port,
+            pl.TO_LOCAL_POD_REG: (pl.TO_LOCAL_POD, pl.TO_LOCAL_POD),
+        }
+    )
+    instructions: tuple[of.Instruction, ...] = ()
+    if len(unique) == 1:
+        frontend, frontend_port = unique[0]
+        instructions = _apply(
+            of.CT(
+                commit=True,
+                zone=pl.ct_zone(family),
+                table=ctx.tables.forwarding,
+                nat=of.NAT(src=True, ip_min=frontend, port_min=frontend_port),
+                actions=(_CT_MARK_SERVICE,),
+            )
+        )
+    return of.FlowMod(
+        table_id=ctx.tables.service_lb,
+        priority=pl.PRIORITY_MID_STREAM,
+        match=match,
+        instructions=instructions,
+        cookie=ctx.cookie(pl.Category.ENDPOINT),
+    )
+
+
+# mid_stream_flow's encoding for many endpoints (one flow per TCP endpoint in a full sync):
+# the flow of sample values, encoded once by the generic constructors, with the endpoint's
+# and the frontend's address and port written at their places (the places of sample values
+# that occur once in it; checked against a second generic encoding, else generic for good).
+_SAMPLES = {
+    4: (
+        (
+            ipaddress.ip_address("10.241.226.211"),
+            0xB7C5,
+            ipaddress.ip_address("10.193.178.163"),
+            0x9D8E,
+        ),
+        (ipaddress.ip_address("10.17.34.51"), 0x1357, ipaddress.ip_address("10.68.85.102"), 0x2468),
+    ),
+    6: (
+        (
+            ipaddress.ip_address("fd5b:a7c3:91e2:d4f6:08b1:3c5e:7a9d:2f64"),
+            0xB7C5,
+            ipaddress.ip_address("fd3e:c1a9:57d2:e8b4:6f03:9a1c:d5e7:4b28"),
+            0x9D8E,
+        ),
+        (ipaddress.ip_address("fd00::1"), 0x1357, ipaddress.ip_address("fd00::2"), 0x2468),
+    ),
+}
+_MidStreamWire = Callable[[IPAddress, int, IPAddress, int], bytes]
+
+
+def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> _MidStreamWire | None:
+    """A fast ``mid_stream_flow(...).wire`` for one family and kind (None: not templatable)."""
+
+    def generic(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+        fronts = [(frontend, frontend_port)] * (1 if recreate else 2)
+        if not recreate:  # two frontends: the drop
+            fronts[1] = (frontend, frontend_port + 1 if frontend_port < 0xFFFF else 1)
+        return mid_stream_flow(ctx, ip, port, fronts).wire
+
+    sample, check = _SAMPLES[version]
+    proto = generic(*sample)
+    values = [(sample[0].packed, 0), (sample[1].to_bytes(2, "big"), 1)]
+    if recreate:
+        values += [(sample[2].packed, 2), (sample[3].to_bytes(2, "big"), 3)]
+    places: list[tuple[int, int, int]] = []
+    for raw, which in values:
+        at = proto.find(raw)
+        if at < 0 or proto.find(raw, at + 1) >= 0:
+            return None
+        places.append((at, at + len(raw), which))
+
+    def fast(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+        wire = bytearray(proto)
+        args = (
+            ip.packed,
+            port.to_bytes(2, "big"),
+            frontend.packed,
+            frontend_port.to_bytes(2, "big"),
+        )
+        for start, end, which in places:
+            wire[start:end] = args[which]
+        return bytes(wire)
+
+    if fast(*check) != generic(*check):
+        return None
+    return fast
+
+
+def mid_stream_wire(
+    ctx: Context, ip: IPAddress, port: int, frontends: Collection[tuple[IPAddress, int]]
+) -> bytes:
+    """``mid_stream_flow(ctx, ip, port, frontends).wire``, several times cheaper."""
+    recreate = len(frontends) == 1
+    made = ctx.encoders.mid_stream
+    key = (ip.version, recreate)
+    if key not in made:
+        made[key] = _mid_stream_wire(ctx, ip.version, recreate)
+    fast = made[key]
+    if fast is None:
+        return mid_stream_flow(ctx, ip, port, frontends).wire
+    frontend, frontend_port = next(iter(frontends)) if recreate else (ip, 1)
+    return fast(ip, port, frontend, frontend_port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:

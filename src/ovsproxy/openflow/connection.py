@@ -5,7 +5,8 @@ protocol — handshake, xid matching, multipart reassembly, the bundle sequence 
 COMMIT or DISCARD) with its error attribution, and the keepalive decisions — is the sans-I/O
 ``openflow.session.Session``; this module only moves bytes, runs the session's timer, turns
 its events into futures (one per request, one per bundle commit) and reconnects with capped
-backoff.
+backoff (a unix socket is watched meanwhile: a restarted switch is tried within
+``SOCKET_POLL``).
 
 Readiness: after (re)connecting, the ``on_connected`` hook runs (the datapath replays its
 state from it) before anything else may be sent. Until the hook has finished, requests from
@@ -26,6 +27,7 @@ import contextvars
 import errno
 import functools
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -69,6 +71,19 @@ _HOOK_SESSION: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 _WRITE_CHUNK = 256 * 1024  # bundle adds are written in chunks of about this size
 _DRAIN_EVERY = 256 * 1024  # and the loop given a turn (and flow control) this often
 _RETRY_LOG_EVERY = 30.0  # while the endpoint stays unreachable, a reminder this often
+# Between attempts, a unix endpoint's socket file is checked this often for a new one (a
+# restarted switch): reconnection follows within this, whatever the backoff has grown to.
+SOCKET_POLL = 0.1
+
+
+def _socket_identity(path: str) -> tuple[int, int] | None:
+    """(inode, change time) of the socket file, None while there is none. A killed switch
+    leaves its socket behind; the restarted one unlinks it and binds a new one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
 
 
 @dataclass(frozen=True)
@@ -558,6 +573,10 @@ class Channel:
     async def _run(self) -> None:
         backoff = self.backoff_min
         while not self._closing:
+            # The socket as this attempt finds it: a later one is a new switch (_wait_retry).
+            socket_identity = (
+                _socket_identity(self.endpoint.path) if self.endpoint.kind == "unix" else None
+            )
             try:
                 conn = await self._connect()
                 backoff = self.backoff_min
@@ -580,8 +599,27 @@ class Channel:
                 self._set_not_ready()
             if self._closing:
                 break
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.backoff_max)
+            if await self._wait_retry(backoff, socket_identity):
+                backoff = self.backoff_min  # a new switch: retry briskly again
+            else:
+                backoff = min(backoff * 2, self.backoff_max)
+
+    async def _wait_retry(self, delay: float, seen: tuple[int, int] | None) -> bool:
+        """Sleep ``delay`` before the next attempt. A unix socket is watched meanwhile: a
+        restarted ovs-vswitchd creates its bridge's socket anew, and the attempt is made
+        within SOCKET_POLL of that, not after a backoff that has grown while it was away.
+        True when the wait ended for a new socket."""
+        if self.endpoint.kind != "unix":
+            await asyncio.sleep(delay)
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(left, SOCKET_POLL))
+            now = _socket_identity(self.endpoint.path)
+            if now is not None and now != seen:
+                return True
+        return False
 
     def _log_failure(self, exc: Exception, backoff: float) -> None:
         """One warning when attempts start failing or the reason changes, then a reminder
