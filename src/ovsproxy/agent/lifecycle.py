@@ -5,7 +5,8 @@ owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
 adopts them hitlessly) unless ``cleanup`` is set; even then the virtual next hop's host route
 and permanent neighbour entry stay (see ``RouteManager.uninstall``). The capture table, its
-policy routes and the health-check servers are the node side's (``agent.nodeport``).
+policy routes and the health-check servers are the node side's (``agent.nodeport``); the
+host-SNAT addresses and their neighbour entries ``agent.hostsnat``'s.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ovsproxy.agent.switch_link import wait_for_switch
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
     Components,
+    build_host_snat,
     build_node_side,
     build_openflow,
     build_proxier,
@@ -90,6 +92,8 @@ class Agent:
                 return
             parts.ovsdb, generation = connected
             log.info("cookie generation %d", generation)
+            if cfg.mode == pl.Mode.STANDALONE and cfg.manage_routes:
+                cfg = await self._start_host_snat()
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
             )
@@ -151,6 +155,19 @@ class Agent:
             parts.config = self.config
         return self.config
 
+    async def _start_host_snat(self) -> AgentConfig:
+        """The host-SNAT addresses, before the datapath: the pipeline's SNAT flows name them
+        (the local pods are read first: an address a pod has is refused)."""
+        parts = self.parts
+        assert parts.ovsdb is not None
+        host_snat = parts.host_snat = build_host_snat(self.config, parts.netns)
+        await self.pods.read(parts.ovsdb)
+        addresses = await host_snat.start(self.pods.pods)
+        self.config = parts.config = dataclasses.replace(
+            self.config, host_snat_ip=tuple(str(ip) for ip in addresses)
+        )
+        return self.config
+
     def _progress(self) -> tuple[bool, dict[str, Any]]:
         status, body = self.proxy_health.livez()
         return status == 200, body
@@ -203,6 +220,9 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
     if parts.node_side is not None:
         with contextlib.suppress(Exception):
             await parts.node_side.close()
+    if parts.host_snat is not None:
+        with contextlib.suppress(Exception):
+            await parts.host_snat.close()
     await pages.stop_http()
     if parts.channel is not None:
         await parts.channel.close()
@@ -215,8 +235,8 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
         await asyncio.to_thread(parts.sandbox.down)
     log.info(
         "stopped%s",
-        " (flows, groups and Service routes removed; the virtual next hop's host route "
-        "and neighbour entry stay)"
+        " (flows, groups, Service routes and host-SNAT neighbour entries removed; the virtual "
+        "next hop's host route and neighbour entry stay)"
         if parts.config.cleanup
         else " (flows, groups and routes left in place for a hitless restart)",
     )
@@ -224,7 +244,7 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
 
 async def cleanup(parts: Components) -> None:
     """--cleanup: remove every flow and group we own, our Service routes, the capture table
-    and its policy routes."""
+    and its policy routes, and the host-SNAT addresses' neighbour entries."""
     if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
         for owner in parts.datapath.owners():
             parts.datapath.unstage(owner)
@@ -239,3 +259,5 @@ async def cleanup(parts: Components) -> None:
             log.error("cleanup of routes failed: %s", exc)
     if parts.node_side is not None:
         await parts.node_side.cleanup()
+    if parts.host_snat is not None:
+        await parts.host_snat.cleanup()
