@@ -132,6 +132,7 @@ class HostSNATRoutes:
                     "del",
                     dst=str(ipaddress.ip_network(address)),
                     oif=index,
+                    scope="link",
                     proto=self.backend.protocol,
                     table=self.backend.table,
                 )
