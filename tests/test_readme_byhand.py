@@ -50,6 +50,8 @@ class Node:
             "DEMO": str(self.demo),
             "NS": self.netns,
         }
+        if "PYTHONPATH" in os.environ:  # `ovsproxy` runs the code under test (a worktree's)
+            self.env["PYTHONPATH"] = os.environ["PYTHONPATH"]
 
     def pod_netns(self) -> list[str]:
         return [f"{self.netns}-{pod}" for pod in PODS]
@@ -137,7 +139,7 @@ def test_readme_commands_beside_an_ovs_set_up_by_hand(node: Node, tmp_path: Path
         assert "10.96.0.10 via 169.254.0.253 dev gw0" in tried.stdout, tried.stdout
         assert "169.254.0.253 dev gw0 scope link" in tried.stdout, tried.stdout
         # No host-SNAT step in the README: the agent made the neighbour entries itself.
-        for neighbour in ("10.244.0.254", "fd00:10:244::ffff:ffff:ffff:fffe"):
+        for neighbour in ("10.244.0.254", "fd00:10:244:0:ffff:ffff:ffff:fffe"):
             assert f"{neighbour} lladdr aa:bb:cc:dd:ee:ff PERMANENT" in tried.stdout, tried.stdout
         assert "demo/web:http/TCP" in tried.stdout, tried.stdout
 
