@@ -542,6 +542,12 @@ def capture_state(netns: str) -> tuple[bool, str, str]:
     return "inet ovsproxy" in tables, "\n".join(ours), routes
 
 
+def permanent_neighbours(netns: str) -> set[str]:
+    """The addresses of the permanent neighbour entries on the node's gateway."""
+    out = sh("ip", "-n", netns, "neigh", "show", "dev", "gw0", "nud", "permanent")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
 def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     lab: Lab, cluster_np: LabService
 ) -> None:
@@ -569,6 +575,7 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     assert foreign_ruleset(node.netns) == before
     assert capture_state(node.netns)[0]
     saved = lab.agent_args
+    hops = {str(pl.VIRTUAL_SERVICE_IP[f]) for f in IPFamily}
     lab.stop_agent("node-2")
     lab.agent_args = (*saved, "--cleanup")
     try:
@@ -576,6 +583,8 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         lab.stop_agent("node-2")
         assert capture_state(node.netns) == (False, "", "")
         assert foreign_ruleset(node.netns) == before
+        # The host-SNAT addresses' neighbour entries went; the virtual next hop's stay.
+        assert permanent_neighbours(node.netns) == hops
         # A first start on a node without our table (the rebuild path) leaves the rest alone.
         lab.agent_args = saved
         lab.start_agent("node-2")
@@ -589,6 +598,9 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "ip", "legacy")
         remove(lab, nodeport_service(lab, "np-more", 44, 30104))
     assert capture_state(node.netns)[0]
+    snat = set(lab.agent_status("node-2")["ovs"]["host_snat_ips"])
+    assert snat == {"10.244.2.254", "fd00:10:244:2:ffff:ffff:ffff:fffe"}  # made again
+    assert permanent_neighbours(node.netns) == hops | snat
     out = http(lab.external_netns, node_ip(lab, "node-2", 0), 10, port=30080)
     assert out["failed"] == 0, out
 
