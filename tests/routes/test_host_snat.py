@@ -24,7 +24,8 @@ from ovsproxy.model.hostsnat import (
     host_snat_address,
 )
 from ovsproxy.model.node import VIRTUAL_MAC, PodPort
-from ovsproxy.routes import rpfilter
+from ovsproxy.routes import RouteManager, rpfilter
+from ovsproxy.routes.linux import LinuxRouteBackend
 from tests.routes.conftest import Netns
 
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
@@ -155,8 +156,16 @@ def test_an_override_outside_the_gateway_prefixes_gets_a_host_route(netns: Netns
             )
             routes = [r for r in netns.routes(V4) if r.get("protocol") == "155"]
             assert [r["dst"] for r in routes] == ["10.250.0.9"], routes
+            # The Service route manager on the same gateway leaves it alone (not a stale route).
+            manager = RouteManager(LinuxRouteBackend(netns=netns.name), netns.gateway, [V4])
+            await manager.start()
+            changes = await manager.reconcile([net("10.96.0.0/16")])
+            await manager.stop()
+            assert changes.added == (net("10.96.0.0/16"),) and changes.deleted == ()
+            ours = {r["dst"] for r in netns.routes(V4) if r.get("protocol") == "155"}
+            assert "10.250.0.9" in ours, ours
             await host_snat.cleanup()
-            assert not [r for r in netns.routes(V4) if r.get("protocol") == "155"]
+            assert "10.250.0.9" not in {r["dst"] for r in netns.routes(V4)}
         finally:
             await host_snat.close()
 

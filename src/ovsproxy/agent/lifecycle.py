@@ -34,6 +34,7 @@ from ovsproxy.agent.wiring import (
     build_routes,
     build_source,
     manifest_paths,
+    route_backend_name,
 )
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
@@ -92,7 +93,8 @@ class Agent:
                 return
             parts.ovsdb, generation = connected
             log.info("cookie generation %d", generation)
-            if cfg.mode == pl.Mode.STANDALONE and cfg.manage_routes:
+            linux = route_backend_name(cfg.route_backend) == "linux"
+            if cfg.mode == pl.Mode.STANDALONE and cfg.manage_routes and linux:
                 cfg = await self._start_host_snat()
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in

@@ -176,6 +176,8 @@ class LinuxRouteBackend:
             gw = msg.get("gateway")
             if dst == host and gw is None:
                 continue  # the next hop's own host route, managed by ensure_next_hop
+            if gw is None and msg["proto"] == self.protocol and dst.prefixlen == dst.max_prefixlen:
+                continue  # our on-link host route of a host-SNAT address (routes.hostsnat)
             routes.append(
                 KernelRoute(
                     dst=dst,
