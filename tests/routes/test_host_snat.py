@@ -224,3 +224,19 @@ def test_a_strict_rp_filter_on_the_gateway_is_made_loose(netns: Netns) -> None:
         check=True,
     )
     assert out.stdout.strip() == "1"  # nothing but the gateway's own value is changed
+
+
+def test_the_nodes_pod_cidrs_come_first(netns: Netns) -> None:
+    """The Node's spec.podCIDRs (when read) before the gateway's prefixes; an address outside
+    the gateway's prefixes gets its host route."""
+    _address_gateway(netns)
+
+    async def run() -> tuple[object, ...]:
+        host_snat = _agent(netns)
+        try:
+            return await host_snat.start([], node_pod_cidrs=[net("10.250.1.0/24")])
+        finally:
+            await host_snat.close()
+
+    assert asyncio.run(run()) == (ip("10.250.1.254"), ip("fd00:10:244:1:ffff:ffff:ffff:fffe"))
+    assert "10.250.1.254" in {r["dst"] for r in netns.routes(V4) if r.get("protocol") == "155"}

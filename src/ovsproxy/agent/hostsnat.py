@@ -2,8 +2,8 @@
 by the agent itself, before the datapath is built (the pipeline's SNAT flows name them).
 
 Per IP family: ``--host-snat-ip`` when given, else the reserved address of the node's pod
-CIDR (``ovsproxy.model.hostsnat``; the pod CIDRs are the gateway's connected prefixes),
-refused when the gateway or a local pod has it. For each address chosen the gateway gets its
+CIDR (``ovsproxy.model.hostsnat``; the pod CIDRs are the Node's ``spec.podCIDRs`` when
+given, then the gateway's connected prefixes), refused when the gateway or a local pod has it. For each address chosen the gateway gets its
 neighbour entry to the virtual MAC (``routes.hostsnat``). A family without one leaves two paths
 unserved, reported with the reason in the log, ``/status`` (``host_snat``) and
 ``ovsproxy_unserved_paths``: the node's own Service connections to endpoints on other nodes,
@@ -14,11 +14,11 @@ removes the neighbour entries (and host routes) it made.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ovsproxy.config import AgentConfig
-from ovsproxy.model import IPAddress, IPFamily
+from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.model.hostsnat import HostSNATChoice, choose_host_snat, connected_prefixes
 from ovsproxy.model.node import PodPort, UnservedPath
 from ovsproxy.routes.backend import RouteBackendError
@@ -42,9 +42,12 @@ class HostSNAT:
     def addresses(self) -> tuple[IPAddress, ...]:
         return tuple(c.address for c in self.choices.values() if c.address is not None)
 
-    async def start(self, pods: Iterable[PodPort]) -> tuple[IPAddress, ...]:
+    async def start(
+        self, pods: Iterable[PodPort], node_pod_cidrs: Sequence[IPNetwork] = ()
+    ) -> tuple[IPAddress, ...]:
         """Choose each family's address and install its neighbour entry; returns the
-        addresses (the pipeline's ``host_snat_ips``)."""
+        addresses (the pipeline's ``host_snat_ips``). ``node_pod_cidrs``: the Node's
+        ``spec.podCIDRs`` where it is read, tried before the gateway's prefixes."""
         overrides = {IPFamily.of(ip): ip for ip in self.config.pipeline.host_snat_ips}
         pod_ips = [ip for pod in pods for ip in pod.ips]
         try:
@@ -59,7 +62,7 @@ class HostSNAT:
             choice = choose_host_snat(
                 family,
                 override=overrides.get(family),
-                pod_cidrs=connected_prefixes(interfaces),
+                pod_cidrs=[*node_pod_cidrs, *connected_prefixes(interfaces)],
                 gateway_ips=[i.ip for i in interfaces],
                 pod_ips=pod_ips,
             )
