@@ -3,9 +3,10 @@ by the agent itself, before the datapath is built (the pipeline's SNAT flows nam
 
 Per IP family: ``--host-snat-ip`` when given, else the reserved address of the node's pod
 CIDR (``ovsproxy.model.hostsnat``; the pod CIDRs are the Node's ``spec.podCIDRs`` when
-given, then the gateway's connected prefixes), refused when the gateway or a local pod has it. For each address chosen the gateway gets its
-neighbour entry to the virtual MAC (``routes.hostsnat``). A family without one leaves two paths
-unserved, reported with the reason in the log, ``/status`` (``host_snat``) and
+given, then the gateway's connected prefixes), refused when the gateway or a local pod has
+it. For each address chosen the gateway gets its neighbour entry to the virtual MAC
+(``routes.hostsnat``). A family without one leaves two paths unserved, reported with the
+reason in the log, ``/status`` (``host_snat``, ``unserved_paths``) and
 ``ovsproxy_unserved_paths``: the node's own Service connections to endpoints on other nodes,
 and captured (externalTrafficPolicy Cluster) ones to endpoints on other nodes. ``--cleanup``
 removes the neighbour entries (and host routes) it made.
