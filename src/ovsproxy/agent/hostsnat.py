@@ -43,12 +43,12 @@ class HostSNAT:
     def addresses(self) -> tuple[IPAddress, ...]:
         return tuple(c.address for c in self.choices.values() if c.address is not None)
 
-    async def start(
+    async def choose(
         self, pods: Iterable[PodPort], node_pod_cidrs: Sequence[IPNetwork] = ()
-    ) -> tuple[IPAddress, ...]:
-        """Choose each family's address and install its neighbour entry; returns the
-        addresses (the pipeline's ``host_snat_ips``). ``node_pod_cidrs``: the Node's
-        ``spec.podCIDRs`` where it is read, tried before the gateway's prefixes."""
+    ) -> dict[IPFamily, HostSNATChoice]:
+        """Each family's address as the agent decides it, nothing installed (``ovsproxy
+        verify`` asks this too). ``node_pod_cidrs``: the Node's ``spec.podCIDRs`` where it is
+        read, tried before the gateway's prefixes."""
         overrides = {IPFamily.of(ip): ip for ip in self.config.pipeline.host_snat_ips}
         pod_ips = [ip for pod in pods for ip in pod.ips]
         try:
@@ -59,6 +59,7 @@ class HostSNAT:
             unreadable = f"the gateway's addresses cannot be read: {exc}"
         else:
             unreadable = ""
+        choices = {}
         for family in IPFamily:
             choice = choose_host_snat(
                 family,
@@ -69,6 +70,15 @@ class HostSNAT:
             )
             if choice.address is None and unreadable and family not in overrides:
                 choice = HostSNATChoice(family, None, choice.origin, unreadable)
+            choices[family] = choice
+        return choices
+
+    async def start(
+        self, pods: Iterable[PodPort], node_pod_cidrs: Sequence[IPNetwork] = ()
+    ) -> tuple[IPAddress, ...]:
+        """Choose each family's address (``choose``) and install its neighbour entry;
+        returns the addresses (the pipeline's ``host_snat_ips``)."""
+        for family, choice in (await self.choose(pods, node_pod_cidrs)).items():
             if choice.address is not None:
                 try:
                     for change in await self.routes.ensure(choice.address):

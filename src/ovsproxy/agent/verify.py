@@ -31,6 +31,7 @@ from ovsproxy.agent.installed import (
     read_capture_table,
     read_groups,
     read_routes,
+    with_host_snat,
 )
 from ovsproxy.agent.wiring import build_source, manifest_paths
 from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
@@ -211,6 +212,7 @@ async def read_ovsdb(config: AgentConfig) -> OVSDBState:
 async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float = 60.0) -> Desired:
     """The desired state for the node whose OVSDB holds ``held`` (and its node IPs)."""
     ips = await node_ips(config) if config.captures else None
+    config = await with_host_snat(config, held.pods)
     return await build_desired(
         config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
     )
