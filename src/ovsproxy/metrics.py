@@ -167,14 +167,9 @@ class Metrics:
     ) -> None:
         self.dicts.counters.append((name, help_text, labels, read))
 
-    def add_gauge(
-        self,
-        name: str,
-        help_text: str,
-        labels: tuple[str, ...],
-        read: Callable[[], Mapping[tuple[str, ...], float]],
-    ) -> None:
-        self.dicts.gauges.append((name, help_text, labels, read))
+    def add_gauge(self, source: CounterSource) -> None:
+        """A gauge read at scrape time: (name, help, label names, reader), as a counter's."""
+        self.dicts.gauges.append(source)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -5,6 +5,7 @@ test); the gateway's reverse-path filter check."""
 from __future__ import annotations
 
 import asyncio
+import io
 import ipaddress
 import json
 import subprocess
@@ -12,11 +13,17 @@ import subprocess
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from rich.console import Console
 
 from ovsproxy.agent.hostsnat import HOST_SNAT_PATHS, HostSNAT
 from ovsproxy.agent.nodeport import NodeSide
-from ovsproxy.config import load
+from ovsproxy.agent.observability import StatusPages, register_metrics
+from ovsproxy.agent.pods import PodWatcher
+from ovsproxy.agent.wiring import Components
+from ovsproxy.cli.status_cmd import render_status
+from ovsproxy.config import AgentConfig, load
 from ovsproxy.healthcheck import ProxyHealth
+from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPFamily, IPNetwork
 from ovsproxy.model.hostsnat import (
     choose_host_snat,
@@ -191,6 +198,24 @@ def test_a_pod_on_the_reserved_address_is_refused_and_reported(netns: Netns) -> 
     assert [(u.path, u.family) for u in unserved] == [(p, V4) for p in HOST_SNAT_PATHS]
     assert "10.244.1.254 is used by a local pod" in unserved[0].reason
     assert host_snat.status()["IPv4"]["address"] is None
+    # /status, `ovsproxy status` and /metrics say so.
+    parts = Components(AgentConfig())
+    parts.host_snat = host_snat
+    parts.pods = PodWatcher("br0", "gw0")
+    parts.pods.pods = [pod]
+    metrics = Metrics()
+    register_metrics(metrics, HealthState(), parts, {})
+    rendered = metrics.render().decode()
+    for path in HOST_SNAT_PATHS:
+        line = f'ovsproxy_unserved_paths{{family="IPv4",path="{path}"}} 1.0'
+        assert line in rendered, rendered
+    info = StatusPages(parts, metrics, HealthState()).status_json()
+    assert [(u["path"], u["family"]) for u in info["unserved_paths"]] == [
+        (p, "IPv4") for p in HOST_SNAT_PATHS
+    ]
+    out = io.StringIO()
+    render_status(info, Console(file=out, width=300, color_system=None))
+    assert "node-to-remote-endpoint (IPv4): 10.244.1.254 is used by a local pod" in out.getvalue()
 
 
 def test_no_gateway_addresses_means_no_address_with_the_reason(netns: Netns) -> None:

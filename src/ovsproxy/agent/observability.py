@@ -134,11 +134,13 @@ def register_metrics(
     )
     m.not_pods.set_function(lambda: float(len(parts.pods.not_pods) if parts.pods else 0))
     m.add_gauge(
-        "ovsproxy_unserved_paths",
-        "Packet paths this node cannot serve (1 each; /status says why): no host-SNAT address, "
-        "a reverse-path filter left strict.",
-        ("path", "family"),
-        lambda: {(p.path, f"IPv{int(p.family)}"): 1.0 for p in unserved_paths(parts)},
+        (
+            "ovsproxy_unserved_paths",
+            "Packet paths this node cannot serve (1 each; /status says why): no host-SNAT "
+            "address, a reverse-path filter left strict.",
+            ("path", "family"),
+            lambda: {(p.path, f"IPv{int(p.family)}"): 1.0 for p in unserved_paths(parts)},
+        )
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+from typing import Any
 
 from ovsproxy.model import IPAddress, IPFamily, node
 from ovsproxy.routes.linux import LinuxRouteBackend
@@ -73,6 +74,16 @@ class HostSNATRoutes:
                 return True
         return False
 
+    def _route_spec(self, index: int, address: IPAddress) -> dict[str, Any]:
+        """Our on-link host route to ``address`` (replace and delete name it alike)."""
+        return {
+            "dst": str(ipaddress.ip_network(address)),
+            "oif": index,
+            "scope": "link",
+            "proto": self.backend.protocol,
+            "table": self.backend.table,
+        }
+
     async def ensure(self, address: IPAddress) -> list[str]:
         """The address's neighbour entry, and a host route when none of the gateway's prefixes
         holds it; returns the changes made (empty: all in place)."""
@@ -93,15 +104,7 @@ class HostSNATRoutes:
             )
         connected = any(address in i.network for i in await self.gateway_addresses())
         if not connected and not await self._host_route(index, address):
-            await self.backend._call(
-                "route",
-                "replace",
-                dst=str(ipaddress.ip_network(address)),
-                oif=index,
-                scope="link",
-                proto=self.backend.protocol,
-                table=self.backend.table,
-            )
+            await self.backend._call("route", "replace", **self._route_spec(index, address))
             changes.append(
                 f"route {address} dev {self.gateway} scope link proto {self.backend.protocol}"
             )
@@ -127,14 +130,6 @@ class HostSNATRoutes:
                 await self.backend._call("neigh", "del", dst=str(address), ifindex=index)
                 changes.append(f"neighbour {address} dev {self.gateway} removed")
             if await self._host_route(index, address):
-                await self.backend._call(
-                    "route",
-                    "del",
-                    dst=str(ipaddress.ip_network(address)),
-                    oif=index,
-                    scope="link",
-                    proto=self.backend.protocol,
-                    table=self.backend.table,
-                )
+                await self.backend._call("route", "del", **self._route_spec(index, address))
                 changes.append(f"route {address} dev {self.gateway} removed")
         return changes
