@@ -101,3 +101,27 @@ async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges(
     assert "health check :32000" in text
     assert "source ranges 192.0.2.0/24" in text
     assert "external/LB IPs 203.0.113.5" in text
+
+
+def test_status_text_says_whether_the_node_is_going_away() -> None:
+    from ovsproxy.agent.node import NodeWatcher
+    from ovsproxy.healthcheck import TO_BE_DELETED_TAINT, ProxyHealth
+    from ovsproxy.model.node import Node
+
+    parts = Components(AgentConfig(node_name=NODE))
+    parts.node = NodeWatcher(NODE, ProxyHealth())
+
+    def text() -> str:
+        info = StatusPages(parts, Metrics(), HealthState()).status_json()
+        out = io.StringIO()
+        render_status(info, Console(file=out, width=200, color_system=None))
+        return next(line for line in out.getvalue().splitlines() if " Node " in line)
+
+    assert "not found" in text()
+    ip = ipaddress.ip_address("192.0.2.5")
+    parts.node.on_add(Node(NODE, internal_ips=(ip,)))
+    assert "eligible, 192.0.2.5" in text()
+    parts.node.on_update(Node(NODE, internal_ips=(ip,), taints=(TO_BE_DELETED_TAINT,)))
+    assert f"going away (tainted {TO_BE_DELETED_TAINT}; /healthz 503)" in text()
+    parts.node.on_delete(NODE)
+    assert "deleted (/healthz 503)" in text()

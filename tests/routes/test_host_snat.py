@@ -123,7 +123,8 @@ def test_the_agent_derives_installs_and_cleans_up_its_neighbour_entries(netns: N
         try:
             addresses = await host_snat.start([])
             unserved = host_snat.unserved([])
-            await host_snat.cleanup()
+            removed = await host_snat.cleanup()
+            assert len(removed) == 2, removed
             again = await host_snat.routes.remove(list(addresses))  # twice: a no-op
             return addresses, unserved, again
         finally:
@@ -251,17 +252,31 @@ def test_a_strict_rp_filter_on_the_gateway_is_made_loose(netns: Netns) -> None:
     assert out.stdout.strip() == "1"  # nothing but the gateway's own value is changed
 
 
-def test_the_nodes_pod_cidrs_come_first(netns: Netns) -> None:
-    """The Node's spec.podCIDRs (when read) before the gateway's prefixes; an address outside
-    the gateway's prefixes gets its host route."""
-    _address_gateway(netns)
+def test_the_nodes_pod_cidrs_are_the_fallback(netns: Netns) -> None:
+    """The gateway's prefix first (what the node routes); the Node's spec.podCIDRs for a family
+    the gateway has none of, whose address then gets a host route on the gateway."""
+    netns.ip("addr", "add", "fd00:10:244:1::1/64", "dev", netns.gateway, "nodad")
+    cidrs = [net("10.250.1.0/24"), net("fd00:99::/64")]
 
     async def run() -> tuple[object, ...]:
         host_snat = _agent(netns)
         try:
-            return await host_snat.start([], node_pod_cidrs=[net("10.250.1.0/24")])
+            return await host_snat.start([], node_pod_cidrs=cidrs)
         finally:
             await host_snat.close()
 
     assert asyncio.run(run()) == (ip("10.250.1.254"), ip("fd00:10:244:1:ffff:ffff:ffff:fffe"))
     assert "10.250.1.254" in {r["dst"] for r in netns.routes(V4) if r.get("protocol") == "155"}
+
+    async def one_shot_cleanup() -> list[str]:  # what `ovsproxy cleanup` runs on the gateway
+        backend = LinuxRouteBackend(netns=netns.name)
+        await backend.open()
+        try:
+            return await backend.remove_next_hop(netns.gateway, V4)
+        finally:
+            await backend.close()
+
+    removed = asyncio.run(one_shot_cleanup())
+    assert "route 10.250.1.254/32 dev gw0 proto 155" in removed, removed
+    assert "10.250.1.254" not in {r["dst"] for r in netns.routes(V4)}
+    assert "10.250.1.254" not in _neigh(netns, 4)

@@ -2,8 +2,9 @@
 by the agent itself, before the datapath is built (the pipeline's SNAT flows name them).
 
 Per IP family: ``--host-snat-ip`` when given, else the reserved address of the node's pod
-CIDR (``ovsproxy.model.hostsnat``; the pod CIDRs are the Node's ``spec.podCIDRs`` when
-given, then the gateway's connected prefixes), refused when the gateway or a local pod has
+CIDR (``ovsproxy.model.hostsnat``; the pod CIDRs are the gateway's connected prefixes, then
+the Node's ``spec.podCIDRs`` when it is read: the gateway's prefix is what the node routes),
+refused when the gateway or a local pod has
 it. For each address chosen the gateway gets its neighbour entry to the virtual MAC
 (``routes.hostsnat``). A family without one leaves two paths unserved, reported with the
 reason in the log, ``/status`` (``host_snat``, ``unserved_paths``) and
@@ -48,7 +49,7 @@ class HostSNAT:
     ) -> dict[IPFamily, HostSNATChoice]:
         """Each family's address as the agent decides it, nothing installed (``ovsproxy
         verify`` asks this too). ``node_pod_cidrs``: the Node's ``spec.podCIDRs`` where it is
-        read, tried before the gateway's prefixes."""
+        read, tried after the gateway's prefixes."""
         overrides = {IPFamily.of(ip): ip for ip in self.config.pipeline.host_snat_ips}
         pod_ips = [ip for pod in pods for ip in pod.ips]
         try:
@@ -64,7 +65,7 @@ class HostSNAT:
             choice = choose_host_snat(
                 family,
                 override=overrides.get(family),
-                pod_cidrs=[*node_pod_cidrs, *connected_prefixes(interfaces)],
+                pod_cidrs=[*connected_prefixes(interfaces), *node_pod_cidrs],
                 gateway_ips=[i.ip for i in interfaces],
                 pod_ips=pod_ips,
             )
@@ -124,13 +125,10 @@ class HostSNAT:
             for family, c in sorted(self.choices.items())
         }
 
-    async def cleanup(self) -> None:
-        """--cleanup: the neighbour entries and host routes made for our addresses."""
-        try:
-            for change in await self.routes.remove(list(self.addresses)):
-                log.info("host SNAT: %s", change)
-        except Exception as exc:
-            log.error("cleanup of the host-SNAT neighbour entries failed: %s", exc)
+    async def cleanup(self) -> list[str]:
+        """--cleanup: remove the neighbour entries and host routes made for our addresses;
+        returns what was removed."""
+        return await self.routes.remove(list(self.addresses))
 
     async def close(self) -> None:
         await self.routes.close()

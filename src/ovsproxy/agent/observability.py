@@ -252,6 +252,8 @@ class StatusPages:
                 {"path": p.path, "family": f"IPv{int(p.family)}", "reason": p.reason}
                 for p in unserved_paths(parts)
             ],
+            # The Node object (Kubernetes API source only): eligibility, addresses, podCIDRs
+            "node": parts.node.status() if parts.node is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
             # Interfaces on the bridge that get no flows, and why (standalone mode)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ovsproxy.agent.hostsnat import HostSNAT
+    from ovsproxy.agent.node import NodeWatcher
     from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
@@ -67,6 +68,7 @@ class Components:
     node_side: NodeSide | None = None  # NodePort/external capture and health checks
     host_snat: HostSNAT | None = None  # standalone, with routes: host-SNAT addresses
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
+    node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
 
 
 # -- the source -------------------------------------------------------------------------------

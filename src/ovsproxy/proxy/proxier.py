@@ -27,6 +27,7 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -728,6 +729,15 @@ class Proxier:
                 await self.conntrack.flush(flushes)
             else:
                 log.debug("no conntrack flusher: %d UDP flush(es) skipped", len(flushes))
+
+    def set_node_ips(
+        self, node_ips: Sequence[IPAddress], node_port_ips: Sequence[IPAddress]
+    ) -> None:
+        """The node's IPs changed (the Node object's addresses): the next full sync rewrites
+        the Classifier's node-IP flows (standalone) and every NodePort frontend on them."""
+        self.node_port_ips = tuple(node_port_ips)
+        if self.ctx.standalone:
+            self.ctx = dataclasses.replace(self.ctx, node_ips=tuple(node_ips))
 
     # -- the pipeline and local pods --------------------------------------------------------
     def _stage_pipeline(self) -> None:

@@ -43,7 +43,8 @@ from ovsproxy.model import (
     SlicePort,
     TrafficPolicy,
 )
-from ovsproxy.model.problems import InvalidObjectError
+from ovsproxy.model.handler import ClusterObjectHandler
+from ovsproxy.model.problems import InvalidObjectError, SourceError
 from ovsproxy.sources import convert
 from ovsproxy.sources.convert import (
     DEFAULT_AFFINITY_TIMEOUT,
@@ -628,6 +629,35 @@ class DictCodec(Generic[_Value]):
         if kind in WATCHED:
             return Event(kind, key, rv, self.convert_object(obj))
         return Event(kind, key, rv)
+
+
+class ClusterObjectEvents(Generic[_Value]):
+    """The events of an informer of a cluster-scoped kind, its objects as decoded JSON, made
+    model values by ``convert`` for a ``model.handler.ClusterObjectHandler`` (deletes by name:
+    the informer keys such an object ("", name))."""
+
+    __slots__ = ("convert", "handler")
+
+    def __init__(
+        self, handler: ClusterObjectHandler[_Value], convert: Callable[[Obj], _Value]
+    ) -> None:
+        self.handler = handler
+        self.convert = convert
+
+    def on_add(self, obj: Obj) -> None:
+        self.handler.on_add(self.convert(obj))
+
+    def on_update(self, obj: Obj) -> None:
+        self.handler.on_update(self.convert(obj))
+
+    def on_delete(self, key: ObjKey) -> None:
+        self.handler.on_delete(key[1])
+
+    def on_synced(self) -> None:
+        self.handler.on_synced()
+
+    def on_error(self, problem: SourceError) -> None:
+        self.handler.on_error(problem)
 
 
 class KeyMeta(msgspec.Struct, gc=False, rename="camel"):
