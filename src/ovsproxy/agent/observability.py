@@ -186,6 +186,7 @@ class StatusPages:
     def status_json(self) -> dict[str, Any]:
         parts = self.parts
         services = []
+        conflicts = parts.proxier.conflicts if parts.proxier is not None else ()
         if parts.proxier is not None:
             for name, inst in sorted(parts.proxier.programmed.items(), key=lambda kv: str(kv[0])):
                 port = inst.state.port
@@ -256,6 +257,16 @@ class StatusPages:
             "node": parts.node.status() if parts.node is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            # Service ports refused because an older Service claims one of their ports
+            "conflicts": [
+                {
+                    "refused": str(c.refused),
+                    "owner": str(c.owner),
+                    "claim": c.claim,
+                    "problem": str(c),
+                }
+                for c in conflicts
+            ],
             # Interfaces on the bridge that get no flows, and why (standalone mode)
             "not_pods": [
                 {"interface": name, "reason": reason}

@@ -166,6 +166,10 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         console.print("[bold red]refused by Open vSwitch (last good state kept)[/]")
         for name, reason in info["refused"].items():
             console.print(f"  {escape(name)}: {escape(reason)}")
+    if info.get("conflicts"):
+        console.print("[bold red]refused: a port an older Service claims (not installed)[/]")
+        for conflict in info["conflicts"]:
+            console.print(f"  {escape(conflict['problem'])}")
     if info.get("unserved_paths"):
         console.print("[bold yellow]paths this node cannot serve[/]")
         for path in info["unserved_paths"]:

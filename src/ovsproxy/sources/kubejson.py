@@ -88,6 +88,7 @@ class ServiceMeta(msgspec.Struct, gc=False, rename="camel"):
     namespace: str = DEFAULT_NAMESPACE
     resource_version: str = ""
     labels: dict[str, str] | None = None
+    creation_timestamp: str | None = None
 
 
 class SliceMeta(msgspec.Struct, gc=False, rename="camel"):
@@ -285,6 +286,11 @@ def service_value(obj: ServiceObject, service_proxy_name: str | None = None) -> 
     name = meta.name
     if not (convert.DNS1035_LABEL.match(name) and len(name) <= 253):
         raise Irregular
+    created = None
+    if meta.creation_timestamp is not None:
+        created = convert.parse_time(meta.creation_timestamp)
+        if created is None:
+            raise Irregular
     if _ignored(obj, meta.labels or {}, service_proxy_name):
         return Service(namespace, name)
     spec = obj.spec
@@ -371,6 +377,7 @@ def service_value(obj: ServiceObject, service_proxy_name: str | None = None) -> 
                 traffic_distribution=distribution,
                 health_check_node_port=health_check_port,
                 load_balancer_source_ranges=source_ranges,
+                created=created,
             )
         )
     return Service(namespace, name, tuple(ports))
