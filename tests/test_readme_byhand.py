@@ -27,12 +27,12 @@ from ovsproxy.ovs.sandbox import NETNS_PREFIX, Sandbox, netns_exists
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCK = re.compile(r"<!-- readme-test: (\w+) -->\n```sh\n(.*?)```", re.S)
-PODS = ("web-1", "client")
+PODS = ("web-1", "client", "outside")  # the namespaces the commands create (outside: a client)
 
 
 def readme_blocks(text: str) -> dict[str, str]:
     blocks = {name: body for name, body in BLOCK.findall(text)}
-    assert set(blocks) == {"setup", "run", "try", "teardown"}, sorted(blocks)
+    assert set(blocks) == {"setup", "run", "try", "nodeport", "teardown"}, sorted(blocks)
     return blocks
 
 
@@ -50,6 +50,8 @@ class Node:
             "DEMO": str(self.demo),
             "NS": self.netns,
         }
+        if "PYTHONPATH" in os.environ:  # `ovsproxy` runs the code under test (a worktree's)
+            self.env["PYTHONPATH"] = os.environ["PYTHONPATH"]
 
     def pod_netns(self) -> list[str]:
         return [f"{self.netns}-{pod}" for pod in PODS]
@@ -136,7 +138,18 @@ def test_readme_commands_beside_an_ovs_set_up_by_hand(node: Node, tmp_path: Path
         assert tried.stdout.count("hello from web-1") == 3, tried.stdout
         assert "10.96.0.10 via 169.254.0.253 dev gw0" in tried.stdout, tried.stdout
         assert "169.254.0.253 dev gw0 scope link" in tried.stdout, tried.stdout
+        # No host-SNAT step in the README: the agent made the neighbour entries itself.
+        for neighbour in ("10.244.0.254", "fd00:10:244:0:ffff:ffff:ffff:fffe"):
+            assert f"{neighbour} lladdr aa:bb:cc:dd:ee:ff PERMANENT" in tried.stdout, tried.stdout
         assert "demo/web:http/TCP" in tried.stdout, tried.stdout
+
+        # NodePort 30080: from outside (both families), the node and a pod, each answered.
+        nodeport = node.sh(blocks["nodeport"])
+        assert nodeport.returncode == 0, nodeport.stderr + nodeport.stdout
+        assert nodeport.stdout.count("hello from web-1") == 4, nodeport.stdout
+        assert "nodePort: 30080" in nodeport.stdout, nodeport.stdout
+        assert re.search(r"tcp \. 30080", nodeport.stdout), nodeport.stdout
+        assert "fwmark 0x2000000/0x2000000 lookup 155" in nodeport.stdout, nodeport.stdout
     finally:
         os.killpg(agent.pid, signal.SIGINT)  # the README's Ctrl-C
         try:
@@ -154,7 +167,10 @@ def test_readme_commands_beside_an_ovs_set_up_by_hand(node: Node, tmp_path: Path
     # Daemons exit, and the kernel frees deleted namespaces (and their veths), shortly after.
     deadline = time.monotonic() + 10
     while True:
-        left = node.sh("ip -o link show; ip route show proto 155; ip -6 route show proto 155")
+        left = node.sh(
+            "ip -o link show; ip route show proto 155; ip -6 route show proto 155; "
+            "ip rule show priority 155; ip -6 rule show priority 155; nft list tables"
+        )
         daemons = subprocess.run(["pgrep", "-f", str(node.demo)], capture_output=True, text=True)
         remaining = [line for line in left.stdout.splitlines() if ": lo:" not in line]
         if (not remaining and not daemons.stdout) or time.monotonic() > deadline:

@@ -137,12 +137,16 @@ def test_lab_service_manifest_reads_back() -> None:
     }
 
 
-def test_lab_virtual_mac_is_the_pipelines() -> None:
-    """The lab resolves host-SNAT addresses to the pipeline's virtual MAC (it may not import
-    the datapath, so it keeps a copy)."""
-    from ovsproxy.lab import cluster
+def test_lab_agents_get_no_host_snat_flag() -> None:
+    """The lab gives its agents nothing a real node's agent would not get: no host-SNAT
+    address (the agent derives it and makes its neighbour entry; the lab tests prove it)."""
+    from ovsproxy.lab.cluster import Lab, LabNode, pod_cidrs
+    from ovsproxy.ovs.sandbox import Sandbox
 
-    assert cluster.VIRTUAL_MAC == pl.VIRTUAL_MAC
+    node = LabNode("node-1", 1, "zone-1", Sandbox("lu-n1"), (), pod_cidrs(1))
+    command = Lab(1).agent_command(node)
+    assert "--host-snat-ip" not in command, command
+    assert command[command.index("--node-name") + 1] == "node-1"
 
 
 def test_lab_addressing_and_bad_arguments() -> None:

@@ -542,6 +542,12 @@ def capture_state(netns: str) -> tuple[bool, str, str]:
     return "inet ovsproxy" in tables, "\n".join(ours), routes
 
 
+def permanent_neighbours(netns: str) -> set[str]:
+    """The addresses of the permanent neighbour entries on the node's gateway."""
+    out = sh("ip", "-n", netns, "neigh", "show", "dev", "gw0", "nud", "permanent")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
 def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     lab: Lab, cluster_np: LabService
 ) -> None:
@@ -569,6 +575,7 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     assert foreign_ruleset(node.netns) == before
     assert capture_state(node.netns)[0]
     saved = lab.agent_args
+    hops = {str(pl.VIRTUAL_SERVICE_IP[f]) for f in IPFamily}
     lab.stop_agent("node-2")
     lab.agent_args = (*saved, "--cleanup")
     try:
@@ -576,6 +583,8 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         lab.stop_agent("node-2")
         assert capture_state(node.netns) == (False, "", "")
         assert foreign_ruleset(node.netns) == before
+        # The host-SNAT addresses' neighbour entries went; the virtual next hop's stay.
+        assert permanent_neighbours(node.netns) == hops
         # A first start on a node without our table (the rebuild path) leaves the rest alone.
         lab.agent_args = saved
         lab.start_agent("node-2")
@@ -589,6 +598,9 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "ip", "legacy")
         remove(lab, nodeport_service(lab, "np-more", 44, 30104))
     assert capture_state(node.netns)[0]
+    snat = set(lab.agent_status("node-2")["ovs"]["host_snat_ips"])
+    assert snat == {"10.244.2.254", "fd00:10:244:2:ffff:ffff:ffff:fffe"}  # made again
+    assert permanent_neighbours(node.netns) == hops | snat
     out = http(lab.external_netns, node_ip(lab, "node-2", 0), 10, port=30080)
     assert out["failed"] == 0, out
 
@@ -671,3 +683,38 @@ def test_agent_restart_under_nodeport_traffic(lab: Lab, cluster_np: LabService) 
 
 
 TRAFFIC = [__import__("sys").executable, "-m", "ovsproxy.ovs.traffic"]
+
+
+def test_a_strict_rp_filter_is_loosened_on_the_gateway(
+    lab: Lab, cluster_np: LabService, cluster_lb: LabService
+) -> None:
+    """node-1 as a distribution may set it up: strict reverse-path filtering (all=1) and a
+    default route. The restarted agent makes gw0's rp_filter loose (2), so the replies of
+    captured connections (source: the virtual NodePort IP, the LB IP, the external IP) that
+    leave OVS through gw0 are not dropped: from outside, every endpoint answers."""
+    node = lab.nodes["node-1"]
+    ext_v4 = str(lab.external_ips[0])
+
+    def rp_filter(device: str) -> str:
+        return node.exec("sysctl", "-n", f"net.ipv4.conf.{device}.rp_filter").stdout.strip()
+
+    node.exec("sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1")
+    node.exec("ip", "route", "add", "default", "via", ext_v4, "dev", "eth0")
+    try:
+        lab.stop_agent("node-1")
+        lab.start_agent("node-1")
+        assert (rp_filter("all"), rp_filter("gw0")) == ("1", "2")
+        status = lab.agent_status("node-1")
+        assert status["node_ports"]["rp_filter"] == {"all": 1, "gw0": 2, "effective": 2}
+        assert status["unserved_paths"] == [], status["unserved_paths"]
+        assert "net.ipv4.conf.gw0.rp_filter was 0 (all: 1), strict" in lab.agent_log("node-1")
+        out = http(lab.external_netns, node_ip(lab, "node-1", 0), REQUESTS, port=30080)
+        assert_every_endpoint_answered(out, {ep.pod for ep in cluster_np.endpoints}, "NodePort")
+        for ip in (EXT_V4, LB_V4):
+            out = http(lab.external_netns, ip, REQUESTS, port=8081)
+            assert_every_endpoint_answered(out, {ep.pod for ep in cluster_lb.endpoints}, ip)
+    finally:
+        node.exec("sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.gw0.rp_filter=0")
+        node.exec("ip", "route", "del", "default", "via", ext_v4, check=False)
+        lab.stop_agent("node-1")
+        lab.start_agent("node-1")

@@ -32,6 +32,7 @@ from ovsproxy.agent.installed import (
     read_capture_table,
     read_groups,
     read_routes,
+    with_host_snat,
 )
 from ovsproxy.agent.wiring import build_source, manifest_paths
 from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
@@ -217,6 +218,7 @@ async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float =
     if ips and not config.node_ip:
         # As the agent does: the IPs it found are its pipeline's node IPs (Classifier flows).
         config = dataclasses.replace(config, node_ip=tuple(str(ip) for ip in ips))
+    config = await with_host_snat(config, held.pods)
     return await build_desired(
         config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
     )

@@ -98,8 +98,9 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
                                      virtual MAC, out the port it came in on (the gateway) ->
                                      node kernel forwards it (its source is not the node's own)
                                      -> endpoint's node. The reply is addressed to the host-SNAT
-                                     IP, which the other nodes route to this node and this node
-                                     resolves to the virtual MAC on the gateway: ConntrackZone
+                                     IP, which the other nodes route to this node (it is in its
+                                     pod CIDR) and this node resolves to the virtual MAC on the
+                                     gateway (the agent's neighbour entry): ConntrackZone
                                      un-SNATs it (zone S), un-DNATs it (zone Z) -> L3Forwarding:
                                      to the virtual MAC, +rpl, Service ct_mark -> TO_NODE: back
                                      out the gateway to the node's MAC.
@@ -136,10 +137,18 @@ endpoint it had, EndpointDNAT commits afresh; an endpoint's segment to a local p
 MID_STREAM re-creates its translation (or drops it). A segment of either side arriving from
 the gateway on the endpoint's node is a plain connection there (COMMIT).
 
-Without ``--host-snat-ip`` (``PipelineConfig.host_snat_ips``) for a family, the node's own
-connections to Services of that family reach local endpoints only; those DNATed to an endpoint
-on another node are not sent anywhere (without the SNAT the endpoint would answer the node's
-own address directly, past OVS, and the reply would never be un-DNATed).
+The host-SNAT address of a family (``PipelineConfig.host_snat_ips``) is chosen by the agent
+at start (``agent.hostsnat``): ``--host-snat-ip`` when given, else the reserved address of the
+node's pod CIDR, the one just below its last (``model.hostsnat``; 10.244.1.254 in
+10.244.1.0/24), the pod CIDR being the gateway's connected prefix. The agent also installs its
+permanent neighbour entry to VIRTUAL_MAC on the gateway (``routes.hostsnat``), and for
+captured traffic makes the gateway's IPv4 rp_filter loose when it is strict (the replies
+above leave OVS through the gateway with the virtual NodePort IP or an external address as
+source; ``routes.rpfilter``). Without an address for a family (none derivable, or a local pod
+has it: reported in /status and ``ovsproxy_unserved_paths``), the node's own and captured
+connections to Services of that family reach local endpoints only; those DNATed to an
+endpoint on another node are not sent anywhere (without the SNAT the endpoint would answer
+the node's own address directly, past OVS, and the reply would never be un-DNATed).
 
 Integrated mode — another controller (a CNI) manages the bridge: ovsproxy owns only the five
 tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends packets there
@@ -217,9 +226,10 @@ NODE_CAPTURE_ROUTE_TABLE: int = node.NODE_CAPTURE_ROUTE_TABLE
 
 
 # Host SNAT (standalone): a connection the node itself sent to a Service and that was DNATed to
-# an endpoint on another node is SNATed to the node's host-SNAT address (``--host-snat-ip``, one
-# per family: an address of the node's pod CIDR that no pod uses, which the node's gateway
-# resolves to VIRTUAL_MAC), so the endpoint's reply is routed back to this node and into OVS.
+# an endpoint on another node is SNATed to the node's host-SNAT address (one per family: the
+# reserved address of the node's pod CIDR, ``model.hostsnat``, or ``--host-snat-ip``; the agent
+# makes the gateway resolve it to VIRTUAL_MAC), so the endpoint's reply is routed back to this
+# node and into OVS.
 HOST_SNAT_CT_ZONE_V4 = 0xFFF2
 HOST_SNAT_CT_ZONE_V6 = 0xFFE8
 
