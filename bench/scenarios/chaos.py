@@ -296,7 +296,7 @@ class ChaosLab:
         for _, path, labels in self.probers:
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError, IndexError):
-                    t0, t1, index, ok, detail = json.loads(line)
+                    t0, t1, index, ok, detail, *_ = json.loads(line)
                     found.append((t0, t1, labels[index], bool(ok), detail))
         found.sort()
         return found
