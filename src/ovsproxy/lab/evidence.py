@@ -40,6 +40,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -264,13 +265,33 @@ class PacketRing:
             raise FileNotFoundError("tcpdump not found (Debian package tcpdump)")
         for ns in self.netns:
             cmd = [
-                *("ip", "netns", "exec", ns, tcpdump, "-i", "any", "-n", "-U", "-s", "160"),
+                *(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    tcpdump,
+                    "-Z",
+                    "root",
+                    "-i",
+                    "any",
+                    "-n",
+                    "-U",
+                    "-s",
+                    "160",
+                ),
                 *("-C", str(RING_FILE_MB), "-W", str(RING_FILES), "-w", str(self.file(ns))),
                 *("tcp", "or", "udp"),
             ]
             self.procs[ns] = subprocess.Popen(
                 cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             )
+        # Capturing once its first file exists: a load started before would go unseen.
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(
+            any(self.workdir.glob(f"{ns}.pcap*")) for ns in self.netns
+        ):
+            time.sleep(0.02)
 
     def file(self, netns: str) -> Path:
         return self.workdir / f"{netns}.pcap"
