@@ -456,19 +456,22 @@ def probe(
     *args: str,
     watched: Iterable[str] = (),
     explain: bool = True,
+    echo: bool = True,
     timeout: float = 120,
 ) -> dict[str, Any]:
     """``python -m ovsproxy.ovs.traffic ARGS`` in ``netns`` inside an :class:`Evidence`
     session watching the client's namespace and ``watched`` (default: every serving pod of
     the rig). A result with lost requests (failures other than an answer that refused them,
-    ``ANSWERED``) gets ``evidence``, printed too; ``explain=False`` when failures are what the
-    caller expects (a probe that no answer comes)."""
+    ``ANSWERED``) gets ``evidence``, printed too unless ``echo=False`` (a caller whose stdout is
+    its own report); ``explain=False`` when failures are what the caller expects (a probe that
+    no answer comes)."""
     watch = [*([netns] if netns else []), *(watched or serving_netns(n.sandbox for n in nodes))]
     with Evidence(nodes, watch if explain else ()) as session:
         out = run_in_netns(netns, *args, timeout=timeout)
         lost = [f for f in out.get("failed_requests", []) if f.get("kind") not in ANSWERED]
         if lost and explain:
             out["evidence"] = session.explain(lost)
+        if lost and explain and echo:
             print(f"traffic from {netns or 'this namespace'} {' '.join(args)}")
             print(render(out["evidence"]))
     return out
