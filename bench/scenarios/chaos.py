@@ -40,6 +40,10 @@ from the daemon answering again to the start of the first successful request aft
 last failed one (from then on every request of the window succeeded); ``slowest_s``: the
 longest request of the window; ``slow``: answered requests that took over 0.9 s (a lost packet
 retransmitted, or a stall).
+Each failed request is reported by its prober with its 5-tuple, phase and timing
+(``ovsproxy.ovs.traffic``): its fault's ``failed_at`` names it, and the failures outside every
+fault's window - the unexplained ones - are listed in ``failed_outside_fault_windows_requests``.
+The TCP timeout, 2.5 s, leaves room for one retransmitted SYN.
 
 Goals (issue 17): agent SIGKILL -> 0 failed requests; ovs-vswitchd restart -> traffic back
 <= 2 s after it is up again; ovsdb-server restart -> 0 failed; every fault converged <= 5 s;
@@ -90,7 +94,7 @@ GOAL_CONVERGE_S = 5.0
 GOAL_TRAFFIC_BACK_S = 2.0
 GRACE_S = 1.0  # after convergence, still the fault's window
 CONVERGE_TIMEOUT_S = 60.0  # give up following a fault (the goal is far below)
-TCP_TIMEOUT_S = 2.0  # a SYN lost once is retransmitted after 1 s: slow, not failed
+TCP_TIMEOUT_S = 2.5  # a SYN lost once is retransmitted after 1 s: slow, not failed
 UDP_TIMEOUT_S = 1.0
 PROBE_INTERVAL_S = 0.25  # per target, between requests (30 targets: about 100 requests/s)
 SLOW_S = 0.9  # a request this slow was probably retransmitted: counted apart
@@ -100,6 +104,9 @@ NODEPORT_IPS = ("10.96.7.20", "fd00:10:96::7:20")
 NODE_PORT = 30700
 
 log = logging.getLogger("bench.chaos")
+# A request: start, end (CLOCK_MONOTONIC), target label, answered, pod or failure kind, and a
+# failure's 5-tuple (src:sport -> dst:dport) or "".
+Request = tuple[float, float, str, bool, str, str]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -290,14 +297,16 @@ class ChaosLab:
                 proc.kill()
                 proc.wait()
 
-    def requests(self) -> list[tuple[float, float, str, bool, str]]:
-        """Every request: (start, end, target label, ok, pod or failure kind)."""
+    def requests(self) -> list[Request]:
+        """Every request: (start, end, target label, ok, pod or failure kind, the failure's
+        5-tuple as ``src:sport -> dst:dport`` or "")."""
         found = []
         for _, path, labels in self.probers:
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError, IndexError):
-                    t0, t1, index, ok, detail, *_ = json.loads(line)
-                    found.append((t0, t1, labels[index], bool(ok), detail))
+                    t0, t1, index, ok, detail, *rest = json.loads(line)
+                    record = rest[0] if rest and rest[0] else {}
+                    found.append((t0, t1, labels[index], bool(ok), detail, _tuple(record)))
         found.sort()
         return found
 
@@ -481,15 +490,29 @@ def schedule(rng: random.Random) -> list[str]:
     return order
 
 
-def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool, str]]) -> int:
+def _tuple(record: dict[str, Any]) -> str:
+    """A failed request's 5-tuple as the traffic client reported it ("" when it had none)."""
+    if not record.get("source_port"):
+        return ""
+    return (
+        f"{record.get('proto', '')} {record.get('src', '')}:{record['source_port']} -> "
+        f"{record.get('dst', '')}:{record.get('dport', '')} ({record.get('phase', '')})"
+    )
+
+
+def attribute(faults: list[Fault], requests: list[Request], outside: list[str]) -> int:
     """Each fault's requests, failures and (vswitchd) traffic_back_s; returns the failures
-    outside every fault's window."""
-    outside = 0
+    outside every fault's window, and lists the first ones in ``outside`` (with their
+    5-tuples: those are the unexplained ones)."""
+    count = 0
     windows = sorted(faults, key=lambda f: f.start)
-    for t0, t1, label, ok, detail in requests:
+    for t0, t1, label, ok, detail, tuple_ in requests:
         owner = next((f for f in windows if t1 >= f.start and t0 <= f.window_end), None)
+        if owner is None and not ok:
+            count += 1
+            if len(outside) < 50:
+                outside.append(f"{t0:.3f} ({t1 - t0:.3f} s): {label}: {detail} {tuple_}")
         if owner is None:
-            outside += 0 if ok else 1
             continue
         owner.requests += 1
         owner.slowest_s = max(owner.slowest_s, round(t1 - t0, 3))
@@ -498,7 +521,9 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
             key = f"{label}: {detail}"
             owner.failures[key] = owner.failures.get(key, 0) + 1
             if len(owner.failed_at) < 20:
-                owner.failed_at.append(f"{t0 - owner.start:+.3f} s ({t1 - t0:.3f} s): {key}")
+                owner.failed_at.append(
+                    f"{t0 - owner.start:+.3f} s ({t1 - t0:.3f} s): {key} {tuple_}".rstrip()
+                )
         elif t1 - t0 >= SLOW_S:
             owner.slow += 1
     for fault in faults:
@@ -513,7 +538,7 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
         later = [r[0] for r in mine if r[3] and r[0] > last]
         if later:
             fault.traffic_back_s = round(max(0.0, min(later) - fault.recovered), 3)
-    return outside
+    return count
 
 
 def goals(faults: list[Fault], final: dict[str, Any]) -> list[dict[str, Any]]:
@@ -582,7 +607,7 @@ def goals(faults: list[Fault], final: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _plot(
     faults: list[Fault],
-    requests: list[tuple[float, float, str, bool, str]],
+    requests: list[Request],
     origin: float,
     path: Path,
     title: str,
@@ -594,7 +619,7 @@ def _plot(
 
     ok_per_s: collections.Counter[int] = collections.Counter()
     failed_per_s: collections.Counter[int] = collections.Counter()
-    for t0, _, _, ok, _ in requests:
+    for t0, _, _, ok, _, _ in requests:
         (ok_per_s if ok else failed_per_s)[int(t0 - origin)] += 1
     end = int(max((r[0] for r in requests), default=origin) - origin) + 1
     x = list(range(end))
@@ -680,7 +705,8 @@ def chaos(
             agent_logs = {n: world.lab.agent_log(n)[-4000:] for n in world.lab.nodes}
         finally:
             world.down()
-    outside = attribute(faults, requests)
+    outside_failures: list[str] = []
+    outside = attribute(faults, requests, outside_failures)
     met = goals(faults, final)
     results.mkdir(parents=True, exist_ok=True)
     stem = f"{dt.date.today().isoformat()}-chaos"
@@ -719,6 +745,7 @@ def chaos(
         "requests": len(requests),
         "failed": sum(1 for r in requests if not r[3]),
         "failed_outside_fault_windows": outside,
+        "failed_outside_fault_windows_requests": outside_failures,
         "faults_clean_at_first_check": sum(f.first_check_clean for f in faults),
         "median_check_s": (
             round(statistics.median(f.check_s for f in faults), 3) if faults else None
