@@ -56,13 +56,22 @@ def url(ip: str, port: int) -> str:
 
 
 def http(
-    lab: Lab, netns: str, ip: str, port: int, count: int, timeout: float = TCP_TIMEOUT_S
+    lab: Lab,
+    netns: str,
+    ip: str,
+    port: int,
+    count: int,
+    timeout: float = TCP_TIMEOUT_S,
+    *,
+    explain: bool | None = None,
 ) -> dict[str, Any]:
     """``count`` requests, each on a new connection: answers per pod, failures by kind; lost
-    ones with their ``evidence`` (``ovsproxy.lab.evidence``) unless the timeout is shorter than
-    one retransmission (then no answer is what the caller expects, or it measures timing)."""
+    ones with their ``evidence`` (``ovsproxy.lab.evidence``) unless ``explain`` is False or,
+    by default, the timeout is shorter than one retransmission (then no answer is what the
+    caller expects, or it measures timing)."""
     args = ("http", url(ip, port), "--count", str(count), "--timeout", str(timeout))
-    return evidence.probe(evidence.lab_rig(lab), netns, *args, explain=timeout >= TCP_TIMEOUT_S)
+    explain = timeout >= TCP_TIMEOUT_S if explain is None else explain
+    return evidence.probe(evidence.lab_rig(lab), netns, *args, explain=explain)
 
 
 def udp(
@@ -75,13 +84,17 @@ def udp(
     *,
     new_socket: bool = True,
     source_port: int = 0,
+    explain: bool | None = None,
 ) -> dict[str, Any]:
+    """``count`` datagrams; lost ones explained unless ``explain`` is False or, by default, the
+    timeout is under 1 s (no answer expected)."""
     args = ["udp", ip, str(port), "--count", str(count), "--timeout", str(timeout)]
     if new_socket:
         args.append("--new-socket")
     if source_port:
         args += ["--source-port", str(source_port)]
-    return evidence.probe(evidence.lab_rig(lab), netns, *args, explain=timeout >= 1)
+    explain = timeout >= 1 if explain is None else explain
+    return evidence.probe(evidence.lab_rig(lab), netns, *args, explain=explain)
 
 
 def port_name(service: str, port: str, protocol: str = "TCP") -> str:
@@ -197,7 +210,7 @@ def assert_unreachable(
 ) -> None:
     """No answer at all (refused, reset, timed out or unreachable: as upstream, any failure)."""
     send = udp if protocol == "UDP" else http
-    probe = functools.partial(send, lab, ip=ip, port=port, count=count, timeout=1)
+    probe = functools.partial(send, lab, ip=ip, port=port, count=count, timeout=1, explain=False)
     for label, out in in_parallel(clients(lab, nodes=nodes), probe).items():
         assert out["failed"] == count and not out["counts"], (label, ip, port, protocol, out)
 
