@@ -256,13 +256,23 @@ class PacketRing:
 
     def __init__(self, netns: Sequence[str]) -> None:
         self.netns = tuple(netns)
-        self.workdir = Path(tempfile.mkdtemp(prefix="ovsproxy-ring-"))
+        self.workdir: Path | None = None  # made by start, removed by stop
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         tcpdump = shutil.which("tcpdump")
         if tcpdump is None:
-            raise FileNotFoundError("tcpdump not found (Debian package tcpdump)")
+            raise FileNotFoundError(
+                f"{PACKET_RING_ENV} asks for a packet ring: tcpdump not found (Debian tcpdump)"
+            )
+        self.workdir = Path(tempfile.mkdtemp(prefix="ovsproxy-ring-"))
         for ns in self.netns:
             cmd = [
                 *(
@@ -288,13 +298,25 @@ class PacketRing:
             )
         # Capturing once its first file exists: a load started before would go unseen.
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not all(
-            any(self.workdir.glob(f"{ns}.pcap*")) for ns in self.netns
-        ):
+        while time.monotonic() < deadline and not all(self.files(ns) for ns in self.netns):
             time.sleep(0.02)
 
     def file(self, netns: str) -> Path:
+        assert self.workdir is not None, "the ring is not started"
         return self.workdir / f"{netns}.pcap"
+
+    def files(self, netns: str) -> list[Path]:
+        """The ring's files of one namespace, oldest first."""
+        if self.workdir is None:
+            return []
+
+        def age(path: Path) -> float:
+            try:
+                return path.stat().st_mtime
+            except FileNotFoundError:  # the ring just dropped its oldest file
+                return 0.0
+
+        return sorted(self.workdir.glob(f"{netns}.pcap*"), key=age)
 
     def packets(self, ports: Iterable[int]) -> dict[str, list[str]]:
         wanted = sorted({p for p in ports if p})
@@ -304,7 +326,7 @@ class PacketRing:
         out: dict[str, list[str]] = {}
         for ns in self.netns:
             lines: list[str] = []
-            for path in sorted(self.workdir.glob(f"{ns}.pcap*"), key=os.path.getmtime):
+            for path in self.files(ns):
                 done = subprocess.run(
                     ["tcpdump", "-r", str(path), "-n", "-tt", "-e", expression],
                     capture_output=True,
@@ -326,7 +348,9 @@ class PacketRing:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
 
 def packet_ring_asked(environ: Mapping[str, str] = os.environ) -> bool:
