@@ -85,9 +85,14 @@ class Metrics:
         )
         self.refused = Gauge(
             "ovsproxy_services_refused",
-            "Service ports whose flows the switch refused (they keep their last good state).",
+            "Service ports refused, by reason: switch (Open vSwitch refused their flows; they "
+            "keep their last good state), conflict (a nodePort, healthCheckNodePort or "
+            "address:port an older Service claims; not installed).",
+            ["reason"],
             registry=r,
         )
+        for reason in ("switch", "conflict"):
+            self.refused.labels(reason)
         self.groups = Gauge("ovsproxy_groups_installed", "Select groups installed.", registry=r)
         self.flows = Gauge("ovsproxy_flows_installed", "Flows installed.", registry=r)
         self.openflow_connected = Gauge(

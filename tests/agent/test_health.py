@@ -12,6 +12,7 @@ from ovsproxy.agent.lifecycle import Agent
 from ovsproxy.config import AgentConfig
 from ovsproxy.healthcheck import TO_BE_DELETED_TAINT, ProxyHealth
 from ovsproxy.model import IPFamily
+from ovsproxy.model.node import Node
 
 
 class Clock:
@@ -60,7 +61,7 @@ def test_a_change_left_unsynced_past_the_timeout_is_unhealthy_until_synced() -> 
 def test_healthz_not_livez_fails_on_a_node_going_away() -> None:
     agent, _clock = agent_with_clock()
     agent.health.sync_result(True)
-    agent.proxy_health.sync_node(deleting=False, taints=[TO_BE_DELETED_TAINT])
+    agent.proxy_health.sync_node(Node("node-1", taints=(TO_BE_DELETED_TAINT,)))
     assert agent.health.check()[0] is True  # /livez
     healthy, body = agent.health.check(node=True)  # /healthz
     assert healthy is False and body["nodeEligible"] is False

@@ -28,7 +28,7 @@ async def test_the_source_lists_while_the_node_side_is_still_starting(tmp_path: 
     node_side_started = asyncio.Event()
     node_side_may_end = asyncio.Event()
 
-    async def slow_node_side() -> AgentConfig:
+    async def slow_node_side(source_started: asyncio.Task[None]) -> AgentConfig:
         # (a stand-in: the real node side needs a network namespace; its cost is what
         # matters here, and the e2e tests run the real one)
         node_side_started.set()

@@ -68,12 +68,18 @@ async def test_status_text_says_dropping_rejecting_or_forwarding_to_n_endpoints(
     assert "IPv6: rejecting (no usable endpoints)" in dual
 
 
-async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges() -> None:
+def _node_port_parts() -> Components:
+    """An agent's parts with a proxier that programs NodePorts, on a recording switch."""
     parts = Components(AgentConfig(node_name=NODE))
     parts.tracker.on_synced(SYNC_SERVICES)
     parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
     parts.datapath = Datapath(Recorder(), pl.PipelineConfig(), 1)
     parts.proxier = Proxier(parts.tracker, parts.datapath, node_name=NODE, node_ports=True)
+    return parts
+
+
+async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges() -> None:
+    parts = _node_port_parts()
     apply(
         parts.tracker,
         port(
@@ -101,3 +107,46 @@ async def test_status_text_shows_nodeports_health_check_ports_and_source_ranges(
     assert "health check :32000" in text
     assert "source ranges 192.0.2.0/24" in text
     assert "external/LB IPs 203.0.113.5" in text
+
+
+async def test_status_text_names_both_services_of_a_port_conflict() -> None:
+    parts = _node_port_parts()
+    nodeport = {"type": ServiceType.NODE_PORT, "node_port": 30080}
+    apply(parts.tracker, port("10.96.0.5", name="old", created=1.0, **nodeport), [ep("10.0.0.1")])
+    apply(parts.tracker, port("10.96.0.6", name="new", created=2.0, **nodeport), [ep("10.0.0.2")])
+    await parts.proxier.sync()
+    info = StatusPages(parts, Metrics(), HealthState()).status_json()
+    assert [s["name"] for s in info["services"]] == ["ns/old:p/TCP"]
+    assert [(c["refused"], c["owner"], c["claim"]) for c in info["conflicts"]] == [
+        ("ns/new:p/TCP", "ns/old:p/TCP", "nodePort 30080/TCP")
+    ]
+    out = io.StringIO()
+    render_status(info, Console(file=out, width=250, color_system=None))
+    assert (
+        "  Service ns/new: port p/TCP: nodePort 30080/TCP is already claimed by the older "
+        "Service ns/old (port p/TCP); this port is refused"
+    ) in out.getvalue().splitlines()
+
+
+def test_status_text_says_whether_the_node_is_going_away() -> None:
+    from ovsproxy.agent.node import NodeWatcher
+    from ovsproxy.healthcheck import TO_BE_DELETED_TAINT, ProxyHealth
+    from ovsproxy.model.node import Node
+
+    parts = Components(AgentConfig(node_name=NODE))
+    parts.node = NodeWatcher(NODE, ProxyHealth())
+
+    def text() -> str:
+        info = StatusPages(parts, Metrics(), HealthState()).status_json()
+        out = io.StringIO()
+        render_status(info, Console(file=out, width=200, color_system=None))
+        return next(line for line in out.getvalue().splitlines() if " Node " in line)
+
+    assert "not found" in text()
+    ip = ipaddress.ip_address("192.0.2.5")
+    parts.node.on_add(Node(NODE, internal_ips=(ip,)))
+    assert "eligible, 192.0.2.5" in text()
+    parts.node.on_update(Node(NODE, internal_ips=(ip,), taints=(TO_BE_DELETED_TAINT,)))
+    assert f"going away (tainted {TO_BE_DELETED_TAINT}; /healthz 503)" in text()
+    parts.node.on_delete(NODE)
+    assert "deleted (/healthz 503)" in text()

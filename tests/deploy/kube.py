@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,6 +74,31 @@ def kustomize_build(directory: Path) -> list[Doc]:
             raise KustomizeError(f"{path}: {'/'.join(key)} appears twice")
         seen.add(key)
     return docs
+
+
+def container_args(docs: list[Doc], workdir: Path, env: dict[str, str]) -> tuple[list[str], Doc]:
+    """The DaemonSet container's arguments as the kubelet would run them, and the container:
+    ``$(VAR)`` from ``env``, every ConfigMap volume written under ``workdir`` and its mount
+    path replaced by that directory."""
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    mounts: dict[str, Path] = {}
+    for volume in pod["volumes"]:
+        if "configMap" in volume:
+            name = volume["configMap"]["name"]
+            assert name in configmaps, f"volume {volume['name']}: no ConfigMap {name}"
+            target = workdir / volume["name"]
+            target.mkdir()
+            for key, text in configmaps[name]["data"].items():
+                (target / key).write_text(text)
+            mounts[volume["name"]] = target
+    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
+    for mount in container["volumeMounts"]:
+        if mount["name"] in mounts:
+            args = [a.replace(mount["mountPath"], str(mounts[mount["name"]])) for a in args]
+    return args, container
 
 
 def resource_key(doc: Doc) -> tuple[str, str, str, str]:

@@ -23,6 +23,7 @@ from tests.deploy.kube import (
     REPO,
     Doc,
     KustomizeError,
+    container_args,
     deployable_kustomizations,
     discovery_server,
     hadolint_findings,
@@ -175,25 +176,7 @@ def test_kustomize_loader_refuses_what_it_does_not_implement(tmp_path: Path) -> 
 def agent_config_of(docs: list[Doc], tmp_path: Path) -> tuple[AgentConfig, Doc]:
     """The configuration the DaemonSet's container would run with: its args parsed by the
     real `ovsproxy run` command, the ConfigMap's file where the container mounts it."""
-    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
-    pod = daemonset["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
-    mounts: dict[str, Path] = {}
-    for volume in pod["volumes"]:
-        if "configMap" in volume:
-            name = volume["configMap"]["name"]
-            assert name in configmaps, f"volume {volume['name']}: no ConfigMap {name}"
-            target = tmp_path / volume["name"]
-            target.mkdir()
-            for key, text in configmaps[name]["data"].items():
-                (target / key).write_text(text)
-            mounts[volume["name"]] = target
-    env = {"NODE_NAME": "node-1"}
-    args = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], a) for a in container["args"]]
-    for mount in container["volumeMounts"]:
-        if mount["name"] in mounts:
-            args = [a.replace(mount["mountPath"], str(mounts[mount["name"]])) for a in args]
+    args, container = container_args(docs, tmp_path, {"NODE_NAME": "node-1"})
     assert args[0] == "run", args
     context = run_command.make_context("run", args[1:])
     params = dict(context.params)

@@ -33,8 +33,21 @@ def copy_examples(target: Path) -> Path:
     return target
 
 
+def run_cleanup(sandbox: Sandbox, *extra: str) -> subprocess.CompletedProcess[str]:
+    """`ovsproxy cleanup` as an operator runs it on the sandbox node (``extra``: the flags
+    the agent had that say where ours is: mode, group range)."""
+    cmd = [
+        *(sys.executable, "-m", "ovsproxy", "cleanup"),
+        *("--ovsdb", sandbox.ovsdb, "--openflow", sandbox.openflow, "--netns", sandbox.netns),
+        *extra,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
 class AgentProcess:
-    def __init__(self, sandbox: Sandbox, manifests: Path, log: Path, *extra: str) -> None:
+    """``manifests`` None: no ``--manifests`` (give the source in ``extra``: ``--kubeconfig``)."""
+
+    def __init__(self, sandbox: Sandbox, manifests: Path | None, log: Path, *extra: str) -> None:
         self.sandbox = sandbox
         self.manifests = manifests
         self.log_path = log
@@ -58,8 +71,7 @@ class AgentProcess:
             self.sandbox.openflow,
             "--netns",
             self.sandbox.netns,
-            "--manifests",
-            str(self.manifests),
+            *(("--manifests", str(self.manifests)) if self.manifests is not None else ()),
             "--min-sync-interval",
             "0",
             "--metrics-address",

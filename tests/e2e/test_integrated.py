@@ -9,7 +9,7 @@ import pytest
 
 from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Pod, Sandbox
-from tests.e2e.harness import AgentProcess, copy_examples
+from tests.e2e.harness import AgentProcess, copy_examples, run_cleanup
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
@@ -87,6 +87,7 @@ def test_integrated_mode_balances_and_leaves_the_cni_alone(integrated) -> None: 
     groups = [line for line in sandbox.ofctl("dump-groups").splitlines() if "group_id=" in line]
     ids = {int(g.split("group_id=")[1].split(",")[0]) for g in groups}
     assert ids and all(GROUP_MIN <= gid <= GROUP_MAX for gid in ids)
+    assert "meter=24177 " in sandbox.ofctl("dump-meters")  # the reject limiter
     # Stopping with --cleanup removes ours and only ours.
     agent.stop()
     agent.extra = (*agent.extra, "--cleanup")
@@ -96,5 +97,32 @@ def test_integrated_mode_balances_and_leaves_the_cni_alone(integrated) -> None: 
     assert not [f for f in flows if "cookie=0x5e71" in f]
     assert len([f for f in flows if "cookie=0xc0ffee" in f]) == cni_flows
     assert not [line for line in sandbox.ofctl("dump-groups").splitlines() if "group_id" in line]
+    assert "meter=" not in sandbox.ofctl("dump-meters")
     routes = sandbox.exec("ip", "route").stdout + sandbox.exec("ip", "-6", "route").stdout
     assert "via 169.254.0.253" not in routes and "via fc01::aabb:ccdd:eeff" not in routes
+    # `ovsproxy cleanup` takes what --cleanup leaves of ours, the next hop's host routes; the
+    # neighbour entries to the virtual MAC stay in integrated mode (the CNI's as much as ours).
+    mode = (
+        "--mode",
+        "integrated",
+        "--group-id-min",
+        str(GROUP_MIN),
+        "--group-id-max",
+        str(GROUP_MAX),
+    )
+    result = run_cleanup(sandbox, *mode)
+    assert result.returncode == 0, result.stdout + result.stderr
+    removed = [line for line in result.stdout.splitlines() if line.startswith("removed:")]
+    assert removed == [
+        "removed: route 169.254.0.253/32 dev gw0 proto 155",
+        "removed: route fc01::aabb:ccdd:eeff/128 dev gw0 proto 155",
+    ], result.stdout
+    assert "left on purpose: permanent neighbour entries on gw0" in result.stdout
+    assert not sandbox.exec("ip", "route", "show", "proto", "155").stdout
+    neighbours = sandbox.exec("ip", "neigh", "show", "nud", "permanent").stdout
+    assert "169.254.0.253" in neighbours, neighbours
+    again = run_cleanup(sandbox, *mode)
+    assert again.returncode == 0 and "nothing of ours to remove" in again.stdout, again.stdout
+    assert (
+        len([f for f in sandbox.ofctl("dump-flows").splitlines() if "0xc0ffee" in f]) == cni_flows
+    )

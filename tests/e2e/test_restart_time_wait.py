@@ -129,3 +129,42 @@ def test_a_time_wait_collision_recovers_while_the_agent_is_down(
     # Each colliding connection costs one SYN retransmission (1 s), none is lost.
     assert not failed, (failed, after, collided)
     assert all(isinstance(v, float) and v < 1.8 for v in after.values()), after
+
+
+def test_closed_connections_outlive_the_endpoints_time_wait(
+    node: tuple[Sandbox, Pod, AgentProcess],
+) -> None:
+    """The agent gives our conntrack zones Linux conntrack's TIME_WAIT timeout (120 s), so
+    Open vSwitch remembers a closed Service connection for longer than its endpoint holds the
+    4-tuple (60 s): conntrack's NAT then moves a reused client port to another source port
+    instead of handing the endpoint a 4-tuple it still holds (pipeline.CT_TIMEOUT_POLICY).
+    With Open vSwitch's default (30 s) the entries below would expire before the endpoint's
+    TIME_WAIT does."""
+    sandbox, client, agent = node
+    agent.wait_for(
+        lambda: agent.status()["ovsdb"].get("zone_timeouts") == "tcp_close=120 tcp_time_wait=120",
+        timeout=15,
+        what="the zone timeout policy in /status",
+    )
+    policies = sandbox.vsctl("list-zone-tp", "netdev")
+    for zone in pl.CT_ZONES:
+        assert f"Zone:{zone}, Timeout Policies: tcp_close=120 tcp_time_wait=120" in policies
+    before = _connect(client, "10.96.0.61", 5)
+    assert all(isinstance(v, float) for v in before.values()), before
+    zone = pl.ct_zone(IPFamily.IPv4)
+    entries = [
+        line
+        for line in sandbox.appctl("dpctl/dump-conntrack", "-s", f"zone={zone}").splitlines()
+        if "dst=10.96.0.61" in line
+    ]
+    assert len(entries) == len(PORTS.split(",")), entries
+    for line in entries:
+        assert "state=TIME_WAIT" in line, line
+        remaining = int(line.split("timeout=")[1].split(",")[0])
+        assert remaining > 60, line  # longer than the endpoint's TIME_WAIT
+    # A reuse of the same client ports for the other Service (same endpoint) right away:
+    # conntrack remembers the 4-tuples and moves every connection to another source port.
+    failures_before = _seq_check_failures(sandbox)
+    after = _connect(client, "10.96.0.62", 5)
+    assert all(isinstance(v, float) and v < 0.9 for v in after.values()), after
+    assert _seq_check_failures(sandbox) == failures_before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ovsproxy.healthcheck import TO_BE_DELETED_TAINT, ProxyHealth
 from ovsproxy.model import IPFamily
+from ovsproxy.model.node import Node
 
 
 class Clock:
@@ -48,14 +49,16 @@ def test_a_late_update_of_either_family_makes_it_unhealthy() -> None:
 
 def test_healthz_fails_on_a_node_going_away_livez_does_not() -> None:
     health = ProxyHealth(clock=Clock())
-    health.sync_node(deleting=False, taints=[TO_BE_DELETED_TAINT])
+    health.sync_node(Node("node-1", taints=("other", TO_BE_DELETED_TAINT)))
     status, body = health.healthz()
     assert status == 503 and body["nodeEligible"] is False
     assert health.livez()[0] == 200
     assert health.is_healthy()  # Service health checks ignore the node's eligibility
-    health.sync_node(deleting=True)
+    health.sync_node(Node("node-1", deletion_timestamp="2026-12-01T22:00:00Z"))
     assert health.healthz()[0] == 503
-    health.sync_node(deleting=False, taints=["other"])
+    health.sync_node(Node("node-1", taints=("other",)))
     status, body = health.healthz()
     assert status == 200 and body["nodeEligible"] is True
     assert "nodeEligible" not in health.livez()[1]
+    health.sync_node(None)  # deleted
+    assert health.healthz()[0] == 503 and health.livez()[0] == 200

@@ -10,6 +10,9 @@ list/watch protocol an informer depends on, with the API server's semantics:
   DELETED, and BOOKMARK (with ``allowWatchBookmarks``); ``timeoutSeconds``;
 * ``labelSelector`` (``k``, ``!k``, ``k=v``, ``k!=v``), including the watch semantics of an
   object entering (ADDED) or leaving (DELETED) the selection;
+* ``fieldSelector`` on ``metadata.name`` and ``metadata.namespace`` (``f=v``, ``f==v``,
+  ``f!=v``; any other field or operator answers 400, as the API server does for a field
+  label it does not support), with the same list and watch semantics;
 * 410 Gone for a watch from a resourceVersion older than the kept history: as an HTTP 410
   (``gone_as="status"``) or as a 200 with an ERROR event of code 410 (``gone_as="event"``).
 
@@ -41,7 +44,10 @@ RESOURCES: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("", "v1", "services"): ("Service", True),
     ("discovery.k8s.io", "v1", "endpointslices"): ("EndpointSlice", True),
     ("networking.k8s.io", "v1", "servicecidrs"): ("ServiceCIDR", False),
+    ("", "v1", "nodes"): ("Node", False),
 }
+# The fields every kind can be selected by.
+SELECTABLE_FIELDS = ("metadata.name", "metadata.namespace")
 _BY_PLURAL = {plural: (group, version) for group, version, plural in RESOURCES}
 
 
@@ -78,6 +84,32 @@ def selector_matches(requirements: list[tuple[str, str, str | None]], obj: Obj |
     return True
 
 
+class BadSelector(ValueError):
+    """A field selector the API server would refuse (400)."""
+
+
+def parse_field_selector(text: str | None) -> list[tuple[str, str, str | None]]:
+    """``metadata.name=x,metadata.namespace!=y`` -> [(op, field, value)]."""
+    requirements = parse_selector(text)
+    for op, name, _value in requirements:
+        if op not in ("=", "!="):
+            raise BadSelector(f"invalid field selector requirement {name!r}: needs = or !=")
+        if name not in SELECTABLE_FIELDS:
+            raise BadSelector(f'field label not supported: "{name}"')
+    return requirements
+
+
+def fields_match(requirements: list[tuple[str, str, str | None]], obj: Obj | None) -> bool:
+    if obj is None:
+        return False
+    meta = obj.get("metadata") or {}
+    for op, name, value in requirements:
+        actual = meta.get(name.removeprefix("metadata."), "")
+        if (op == "=") != (actual == value):
+            return False
+    return True
+
+
 @dataclass
 class Request:
     method: str
@@ -110,6 +142,7 @@ class _Watcher:
     namespace: str | None
     selector: list[tuple[str, str, str | None]]
     bookmarks: bool
+    fields: list[tuple[str, str, str | None]] = field(default_factory=list)
     queue: asyncio.Queue[_Change | _Bookmark | str] = field(default_factory=asyncio.Queue)
 
 
@@ -284,8 +317,8 @@ class FakeKubeApi:
         assert obj is not None
         if watcher.namespace and obj["metadata"].get("namespace") != watcher.namespace:
             return None
-        before = selector_matches(watcher.selector, change.old)
-        after = selector_matches(watcher.selector, change.new)
+        before = self._selected(watcher.selector, watcher.fields, change.old)
+        after = self._selected(watcher.selector, watcher.fields, change.new)
         if change.new is None:
             kind, shown = "DELETED", copy.deepcopy(change.old)
             shown["metadata"]["resourceVersion"] = str(change.resource_version)
@@ -297,6 +330,14 @@ class FakeKubeApi:
         if before:
             return {"type": "DELETED", "object": change.new}  # left the selection
         return None
+
+    @staticmethod
+    def _selected(
+        labels: list[tuple[str, str, str | None]],
+        fields: list[tuple[str, str, str | None]],
+        obj: Obj | None,
+    ) -> bool:
+        return selector_matches(labels, obj) and fields_match(fields, obj)
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         task = asyncio.current_task()
@@ -333,10 +374,15 @@ class FakeKubeApi:
             return
         plural, namespace = route
         selector = parse_selector(params.get("labelSelector"))
+        try:
+            fields = parse_field_selector(params.get("fieldSelector"))
+        except BadSelector as exc:
+            await self._respond(writer, 400, _status(400, "BadRequest", str(exc)))
+            return
         if params.get("watch") in ("true", "1"):
-            await self._watch(writer, plural, namespace, selector, params)
+            await self._watch(writer, plural, namespace, selector, fields, params)
         else:
-            await self._list(writer, plural, namespace, selector, params)
+            await self._list(writer, plural, namespace, selector, fields, params)
 
     @staticmethod
     def _route(path: str) -> tuple[str, str | None] | None:
@@ -360,6 +406,7 @@ class FakeKubeApi:
         plural: str,
         namespace: str | None,
         selector: list[tuple[str, str, str | None]],
+        fields: list[tuple[str, str, str | None]],
         params: dict[str, str],
     ) -> None:
         limit = int(params.get("limit") or 0)
@@ -377,7 +424,7 @@ class FakeKubeApi:
             items = [
                 copy.deepcopy(obj)
                 for key, obj in sorted(self._objects[plural].items())
-                if (not namespace or key[0] == namespace) and selector_matches(selector, obj)
+                if (not namespace or key[0] == namespace) and self._selected(selector, fields, obj)
             ]
             snapshot_id = next(self._snapshot_ids)
         page = items[offset : offset + limit] if limit else items[offset:]
@@ -386,7 +433,7 @@ class FakeKubeApi:
         if end < len(items):
             self._snapshots[snapshot_id] = (snapshot_rv, items)
             metadata["continue"] = f"{snapshot_id}:{end}"
-            if not selector:  # the API server counts only unfiltered lists
+            if not selector and not fields:  # the API server counts only unfiltered lists
                 metadata["remainingItemCount"] = len(items) - end
         kind, _ = RESOURCES[(*_BY_PLURAL[plural], plural)]
         group, version = _BY_PLURAL[plural]
@@ -404,6 +451,7 @@ class FakeKubeApi:
         plural: str,
         namespace: str | None,
         selector: list[tuple[str, str, str | None]],
+        fields: list[tuple[str, str, str | None]],
         params: dict[str, str],
     ) -> None:
         since = params.get("resourceVersion") or ""
@@ -418,12 +466,14 @@ class FakeKubeApi:
                 )
                 await self._end_stream(writer)
             return
-        watcher = _Watcher(plural, namespace, selector, params.get("allowWatchBookmarks") == "true")
+        watcher = _Watcher(
+            plural, namespace, selector, params.get("allowWatchBookmarks") == "true", fields
+        )
         replay: list[Obj] = []
         if since in ("", "0"):
             # "Any version": the current state as ADDED events, then changes.
             for key, obj in sorted(self._objects[plural].items()):
-                if (not namespace or key[0] == namespace) and selector_matches(selector, obj):
+                if (not namespace or key[0] == namespace) and self._selected(selector, fields, obj):
                     replay.append({"type": "ADDED", "object": obj})
         else:
             for change in self._history:
@@ -491,7 +541,13 @@ class FakeKubeApi:
     @staticmethod
     async def _respond(writer: asyncio.StreamWriter, code: int, body: Obj) -> None:
         data = json.dumps(body).encode()
-        reason = {200: "OK", 404: "Not Found", 410: "Gone", 500: "Internal Server Error"}
+        reason = {
+            200: "OK",
+            400: "Bad Request",
+            404: "Not Found",
+            410: "Gone",
+            500: "Internal Server Error",
+        }
         writer.write(
             f"HTTP/1.1 {code} {reason.get(code, 'Error')}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"

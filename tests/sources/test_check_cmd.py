@@ -69,3 +69,93 @@ def test_duplicates_across_files(tmp_path: Path) -> None:
         in result.output
     )
     assert "2 problem(s)" in result.output  # the Service and its slice
+
+
+CONFLICTING = {
+    "a.yaml": """\
+apiVersion: v1
+kind: Service
+metadata:
+  name: old
+  namespace: t
+  creationTimestamp: "2026-01-01T00:00:00Z"
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  clusterIP: 10.96.0.10
+  externalIPs: [192.0.2.10]
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: dns, port: 53, protocol: UDP, nodePort: 30053}
+""",
+    "b.yaml": """\
+apiVersion: v1
+kind: Service
+metadata:
+  name: nodeport
+  namespace: t
+  creationTimestamp: "2026-02-01T00:00:00Z"
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.11
+  ports:
+  - {name: http, port: 80, nodePort: 30080}
+  - {name: other, port: 81, nodePort: 30053}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: cluster-ip
+  namespace: t
+spec:
+  clusterIP: 10.96.0.10
+  ports:
+  - {port: 80}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: health
+  namespace: t
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  clusterIP: 10.96.0.12
+  ports:
+  - {port: 80, nodePort: 30090}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: external
+  namespace: t
+spec:
+  clusterIP: 10.96.0.13
+  externalIPs: [192.0.2.10]
+  ports:
+  - {port: 80}
+""",
+}
+
+
+def test_services_claiming_one_port_are_named_with_both_files_and_lines(tmp_path: Path) -> None:
+    for name, text in CONFLICTING.items():
+        (tmp_path / name).write_text(text)
+    result = run(str(tmp_path))
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    owner = f"the older Service t/old (port {{}}, at {a}:1 (document 1)); this port is refused"
+    assert lines[:-1] == [
+        f"{b}:14 (document 2): Service t/cluster-ip: port TCP: 10.96.0.10:80/TCP is already "
+        f"claimed by {owner.format('http/TCP')}",
+        f"{b}:37 (document 4): Service t/external: port TCP: 192.0.2.10:80/TCP is already "
+        f"claimed by {owner.format('http/TCP')}",
+        f"{b}:24 (document 3): Service t/health: port TCP: healthCheckNodePort 32000 is "
+        f"already claimed by {owner.format('dns/UDP')}",
+        f"{b}:1 (document 1): Service t/nodeport: port http/TCP: nodePort 30080/TCP is "
+        f"already claimed by {owner.format('http/TCP')}",
+    ]  # (nodePort 30053 is UDP in t/old, TCP in t/nodeport: two claims, no conflict)
+    assert lines[-1].endswith(". 4 problem(s).")

@@ -22,7 +22,7 @@ from ovsproxy.sources.convert import (
     convert_endpoint_slice,
     convert_service,
     parse_ip,
-    parse_trigger_time,
+    parse_time,
     proxy_label_selector,
     service_ignored_reason,
 )
@@ -533,7 +533,7 @@ def _annotated(value: object) -> dict[str, Any]:
 def test_trigger_time_annotation_is_converted(text: str, expected: float) -> None:
     converted = convert_endpoint_slice(_annotated(text))
     assert converted.trigger_time == pytest.approx(expected, abs=1e-6)
-    assert parse_trigger_time(text) == converted.trigger_time
+    assert parse_time(text) == converted.trigger_time
 
 
 def test_trigger_time_read_by_yaml_as_a_timestamp_is_taken() -> None:
@@ -543,7 +543,7 @@ def test_trigger_time_read_by_yaml_as_a_timestamp_is_taken() -> None:
     assert isinstance(value, datetime.datetime)
     converted = convert_endpoint_slice(_annotated(value))
     assert converted.trigger_time == 1714557600.5
-    assert parse_trigger_time(datetime.datetime(2024, 5, 1, 10)) is None  # no offset: unknown
+    assert parse_time(datetime.datetime(2024, 5, 1, 10)) is None  # no offset: unknown
 
 
 @pytest.mark.parametrize(
@@ -707,3 +707,15 @@ def test_plain_endpoints_take_the_fast_path() -> None:
     )
     assert convert._plain_endpoint(raw, IPFamily.IPv6) is None  # the checker reports it
     assert convert._plain_endpoint({**raw, "hints": {"forZones": []}}, IPFamily.IPv4) is None
+
+
+def test_creation_timestamp_is_unix_seconds_on_every_port_and_a_bad_one_is_named() -> None:
+    obj = service(ports=[{"name": "a", "port": 80}, {"name": "b", "port": 81}])
+    assert {p.created for p in convert_service(obj).ports} == {None}  # not given
+    obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    assert {p.created for p in convert_service(obj).ports} == {1767225600.0}
+    # unquoted in YAML, a timestamp PyYAML constructs
+    obj["metadata"]["creationTimestamp"] = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    assert convert_service(obj).ports[0].created == 1767225600.0
+    obj["metadata"]["creationTimestamp"] = "yesterday"
+    assert errors_of(convert_service, obj) == {("metadata.creationTimestamp", "yesterday")}

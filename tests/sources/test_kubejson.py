@@ -327,6 +327,9 @@ META_FIELDS = {
             max_size=2,
         )
     ),
+    "creationTimestamp": maybe(
+        st.sampled_from(["2026-11-30T10:00:00Z", "2026-11-30T10:00:00.5+01:00", "2026-13-01"])
+    ),
 }
 INGRESS_FIELDS = {
     "ip": maybe(ips),

@@ -1,16 +1,19 @@
 """What the node holds, for ``ovsproxy verify``: our groups read over OpenFlow (probed where
 OVS cannot describe them), our Service routes through the route backend, and the routes
 compared with the desired prefixes; the ``inet ovsproxy`` capture table through libnftables
-(compared by ``capture.compare``), and the node IPs its desired content depends on. Nothing on
+(compared by ``capture.compare``), and the node IPs its desired content depends on (the Node
+object's addresses with the Kubernetes API as the source, as the agent takes them). Nothing on
 the node is changed: a probe is a bundle built to fail, and nothing of a failed bundle is
 applied.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
-from ovsproxy.agent.wiring import build_route_backend
+from ovsproxy.agent.wiring import build_route_backend, manifest_paths
 from ovsproxy.capture import CaptureState, CaptureTable
 from ovsproxy.capture.compare import compare_table
 from ovsproxy.config import AgentConfig
@@ -22,6 +25,8 @@ from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import BundleError, Channel
 from ovsproxy.routes.capture import CaptureRoutes
+
+log = logging.getLogger("ovsproxy.verify")
 
 
 async def _probe(channel: Channel, messages: list[of.Message]) -> str:
@@ -185,16 +190,41 @@ def compare_routes(
 
 
 async def node_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
-    """The node's IPs as the agent decides them: configured, else read from the node's
-    devices (the capture table's content depends on them)."""
+    """The node's IPs as the agent decides them: configured; else, with the Kubernetes API as
+    the source, the Node object's addresses; else read from the node's devices (the capture
+    table's content and the Classifier's node-IP flows depend on them)."""
     if config.node_ips:
         return config.node_ips
+    if not manifest_paths(config):
+        ips = await node_object_ips(config)
+        if ips:
+            return ips
     routes = CaptureRoutes(config.gateway, config.netns)
     await routes.open()
     try:
         return tuple(await routes.node_addresses())
     finally:
         await routes.close()
+
+
+async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
+    """The addresses of the Node named ``config.node_name`` (``Node.host_ips``), listed once
+    with the agent's field selector; none when it is not found or the list fails."""
+    from ovsproxy.sources.kubernetes import NODES, kube_http_client
+    from ovsproxy.sources.nodes import convert_node, node_field_selector
+
+    client = await asyncio.to_thread(kube_http_client, kubeconfig=config.kubeconfig)
+    try:
+        response = await client.get(
+            NODES.path(), params={"fieldSelector": node_field_selector(config.node_name)}
+        )
+    finally:
+        await client.aclose()
+    if response.status_code != 200:
+        log.warning("Node %s: list answered %d", config.node_name, response.status_code)
+        return ()
+    items = response.json().get("items") or []
+    return convert_node(items[0]).host_ips if items else ()
 
 
 async def read_capture_table(config: AgentConfig) -> dict[str, Any] | None:

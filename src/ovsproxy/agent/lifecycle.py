@@ -1,11 +1,15 @@
 """The agent's life: start-up order and run (``Agent``), then shutdown and ``--cleanup``.
 
-sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. That loop
+sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. With the
+Kubernetes API as the source, this node's Node object is watched too (``agent.node``): its
+eligibility for /healthz, and its addresses as the node IPs unless they are configured (the
+node side waits up to ``NODE_WAIT`` for the Node's first list, then scans the devices). That loop
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
-adopts them hitlessly) unless ``cleanup`` is set; even then the virtual next hop's host route
-and permanent neighbour entry stay (see ``RouteManager.uninstall``). The capture table, its
-policy routes and the health-check servers are the node side's (``agent.nodeport``).
+adopts them hitlessly) unless ``cleanup`` is set: then what ``ovsproxy cleanup`` removes of
+what this run set up goes first (``agent.cleanup``), but the virtual next hop's host route and
+neighbour entries stay for a later agent. The capture table, its policy routes and
+the health-check servers are the node side's (``agent.nodeport``).
 """
 
 from __future__ import annotations
@@ -18,8 +22,15 @@ from typing import Any
 
 from ovsproxy import __version__
 from ovsproxy.agent import embedded
+from ovsproxy.agent.cleanup import (
+    CleanupReport,
+    deliberately_left,
+    remove_capture,
+    remove_routes,
+    remove_switch_state,
+)
 from ovsproxy.agent.observability import StatusPages, register_metrics
-from ovsproxy.agent.ovsdb_link import OVSDBLink
+from ovsproxy.agent.ovsdb_link import OVSDBLink, set_zone_timeouts
 from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
 from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.switch_link import wait_for_switch
@@ -35,14 +46,19 @@ from ovsproxy.agent.wiring import (
 )
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.reject import Rejector
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
-from ovsproxy.model import IPFamily
+from ovsproxy.model import IPAddress, IPFamily
 from ovsproxy.openflow import protocol as of
 from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
 from ovsproxy.proxy.runner import SyncRunner
 
 log = logging.getLogger("ovsproxy.agent")
+
+# How long start-up waits for the Node object's first list before it reads the node IPs from
+# the node's devices (the Node's addresses are taken whenever they come).
+NODE_WAIT = 10.0
 
 
 class Agent:
@@ -54,6 +70,7 @@ class Agent:
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
+        self.node_wait = NODE_WAIT
         self.parts = Components(config)
         self.health = HealthState()
         # kube-proxy's proxy health: /healthz and /livez, and the health checks' view of us
@@ -80,7 +97,7 @@ class Agent:
             self.tasks.append(source_started)
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
             if cfg.captures:
-                cfg = await self._start_node_side()
+                cfg = await self._start_node_side(source_started)
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
             register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
@@ -90,6 +107,7 @@ class Agent:
                 return
             parts.ovsdb, generation = connected
             log.info("cookie generation %d", generation)
+            await set_zone_timeouts(parts.ovsdb_link, parts.ovsdb, cfg.bridge)
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
             )
@@ -112,6 +130,8 @@ class Agent:
                 runner.request()
 
             parts.tracker.set_notify(changed)
+            if parts.node is not None and parts.node_side is not None:
+                parts.node.follow(self._node_ips_changed)
             await parts.channel.start(wait=False)
             if not await wait_for_switch(parts.channel, stop):
                 return  # stopped while waiting
@@ -138,18 +158,52 @@ class Agent:
         parts.netns = parts.sandbox.netns
         return parts.sandbox.ovsdb, parts.sandbox.openflow
 
-    async def _start_node_side(self) -> AgentConfig:
+    async def _start_node_side(self, source_started: asyncio.Task[None]) -> AgentConfig:
         """The capture's policy routes and node IPs, before the datapath: the pipeline marks
         the node's own packets by its IPs (discovered ones included)."""
         parts = self.parts
         node_side = parts.node_side = build_node_side(self.config, parts.netns, self.proxy_health)
-        await node_side.start()
+        await node_side.start(await self._node_object_ips(source_started))
         if not self.config.node_ip:
             self.config = dataclasses.replace(
                 self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
             )
             parts.config = self.config
         return self.config
+
+    async def _node_object_ips(self, source_started: asyncio.Task[None]) -> tuple[IPAddress, ...]:
+        """The Node object's addresses, if the node IPs are not configured and the Node is
+        watched: after its first list, waited for up to ``node_wait``."""
+        if self.config.node_ip:
+            return ()
+        await asyncio.shield(source_started)  # (creates the watcher; it does not list)
+        watcher = self.parts.node
+        if watcher is None:
+            return ()
+        try:
+            await asyncio.wait_for(watcher.synced.wait(), self.node_wait)
+        except TimeoutError:
+            log.warning(
+                "Node %s not listed within %gs: node IPs from the node's devices until it is",
+                watcher.name,
+                self.node_wait,
+            )
+        return watcher.host_ips
+
+    def _node_ips_changed(self, node_ips: tuple[IPAddress, ...]) -> None:
+        """The Node's addresses changed: the capture table, the Classifier's node-IP flows and
+        the NodePort frontends follow, in a full sync."""
+        parts = self.parts
+        node_side, proxier, runner = parts.node_side, parts.proxier, parts.runner
+        if node_side is None or not node_side.set_node_ips(node_ips):
+            return
+        self.config = parts.config = dataclasses.replace(
+            self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
+        )
+        if proxier is not None:
+            proxier.set_node_ips(node_side.node_ips, node_side.node_port_ips)
+        if runner is not None:
+            runner.request(full=True)
 
     def _progress(self) -> tuple[bool, dict[str, Any]]:
         status, body = self.proxy_health.livez()
@@ -159,6 +213,13 @@ class Agent:
         parts = self.parts
         source = parts.source = build_source(self.config, parts.tracker)
         await source.start()
+        if not manifest_paths(self.config):
+            from ovsproxy.agent.node import NodeWatcher
+            from ovsproxy.sources.kubernetes import KubernetesSource
+
+            assert isinstance(source, KubernetesSource)
+            parts.node = NodeWatcher(self.config.node_name, self.proxy_health)
+            source.node(parts.node, self.config.node_name)
 
     def _watch_service_cidrs(self) -> None:
         """The ServiceCIDR informer, once the route discoverer exists (API source only)."""
@@ -215,27 +276,28 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
         await asyncio.to_thread(parts.sandbox.down)
     log.info(
         "stopped%s",
-        " (flows, groups and Service routes removed; the virtual next hop's host route "
-        "and neighbour entry stay)"
+        " (ours removed: see the cleanup lines)"
         if parts.config.cleanup
         else " (flows, groups and routes left in place for a hitless restart)",
     )
 
 
 async def cleanup(parts: Components) -> None:
-    """--cleanup: remove every flow and group we own, our Service routes, the capture table
-    and its policy routes."""
+    """--cleanup: on exit, what ``ovsproxy cleanup`` removes of what this run set up (the
+    steps of ``agent.cleanup``) but the virtual next hop, each line logged."""
+    config, report = parts.config, CleanupReport()
     if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
-        for owner in parts.datapath.owners():
-            parts.datapath.unstage(owner)
-        try:
-            await parts.datapath.commit()
-        except Exception as exc:
-            log.error("cleanup of flows and groups failed: %s", exc)
+        rejector = parts.semantics.rejector if parts.semantics else Rejector(parts.channel)
+        await remove_switch_state(parts.datapath, rejector, parts.ovsdb, config.bridge, report)
+    elif parts.datapath is not None:
+        report.errors.append("OpenFlow not connected: flows, groups and the meter stay")
     if parts.routes is not None:
-        try:
-            await parts.routes.uninstall()
-        except Exception as exc:
-            log.error("cleanup of routes failed: %s", exc)
+        await remove_routes(parts.routes, next_hop=False, neighbours=False, report=report)
     if parts.node_side is not None:
-        await parts.node_side.cleanup()
+        await remove_capture(parts.node_side.table, parts.node_side.routes, report)
+    for item in report.removed:
+        log.info("cleanup: removed %s", item)
+    for item in deliberately_left(config, on_exit=True):
+        log.info("cleanup: left on purpose: %s", item)
+    for item in report.errors:
+        log.error("cleanup failed: %s", item)

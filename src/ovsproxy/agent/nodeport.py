@@ -11,9 +11,11 @@ Service ports that sync touched and:
   ready local endpoint counts.
 
 ``start`` installs the policy routing that takes captured packets to the gateway
-(``routes.capture``) and decides the node's IPs (configured, else read from the node's
-devices) and, from ``node_port_addresses``, which of them accept NodePorts. ``cleanup``
-(``--cleanup``) deletes the table and the policy routes. See docs/nodeport.md.
+(``routes.capture``) and decides the node's IPs (configured; else the Node object's addresses,
+with the Kubernetes API as the source; else read from the node's devices) and, from
+``node_port_addresses``, which of them accept NodePorts. ``set_node_ips`` takes the Node's new
+addresses later (the agent then re-syncs the NodePort frontends). ``--cleanup`` deletes the
+table and the policy routes (``agent.cleanup.remove_capture``). See docs/nodeport.md.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class NodeSide:
         self.netns = netns
         self.addresses = NodePortAddresses.parse(config.node_port_addresses)
         self.node_ips: tuple[IPAddress, ...] = config.node_ips
+        # Where node_ips came from: "config", "Node" (the API's Node object) or "devices"
+        self.node_ips_from = "config" if config.node_ips else "devices"
         self.tracker = CaptureTracker()
         self.table = CaptureTable(netns)
         self.routes = CaptureRoutes(config.gateway, netns)
@@ -57,12 +61,16 @@ class NodeSide:
         self.policy_routes: list[str] = []
         self._routes_ok = False
 
-    async def start(self) -> None:
+    async def start(self, node_object_ips: tuple[IPAddress, ...] = ()) -> None:
+        """``node_object_ips``: the Node object's addresses, used unless IPs are configured."""
         try:
             load_binding()  # fail at start-up, in one line, rather than in every sync
         except RuntimeError as exc:
             raise RuntimeError(f"{exc} (or run with --no-node-ports)") from None
         await self.routes.open()
+        if not self.node_ips and node_object_ips:
+            self.node_ips, self.node_ips_from = node_object_ips, "Node"
+            log.info("node IPs (from the Node object): %s", _text(self.node_ips))
         if not self.node_ips:
             self.node_ips = tuple(await self.routes.node_addresses())
             log.info("node IPs (from the node's devices): %s", _text(self.node_ips))
@@ -94,6 +102,18 @@ class NodeSide:
         except RouteBackendError as exc:
             log.warning("capture policy routing not in place yet: %s", exc)
             self._routes_ok = False
+
+    def set_node_ips(self, node_ips: tuple[IPAddress, ...]) -> bool:
+        """The Node object's new addresses (configured IPs stay): whether the node IPs
+        changed. The capture table follows at the next sync; the health-check servers keep
+        the addresses they listen on (see docs/nodeport.md)."""
+        if self.node_ips_from == "config" or not node_ips or node_ips == self.node_ips:
+            return False
+        log.info("node IPs (from the Node object): %s", _text(node_ips))
+        self.node_ips, self.node_ips_from = node_ips, "Node"
+        self.tracker.set_node_ips(self.node_ips, self.addresses)
+        self._routes_ok = False  # a new family needs its policy route: ensured at the next sync
+        return True
 
     @property
     def node_port_ips(self) -> tuple[IPAddress, ...]:
@@ -182,6 +202,7 @@ class NodeSide:
         last = self.last
         return {
             "node_ips": [str(ip) for ip in self.node_ips],
+            "node_ips_from": self.node_ips_from,
             "node_port_ips": [str(ip) for ip in self.node_port_ips],
             "node_port_addresses": list(self.config.node_port_addresses),  # empty: every node IP
             "table": "inet ovsproxy",
@@ -206,18 +227,6 @@ class NodeSide:
         for key, port in sorted((self.servers.running if self.servers else {}).items()):
             lines.append(f"health-check {key[0]}/{key[1]} port {port}")
         return lines
-
-    async def cleanup(self) -> None:
-        """--cleanup: our table and our policy routes go; nothing else is touched."""
-        try:
-            await self.table.cleanup()
-        except Exception as exc:
-            log.error("cleanup of the capture table failed: %s", exc)
-        try:
-            for change in await self.routes.remove():
-                log.info("capture policy routing: %s", change)
-        except Exception as exc:
-            log.error("cleanup of the capture policy routes failed: %s", exc)
 
     async def close(self) -> None:
         if self.servers is not None:

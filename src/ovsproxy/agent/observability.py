@@ -166,6 +166,7 @@ class StatusPages:
     def status_json(self) -> dict[str, Any]:
         parts = self.parts
         services = []
+        conflicts = parts.proxier.conflicts if parts.proxier is not None else ()
         if parts.proxier is not None:
             for name, inst in sorted(parts.proxier.programmed.items(), key=lambda kv: str(kv[0])):
                 port = inst.state.port
@@ -226,8 +227,20 @@ class StatusPages:
             "last_sync": last_sync,
             "routes": routes,
             "node_ports": parts.node_side.status() if parts.node_side is not None else None,
+            # The Node object (Kubernetes API source only): eligibility, addresses, podCIDRs
+            "node": parts.node.status() if parts.node is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            # Service ports refused because an older Service claims one of their ports
+            "conflicts": [
+                {
+                    "refused": str(c.refused),
+                    "owner": str(c.owner),
+                    "claim": c.claim,
+                    "problem": str(c),
+                }
+                for c in conflicts
+            ],
             # Interfaces on the bridge that get no flows, and why (standalone mode)
             "not_pods": [
                 {"interface": name, "reason": reason}

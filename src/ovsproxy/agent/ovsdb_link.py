@@ -14,6 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ovsproxy.datapath import pipeline as pl
 from ovsproxy.ovs.ovsdb import OVSDB
 
 log = logging.getLogger("ovsproxy.agent")
@@ -30,6 +31,8 @@ class OVSDBLink:
     attempts: int = 0
     last_error: str | None = None
     connected_at: float | None = None  # time.time() of the first success
+    # Our conntrack zones' timeout policy: "set", or why it is not (set_zone_timeouts)
+    zone_timeouts: str = "not set yet"
 
     def status(self, db: OVSDB | None) -> dict[str, object]:
         return {
@@ -37,6 +40,7 @@ class OVSDBLink:
             "connected": bool(db is not None and db.connected),
             "start_attempts": self.attempts,
             "last_error": None if db is not None and db.connected else self.last_error,
+            "zone_timeouts": self.zone_timeouts,
         }
 
 
@@ -73,3 +77,22 @@ async def connect(link: OVSDBLink, bridge: str, stop: asyncio.Event) -> tuple[OV
         link.connected_at = time.time()
         return db, generation
     return None
+
+
+async def set_zone_timeouts(link: OVSDBLink, db: OVSDB, bridge: str) -> None:
+    """Our conntrack zones remember closed TCP connections as long as Linux conntrack does
+    (``pipeline.CT_TIMEOUT_POLICY``; why there). Not fatal: without it a reused 4-tuple costs a
+    retransmission or a connection, nothing else; /status says which it is."""
+    policy = dict(pl.CT_TIMEOUT_POLICY)
+    try:
+        foreign = await asyncio.to_thread(db.ensure_zone_timeouts, bridge, pl.CT_ZONES, policy)
+    except Exception as exc:
+        link.zone_timeouts = f"failed: {type(exc).__name__}: {exc}"
+        log.warning("conntrack zone timeout policy not set: %s", exc)
+        return
+    text = " ".join(f"{key}={value}" for key, value in policy.items())
+    if foreign:
+        link.zone_timeouts = f"{text}, except {', '.join(foreign)} (configured by someone else)"
+        log.warning("conntrack timeout policy: %s configured by someone else", ", ".join(foreign))
+    else:
+        link.zone_timeouts = text

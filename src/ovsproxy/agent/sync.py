@@ -102,7 +102,8 @@ class Syncer:
             for family in IPFamily:
                 self.proxy_health.updated(family)
         m.services.set(len(proxier.services))
-        m.refused.set(len(proxier.refused))
+        m.refused.labels("switch").set(len(proxier.refused))
+        m.refused.labels("conflict").set(proxier.conflicts_refused)
         m.endpoints.set(proxier.endpoint_count())
         m.groups.set(len(datapath.installed_groups))
         m.flows.set(len(datapath.installed_flows))

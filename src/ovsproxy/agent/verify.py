@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -211,6 +212,9 @@ async def read_ovsdb(config: AgentConfig) -> OVSDBState:
 async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float = 60.0) -> Desired:
     """The desired state for the node whose OVSDB holds ``held`` (and its node IPs)."""
     ips = await node_ips(config) if config.captures else None
+    if ips and not config.node_ip:
+        # As the agent does: the IPs it found are its pipeline's node IPs (Classifier flows).
+        config = dataclasses.replace(config, node_ip=tuple(str(ip) for ip in ips))
     return await build_desired(
         config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
     )

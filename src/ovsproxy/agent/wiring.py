@@ -28,6 +28,7 @@ from ovsproxy.servicecidr.feed import ClusterIPFeed
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ovsproxy.agent.node import NodeWatcher
     from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
@@ -64,6 +65,7 @@ class Components:
     discoverer: ServiceCIDRDiscoverer | None = None
     node_side: NodeSide | None = None  # NodePort/external capture and health checks
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
+    node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
 
 
 # -- the source -------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "verify": "ovsproxy.cli.verify_cmd:verify",
     "lab": "ovsproxy.cli.lab_cmd:lab",
     "trace": "ovsproxy.cli.trace_cmd:trace",
+    "cleanup": "ovsproxy.cli.cleanup_cmd:cleanup",
 }
 
 

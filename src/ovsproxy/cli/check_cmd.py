@@ -1,17 +1,24 @@
 """``ovsproxy check PATH...``: validate manifests the way the manifest source reads them.
 
 Prints every problem as ``file:line (document N): Kind namespace/name: field: why (got
-value)``, then a summary of what is valid. Exit status 1 when there is any problem.
+value)``, then a summary of what is valid. Across all the files, Services that claim the same
+nodePort, healthCheckNodePort or address:port are problems too, with the file:line of both
+(the agent's decision, ``proxy.claims``: the older Service keeps it). Exit status 1 when
+there is any problem.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
 
 import click
 
 from ovsproxy.gcpause import gc_paused
-from ovsproxy.model.problems import Problem
+from ovsproxy.model import Service, ServicePort
+from ovsproxy.model.problems import Problem, SourceLocation
+from ovsproxy.proxy.claims import resolve
 from ovsproxy.sources.manifests import (
     ManifestObject,
     ObjectKey,
@@ -44,7 +51,28 @@ def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:
                 kept = first.setdefault(obj.key, obj)
                 if kept is not obj:
                     problems.append(duplicate_problem(kept, obj))
+    problems.extend(port_conflicts(first.values()))
     return parsed, problems
+
+
+def port_conflicts(objects: Iterable[ManifestObject]) -> list[Problem]:
+    """Every port of these Services refused because an older one claims the same port, with
+    the file:line of both Services."""
+    where: dict[tuple[str, str], SourceLocation] = {}
+    ports: list[ServicePort] = []
+    for obj in objects:
+        if isinstance(obj.value, Service) and obj.value.ports:
+            where[obj.value.namespace, obj.value.name] = obj.location
+            ports.extend(obj.value.ports)
+    return [
+        replace(
+            conflict,
+            location=where[conflict.refused.service],
+            owner_location=where[conflict.owner.service],
+        )
+        for name, conflicts in sorted(resolve(ports).items())
+        for conflict in conflicts
+    ]
 
 
 def summarize(parsed: list[ParsedManifest], problems: list[Problem]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from ovsproxy.config import ConfigError, load
+from ovsproxy.config import AgentConfig, ConfigError, load
 
 
 def _options(func: Any) -> Any:
@@ -117,6 +117,19 @@ def _options(func: Any) -> Any:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def report_config(config_file: str | None, flags: dict[str, Any]) -> AgentConfig:
+    """The configuration of a command that prints a report (``verify``, ``cleanup``), with
+    logging quiet unless asked: the report goes to stdout, logs to stderr."""
+    from ovsproxy.agent import setup_logging
+
+    try:
+        config = load(config_file, **flags)
+    except ConfigError as exc:
+        raise click.ClickException(f"configuration: {exc}") from exc
+    setup_logging(flags.get("log_level") or "warning", config.log_format)
+    return config
 
 
 @click.command()

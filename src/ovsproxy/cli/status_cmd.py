@@ -71,6 +71,9 @@ def render_status(info: dict[str, Any], console: Console) -> None:
     head = Table(show_header=False, title="ovsproxy agent")
     head.add_row("version", str(info["version"]))
     head.add_row("healthy", "yes" if info["healthy"] else "[red]NO[/]")
+    node = info.get("node")
+    if node:
+        head.add_row("Node", f"{escape(node['name'])}: {_node_text(node)}")
     head.add_row(
         "OpenFlow",
         f"connected={info['openflow']['connected']} connections={info['openflow']['connections']}",
@@ -152,6 +155,10 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         console.print("[bold red]refused by Open vSwitch (last good state kept)[/]")
         for name, reason in info["refused"].items():
             console.print(f"  {escape(name)}: {escape(reason)}")
+    if info.get("conflicts"):
+        console.print("[bold red]refused: a port an older Service claims (not installed)[/]")
+        for conflict in info["conflicts"]:
+            console.print(f"  {escape(conflict['problem'])}")
     if info.get("not_pods"):
         console.print("[bold yellow]bridge interfaces not read as pods (no flows)[/]")
         for port in info["not_pods"]:
@@ -179,3 +186,16 @@ def status(address: str, as_json: bool) -> None:
 def dump(address: str) -> None:
     """The groups and flows the agent owns, in ovs-ofctl -O OpenFlow15 syntax."""
     click.echo(_get(address, "/dump"), nl=False)
+
+
+def _node_text(node: dict[str, Any]) -> str:
+    """The Node object's standing, as /healthz takes it (Kubernetes API source only)."""
+    if node["deleted"]:
+        return "[red]deleted[/] (/healthz 503)"
+    if not node["found"]:
+        return "not found (counts as eligible)"
+    ips = ", ".join(node["internal_ips"] + node["external_ips"]) or "no addresses"
+    if node["eligible"]:
+        return f"eligible, {ips}"
+    why = "being deleted" if node["deletion_timestamp"] else "tainted " + ", ".join(node["taints"])
+    return f"[red]going away[/] ({escape(why)}; /healthz 503), {ips}"

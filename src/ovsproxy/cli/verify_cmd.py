@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from ovsproxy.cli.run_cmd import _options
-from ovsproxy.config import ConfigError, load
+from ovsproxy.cli.run_cmd import _options, report_config
+from ovsproxy.config import ConfigError
 
 
 @click.command()
@@ -22,15 +22,9 @@ from ovsproxy.config import ConfigError, load
 def verify(config_file: str | None, timeout: float, **flags: Any) -> None:
     """Exit 0 when the node holds exactly what the agent's input requires, else print every
     difference and exit 1 (nothing on the node is changed)."""
-    from ovsproxy.agent import setup_logging
     from ovsproxy.agent.verify import verify as run_verify
 
-    try:
-        config = load(config_file, **flags)
-    except ConfigError as exc:
-        raise click.ClickException(f"configuration: {exc}") from exc
-    # Quiet unless asked: what verify prints is the report (logs go to stderr).
-    setup_logging(flags.get("log_level") or "warning", config.log_format)
+    config = report_config(config_file, flags)
     try:
         report = asyncio.run(run_verify(config, timeout=timeout))
     except ConfigError as exc:

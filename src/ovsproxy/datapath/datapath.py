@@ -455,6 +455,14 @@ STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16
 DESCRIBE_SAFE_BUCKETS = 1000
 
 
+@dataclass(frozen=True, slots=True)
+class Removal:
+    """What ``Datapath.remove_all`` found and deleted: the number of our flows, the group ids."""
+
+    flows: int
+    groups: tuple[int, ...]
+
+
 class Datapath:
     # After a big commit, move what is alive out of the cyclic collector's sight (see above).
     freeze_gc = True
@@ -1196,6 +1204,53 @@ class Datapath:
         stats = await self._commit_locked()
         self._adopt = False
         return stats
+
+    # -- removal ----------------------------------------------------------------------------
+    async def remove_all(self) -> Removal:
+        """Delete everything of ours the switch holds, whatever this run installed: every flow
+        with our cookie's app bits (every generation, learned flows too), then every group of
+        ours it may hold (the registry's ids, the installed ones, the listed ones in our range),
+        in one bundle; then forget the desired and installed state and record no group ids.
+        The next commit adopts the switch as at start-up. (``ovsproxy cleanup`` and
+        ``--cleanup``.)"""
+        async with self._lock:
+            app = pl.COOKIE_APP << pl.COOKIE_APP_SHIFT
+            flows = len(await self.switch.flow_cookies(app, pl.COOKIE_APP_MASK))
+            recorded = await self.registry.load() if self.registry is not None else None
+            present = set(self.installed_groups) | self._unknown_groups | (recorded or set())
+            listed: set[int] | None = None
+            try:
+                listed = await self.switch.group_ids()
+            except Exception as exc:  # statistics too large to list: the registry's ids only
+                log.warning("cannot list the switch's groups (%s): removing recorded ones", exc)
+            present = {gid for gid in present | (listed or set()) if self._ours(gid)}
+            # What was there: the listed ones when the switch could list them.
+            groups = tuple(sorted(present if listed is None else present & listed))
+            if flows or present:
+                bundle = self.switch.bundle()
+                try:
+                    bundle.add(of.FlowMod.delete(cookie=app, cookie_mask=pl.COOKIE_APP_MASK))
+                    for gid in sorted(present):  # a DELETE of a missing group is a no-op
+                        bundle.add(delete_group(gid))
+                    await bundle.commit()
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await bundle.discard()
+                    raise
+            self._owners.clear()
+            self._flow_refs.clear()
+            self._group_owner.clear()
+            self._installed_flows.clear()
+            self.installed_groups.clear()
+            self._unknown_groups.clear()
+            self._dirty_flows.clear()
+            self._dirty_groups.clear()
+            self._stale_generations.clear()
+            self._adopt = True
+            if self.registry is not None and recorded:
+                await self.registry.save(set())
+            self._saved_group_ids = set()
+            return Removal(flows, groups)
 
     # -- introspection ----------------------------------------------------------------------
     def dump(self) -> list[str]:

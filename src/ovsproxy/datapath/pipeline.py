@@ -204,6 +204,26 @@ HOST_SNAT_CT_ZONE_V4 = 0xFFF2
 HOST_SNAT_CT_ZONE_V6 = 0xFFE8
 
 
+# Every conntrack zone of ours, and the timeout policy the agent gives them (OVSDB
+# CT_Timeout_Policy, ``OVSDB.ensure_zone_timeouts``). Open vSwitch's userspace conntrack
+# forgets a closed TCP connection after 30 s ("tcp_close"; "tcp_time_wait" is its state with
+# both FINs sent, not yet acknowledged), while its endpoint (Linux) holds the 4-tuple in
+# TIME_WAIT for 60 s. A client port reused within that gap for another Service IP mapping to
+# the same endpoint is then DNATed to a 4-tuple the endpoint still holds (conntrack's NAT
+# would have moved it to another source port had it remembered): the endpoint answers with
+# the old connection's ACK, and the handshake needs a retransmission, or fails (docs/DESIGN.md,
+# "Reused 4-tuples"). 120 s: Linux conntrack's TIME_WAIT timeout, which kube-proxy relies on.
+CT_ZONES = (
+    CT_ZONE_V4,
+    CT_ZONE_V6,
+    HAIRPIN_CT_ZONE_V4,
+    HAIRPIN_CT_ZONE_V6,
+    HOST_SNAT_CT_ZONE_V4,
+    HOST_SNAT_CT_ZONE_V6,
+)
+CT_TIMEOUT_POLICY: tuple[tuple[str, int], ...] = (("tcp_close", 120), ("tcp_time_wait", 120))
+
+
 def host_snat_ct_zone(family: IPFamily) -> int:
     return HOST_SNAT_CT_ZONE_V4 if family == IPFamily.IPv4 else HOST_SNAT_CT_ZONE_V6
 

@@ -38,6 +38,7 @@ from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.errors import OpenFlowError
 from ovsproxy.openflow.protocol import MeterCommand, MeteredController, meter_add
 
 log = logging.getLogger(__name__)
@@ -357,6 +358,22 @@ class Rejector:
                 return self._meter_failed(exc)
         self.stats.meter = "installed"
         return True
+
+    async def remove_meter(self) -> bool:
+        """Delete the reject meter; True when the switch held it. OpenFlow has no reply that
+        says whether a DELETE found its meter, so an ADD asks first (METER_EXISTS: it was
+        there; accepted: it was not, and the DELETE removes it again). Remove the flows that
+        name it first: deleting a meter deletes them too."""
+        try:
+            await self.channel.send(self.meter_messages())
+            existed = False
+        except OpenFlowError as exc:
+            if "METER_EXISTS" not in exc.name:
+                return False  # a switch refusing meters holds none of ours
+            existed = True
+        await self.channel.send([of.MeterMod(MeterCommand.DELETE, self.meter_id)])
+        self.stats.meter = "removed"
+        return existed
 
     def _meter_failed(self, exc: Exception) -> bool:
         self.stats.meter = f"unsupported: {exc}"

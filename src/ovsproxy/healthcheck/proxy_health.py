@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from ovsproxy.model import IPFamily
+from ovsproxy.model.node import Node
 
 TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
 
@@ -52,9 +53,15 @@ class ProxyHealth:
         self._oldest_queued.pop(family, None)
         self._last_updated[family] = self._clock()
 
-    def sync_node(self, *, deleting: bool, taints: Iterable[str] = ()) -> None:
-        """From the Node object: ``deleting`` when it has a deletionTimestamp; taint keys."""
-        self._node_eligible = not deleting and TO_BE_DELETED_TAINT not in set(taints)
+    def sync_node(self, node: Node | None) -> None:
+        """From this node's Node object, on every add and update; ``None`` once it is deleted.
+        Not eligible: deleted, being deleted (a deletionTimestamp), or tainted
+        ``ToBeDeletedByClusterAutoscaler`` (any effect). kube-proxy's ``SyncNode``; its newest
+        releases exit on the Node's delete event instead, which leaves /healthz unanswered:
+        a 503 says the same to a load balancer and keeps /livez and the datapath serving."""
+        self._node_eligible = (
+            node is not None and not node.deleting and TO_BE_DELETED_TAINT not in node.taints
+        )
 
     @property
     def node_eligible(self) -> bool:

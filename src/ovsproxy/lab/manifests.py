@@ -56,6 +56,7 @@ class LabService:
     type: str = "ClusterIP"  # NodePort, LoadBalancer
     # status.loadBalancer.ingress: (ip, ipMode or None)
     load_balancer_ingress: tuple[tuple[str, str | None], ...] = ()
+    created: str | None = None  # metadata.creationTimestamp (RFC 3339)
 
     def documents(self) -> list[dict[str, Any]]:
         families = [IPFamily.of(ip) for ip in self.cluster_ips]
@@ -92,6 +93,8 @@ class LabService:
             "metadata": {"name": self.name, "namespace": self.namespace},
             "spec": spec,
         }
+        if self.created is not None:
+            service["metadata"]["creationTimestamp"] = self.created
         if self.load_balancer_ingress:
             ingress = [
                 {"ip": ip, **({"ipMode": mode} if mode else {})}

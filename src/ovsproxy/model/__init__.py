@@ -103,6 +103,9 @@ class ServicePort:
     # spec.loadBalancerSourceRanges: the clients allowed to reach the load-balancer IPs
     # (both families; empty = everyone). NodePorts and external IPs are not restricted.
     load_balancer_source_ranges: tuple[IPNetwork, ...] = ()
+    # The Service's metadata.creationTimestamp (Unix seconds; None: not given, as in most
+    # manifests): of two Services claiming one port, the older keeps it (``proxy.claims``).
+    created: float | None = None
 
     @property
     def session_affinity(self) -> bool:

@@ -1,8 +1,10 @@
-"""What the proxy knows about its own node: the pods on the bridge, the virtual addresses.
+"""What the proxy knows about its own node: its Node object, the pods on the bridge, the
+virtual addresses.
 
-Values shared by the layers that read them (``ovs.ovsdb`` reads pod ports, ``proxy`` programs
-them) and by the two users of the virtual Service address (the pipeline's hairpin SNAT and the
-route backends' next hop), so neither has to import the other.
+Values shared by the layers that read them (``sources`` decode the Node, ``healthcheck`` and
+the agent act on it; ``ovs.ovsdb`` reads pod ports, ``proxy`` programs them) and by the two
+users of the virtual Service address (the pipeline's hairpin SNAT and the route backends' next
+hop), so neither has to import the other.
 """
 
 from __future__ import annotations
@@ -10,7 +12,36 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ovsproxy.model import IPAddress, IPFamily
+from ovsproxy.model import IPAddress, IPFamily, IPNetwork
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """This node's Node object (core/v1), the fields the proxy reads (API source only).
+
+    ``internal_ips`` and ``external_ips``: ``status.addresses`` of type InternalIP and
+    ExternalIP, in the object's order; ``pod_cidrs``: ``spec.podCIDRs``;
+    ``deletion_timestamp``: ``metadata.deletionTimestamp`` as the API wrote it (None: not
+    being deleted); ``taints``: the keys of ``spec.taints``.
+    """
+
+    name: str
+    internal_ips: tuple[IPAddress, ...] = ()
+    external_ips: tuple[IPAddress, ...] = ()
+    pod_cidrs: tuple[IPNetwork, ...] = ()
+    deletion_timestamp: str | None = None
+    taints: tuple[str, ...] = ()
+
+    @property
+    def deleting(self) -> bool:
+        return self.deletion_timestamp is not None
+
+    @property
+    def host_ips(self) -> tuple[IPAddress, ...]:
+        """The node's IPs: the InternalIPs, then the ExternalIPs, each once. The first of each
+        family is the one kube-proxy takes as the node IP of that family (``GetNodeHostIPs``:
+        InternalIP first, ExternalIP when there is none)."""
+        return tuple(dict.fromkeys(self.internal_ips + self.external_ips))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ovsproxy.model import ServicePortName
+
 # A field path as a tuple: ("spec", "ports", 1, "port") renders as spec.ports[1].port.
 FieldPath = tuple[str | int, ...]
 
@@ -101,8 +103,7 @@ class InvalidObject:
         return "; ".join(str(e) for e in self.errors)
 
 
-# A line a person reads (``ovsproxy check``, status), and what a handler is told.
-Problem = ValidationError | SourceError
+# What a handler is told.
 SourceProblem = InvalidObject | SourceError
 
 
@@ -117,3 +118,37 @@ class InvalidObjectError(ValueError):
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class PortConflict:
+    """Two Services claim one port (the same nodePort, healthCheckNodePort, or address:port):
+    the older keeps it and this port of the newer is refused, as an API server's allocator
+    would have refused the newer Service. ``claim`` says what both want."""
+
+    refused: ServicePortName
+    owner: ServicePortName  # the older Service's port that keeps the claim
+    claim: str  # "nodePort 30080/TCP", "healthCheckNodePort 32000", "10.96.0.10:80/TCP"
+    location: SourceLocation | None = None  # of the refused Service (manifests)
+    owner_location: SourceLocation | None = None
+
+    @property
+    def object(self) -> str:
+        return f"Service {self.refused.namespace}/{self.refused.name}"
+
+    def __str__(self) -> str:
+        owner = f"Service {self.owner.namespace}/{self.owner.name} (port {_port_label(self.owner)}"
+        owner += f", at {self.owner_location})" if self.owner_location else ")"
+        text = (
+            f"{self.object}: port {_port_label(self.refused)}: {self.claim} is already "
+            f"claimed by the older {owner}; this port is refused"
+        )
+        return f"{self.location}: {text}" if self.location else text
+
+
+def _port_label(name: ServicePortName) -> str:
+    return f"{name.port}/{name.protocol}" if name.port else str(name.protocol)
+
+
+# A line a person reads (``ovsproxy check``, status).
+Problem = ValidationError | SourceError | PortConflict

@@ -28,6 +28,8 @@ EXT_POD_IPS = "ip"  # comma-separated
 EXT_POD_MAC = "attached-mac"
 # Bridge external_ids key holding the last agent run's cookie generation.
 GENERATION_KEY = "ovsproxy-generation"
+# external_ids key marking the CT_Zone rows (and their timeout policies) the agent made.
+ZONE_OWNER_KEY = "ovsproxy"
 
 
 class OVSDBError(RuntimeError):
@@ -225,6 +227,90 @@ class OVSDB:
             )
         return sorted(pods, key=lambda p: p.ofport), sorted(skipped, key=lambda s: s.interface)
 
+    def ensure_zone_timeouts(
+        self, bridge: str, zones: Iterable[int], timeouts: dict[str, int]
+    ) -> list[str]:
+        """Give each conntrack zone of ``zones`` the timeout policy ``timeouts`` (e.g.
+        ``{"tcp_time_wait": 120}``) in the Datapath record of the bridge's datapath type,
+        creating that record, the CT_Zone and its CT_Timeout_Policy as needed (what
+        ``ovs-vsctl add-zone-tp`` does). A zone someone else configured (a CT_Zone without our
+        external_ids mark) is left as it is and named in the returned list."""
+        # ovsdbapp is imported (without eventlet) by the time a connection exists.
+        from ovsdbapp.backend.ovs_idl import command
+
+        datapath_type = self.api.db_get("Bridge", bridge, "datapath_type").execute(check_error=True)
+        if isinstance(datapath_type, list):  # an unset optional column reads as []
+            datapath_type = datapath_type[0] if datapath_type else ""
+        datapath_type = datapath_type or "system"  # OVS's own default
+        wanted = dict(timeouts)
+        foreign: list[str] = []
+
+        class ZoneTimeouts(command.BaseCommand):  # type: ignore[misc]
+            def run_idl(self, txn: Any) -> None:
+                tables = self.api.tables
+                root = next(iter(tables["Open_vSwitch"].rows.values()))
+                datapath = root.datapaths.get(datapath_type)
+                new_datapath = datapath is None
+                if datapath is None:
+                    datapath = txn.insert(tables["Datapath"])
+                    datapath.external_ids = {ZONE_OWNER_KEY: "true"}
+                    root.setkey("datapaths", datapath_type, datapath)
+                for zone in zones:
+                    # A row inserted in this transaction has no column to read yet.
+                    ct_zone = None if new_datapath else datapath.ct_zones.get(zone)
+                    policy = None
+                    if ct_zone is None:
+                        ct_zone = txn.insert(tables["CT_Zone"])
+                        ct_zone.external_ids = {ZONE_OWNER_KEY: "true"}
+                        datapath.setkey("ct_zones", zone, ct_zone)
+                    elif ct_zone.external_ids.get(ZONE_OWNER_KEY) != "true":
+                        foreign.append(f"zone {zone}")
+                        continue
+                    elif ct_zone.timeout_policy:
+                        policy = ct_zone.timeout_policy[0]
+                        if dict(policy.timeouts) == wanted:
+                            continue
+                    if policy is None:
+                        policy = txn.insert(tables["CT_Timeout_Policy"])
+                        policy.external_ids = {ZONE_OWNER_KEY: "true"}
+                        ct_zone.timeout_policy = [policy]
+                    policy.timeouts = wanted
+
+        with self.api.transaction(check_error=True) as txn:
+            txn.add(ZoneTimeouts(self.api))
+        return foreign
+
+    def remove_zone_timeouts(self) -> list[int]:
+        """Remove the CT_Zone rows we made (``ensure_zone_timeouts``), with their timeout
+        policies, from every Datapath record (and a Datapath record we made, once empty); the
+        zones removed."""
+        from ovsdbapp.backend.ovs_idl import command
+
+        removed: list[int] = []
+
+        class RemoveZoneTimeouts(command.BaseCommand):  # type: ignore[misc]
+            def run_idl(self, txn: Any) -> None:
+                root = next(iter(self.api.tables["Open_vSwitch"].rows.values()))
+                for datapath_type, datapath in list(root.datapaths.items()):
+                    zones = dict(datapath.ct_zones)
+                    for zone, ct_zone in list(zones.items()):
+                        if ct_zone.external_ids.get(ZONE_OWNER_KEY) != "true":
+                            continue
+                        datapath.delkey("ct_zones", zone)
+                        for policy in ct_zone.timeout_policy:
+                            policy.delete()
+                        ct_zone.delete()
+                        del zones[zone]
+                        removed.append(int(zone))
+                    # The Datapath record too, when we made it and nothing else is in it.
+                    if not zones and datapath.external_ids.get(ZONE_OWNER_KEY) == "true":
+                        root.delkey("datapaths", datapath_type)
+                        datapath.delete()
+
+        with self.api.transaction(check_error=True) as txn:
+            txn.add(RemoveZoneTimeouts(self.api))
+        return sorted(removed)
+
     def generation(self, bridge: str) -> int | None:
         """The cookie generation of the current agent run (None: no agent ran here yet)."""
         ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
@@ -249,9 +335,20 @@ class OVSDB:
         ).execute(check_error=True)
         return generation
 
+    def forget_agent(self, bridge: str) -> list[str]:
+        """Remove what agents record on the bridge (``AGENT_KEYS`` of its external_ids);
+        returns the keys that were there."""
+        ext = self.api.db_get("Bridge", bridge, "external_ids").execute(check_error=True) or {}
+        present = [key for key in AGENT_KEYS if key in ext]
+        if present:
+            self.api.db_remove("Bridge", bridge, "external_ids", *present).execute(check_error=True)
+        return present
+
 
 # -- the group-id registry ------------------------------------------------------------------
 GROUP_IDS_KEY = "ovsproxy-group-ids"
+# Every key an agent writes to its bridge's external_ids (``OVSDB.forget_agent`` removes them).
+AGENT_KEYS = (GENERATION_KEY, GROUP_IDS_KEY)
 
 
 def encode_id_ranges(ids: Iterable[int]) -> str:

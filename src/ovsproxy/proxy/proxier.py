@@ -22,11 +22,15 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
   conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
   revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
 
+* two Services claiming one nodePort, healthCheckNodePort or address:port: the newer's port
+  is refused before anything is staged (``proxy.claims``), and served once the claim is free.
+
 ``InstalledService`` records all of it as plain data for ``ovsproxy status``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -48,8 +52,10 @@ from ovsproxy.model import (
     TrafficPolicy,
 )
 from ovsproxy.model.node import PodPort
+from ovsproxy.model.problems import PortConflict
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
+from ovsproxy.proxy.claims import ClaimResolver
 from ovsproxy.proxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
@@ -491,6 +497,14 @@ class Proxier:
         # (with OVS's error), which keep that last good state until they change.
         self._good: dict[ServicePortName, ServiceState] = {}
         self.refused: dict[ServicePortName, str] = {}
+        # Which port owns each nodePort, healthCheckNodePort and address:port: a port that
+        # claims one an older Service holds is refused whole (never staged).
+        self.claims = ClaimResolver()
+        # ... and, published with the sync that applied them as ``programmed`` is: every claim
+        # lost to an older Service (by refused port), and how many ports that refuses
+        self.conflicts: tuple[PortConflict, ...] = ()
+        self.conflicts_refused = 0
+        self._claims_unpublished = False
         self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
@@ -729,6 +743,15 @@ class Proxier:
             else:
                 log.debug("no conntrack flusher: %d UDP flush(es) skipped", len(flushes))
 
+    def set_node_ips(
+        self, node_ips: Sequence[IPAddress], node_port_ips: Sequence[IPAddress]
+    ) -> None:
+        """The node's IPs changed (the Node object's addresses): the next full sync rewrites
+        the Classifier's node-IP flows (standalone) and every NodePort frontend on them."""
+        self.node_port_ips = tuple(node_port_ips)
+        if self.ctx.standalone:
+            self.ctx = dataclasses.replace(self.ctx, node_ips=tuple(node_ips))
+
     # -- the pipeline and local pods --------------------------------------------------------
     def _stage_pipeline(self) -> None:
         self.datapath.stage(PIPELINE_OWNER, (), svc.pipeline_flows(self.ctx))
@@ -761,22 +784,38 @@ class Proxier:
         if full:
             self._stage_pipeline()
             states = self.tracker.snapshot()
-            for name in [n for n in self.services if n not in states]:
+            self._log_claims(self.claims.reset(states))
+            refusals = self.claims.refusals  # (of ports in states only, after the reset)
+            served = states
+            if refusals:
+                served = {n: s for n, s in states.items() if n not in refusals}
+            for name in [n for n in self.services if n not in served]:
                 self._remove_service(name)
                 touched[name] = None
-            for name in [n for n in self.refused if n not in states]:
+            for name in [n for n in self.refused if n not in served]:
                 touched[name] = None
-            for name, state in states.items():
+            for name in refusals:
+                touched[name] = None  # refused: a claim of theirs is an older Service's
+            for name, state in served.items():
                 self._stage_service(state)
                 touched[name] = state
             changed = len(states)
         else:
-            for name, change in changes.items():
-                if change.current is None:
+            currents = {name: change.current for name, change in changes.items()}
+            flipped = self.claims.update(
+                (name, state.port if state else None) for name, state in currents.items()
+            )
+            self._log_claims(flipped)
+            for name in flipped - currents.keys():
+                # an older Service took a claim of this port, or gave one back
+                currents[name] = self.tracker.state_of(name)
+            for name, current in currents.items():
+                if current is None or self.claims.refused(name):
                     self._remove_service(name)
+                    current = None
                 else:
-                    self._stage_service(change.current)
-                touched[name] = change.current
+                    self._stage_service(current)
+                touched[name] = current
             changed = len(changes)
         await self._stage_pods()
         self._unpublished.update(dict.fromkeys(touched))  # kept if this sync fails
@@ -813,8 +852,24 @@ class Proxier:
             )
         return result
 
+    def _log_claims(self, flipped: set[ServicePortName]) -> None:
+        self._claims_unpublished = self._claims_unpublished or bool(flipped)
+        for name in sorted(flipped):
+            conflicts = self.claims.refusals.get(name)
+            if conflicts is None:
+                if self.tracker.state_of(name) is not None:
+                    log.info("Service port %s: no longer in conflict, served", name)
+                continue
+            for conflict in conflicts:
+                log.warning("%s", conflict)
+
     def _publish(self) -> None:
         """The touched ports' installed state becomes what they are programmed to."""
+        if self._claims_unpublished:
+            refusals = self.claims.refusals
+            self.conflicts = tuple(c for name in sorted(refusals) for c in refusals[name])
+            self.conflicts_refused = len(refusals)
+            self._claims_unpublished = False
         for name in self._unpublished:
             installed = self.services.get(name)
             if installed is None:

@@ -235,6 +235,10 @@ class ChangeTracker:
             result.update(self._compute(key))
         return result
 
+    def state_of(self, name: ServicePortName) -> ServiceState | None:
+        """One port's state as the last checkpoint handed it out (None: absent)."""
+        return self._applied.get((name.namespace, name.name), {}).get(name)
+
     def cluster_ips(self) -> frozenset[IPAddress]:
         """The ClusterIPs of every Service the tracker holds now."""
         return frozenset(self._cluster_ip_refs)

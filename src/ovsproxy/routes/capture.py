@@ -116,12 +116,15 @@ class CaptureRoutes:
         return changes
 
     async def remove(self) -> list[str]:
-        """Delete our rule and our table's routes, both families (a no-op when absent)."""
+        """Delete our rule and our table's routes, both families (a no-op when absent);
+        returns what was removed."""
         changes: list[str] = []
         for family in IPFamily:
             while await self._rule_present(family):
                 await self._call("rule", "del", **self._rule(family))
-                changes.append(f"rule fwmark lookup {self.table} removed (IPv{family})")
+                changes.append(
+                    f"rule fwmark {self.mark:#x}/{self.mark:#x} lookup {self.table} (IPv{family})"
+                )
             for msg in await self._routes(family):
                 dst_len = msg["dst_len"]
                 dst = msg.get("dst") or _DEFAULT[family].split("/")[0]
@@ -133,7 +136,7 @@ class CaptureRoutes:
                     table=self.table,
                     proto=ROUTE_PROTOCOL,
                 )
-                changes.append(f"route {dst}/{dst_len} table {self.table} removed")
+                changes.append(f"route {dst}/{dst_len} table {self.table} proto {ROUTE_PROTOCOL}")
         return changes
 
     async def installed(self) -> list[str]:

@@ -167,6 +167,48 @@ class LinuxRouteBackend:
             changes.append(f"route {host} dev {gateway} scope link proto {self.protocol}")
         return changes
 
+    async def remove_next_hop(
+        self, gateway: str, family: IPFamily, *, neighbours: bool = True
+    ) -> list[str]:
+        """Undo ``ensure_next_hop`` (``ovsproxy cleanup``): the next hop's host route when it
+        carries our protocol, and with ``neighbours`` every permanent neighbour entry on the
+        gateway that resolves to the virtual MAC (the next hop's, a host-SNAT address's).
+        Returns what was removed; a missing gateway took them all with it."""
+        try:
+            index = await self._index(gateway, refresh=True)
+        except GatewayNotFoundError:
+            return []
+        removed = []
+        host = ipaddress.ip_network(VIRTUAL_NEXT_HOP[family])
+        for msg in await self._dump_routes(index, family):
+            if (
+                self._dst(msg, family) == host
+                and msg.get("gateway") is None
+                and msg["proto"] == self.protocol
+            ):
+                await self._call(
+                    "route",
+                    "del",
+                    dst=str(host),
+                    oif=index,
+                    scope=msg["scope"],  # the kernel matches the scope of a delete too
+                    proto=self.protocol,
+                    table=self.table,
+                )
+                removed.append(f"route {host} dev {gateway} proto {self.protocol}")
+        if neighbours:
+            ours = [
+                msg.get("dst")
+                async for msg in await self.ipr.neigh("dump", family=_AF[family], ifindex=index)
+                if msg.get("ifindex") == index
+                and str(msg.get("lladdr", "")).lower() == VIRTUAL_MAC
+                and msg["state"] & _NUD_PERMANENT
+            ]
+            for dst in ours:
+                await self._call("neigh", "del", dst=dst, ifindex=index)
+                removed.append(f"neighbour {dst} lladdr {VIRTUAL_MAC} dev {gateway} permanent")
+        return removed
+
     async def list_routes(self, gateway: str, family: IPFamily) -> list[KernelRoute]:
         index = await self._index(gateway, refresh=True)
         host = ipaddress.ip_network(VIRTUAL_NEXT_HOP[family])

@@ -256,14 +256,12 @@ class RouteManager:
         return await self._submit("reconcile", job)
 
     async def uninstall(self) -> RouteChanges:
-        """Remove every Service route of ours (`ovsproxy run --cleanup`): the desired set is
-        emptied and each family is converged with deletes.
+        """Remove every Service route of ours (``ovsproxy cleanup``, ``ovsproxy run
+        --cleanup``): the desired set is emptied and each family is converged with deletes.
 
-        The virtual next hop's host route and permanent neighbour entry stay, on purpose: they
-        carry no Service traffic once no route points at them; the neighbour entry has no
-        ownership mark and a host route found in place is adopted whoever made it, so we cannot
-        tell ours from a CNI's on the same gateway (the address and MAC are Antrea's too); and a
-        later agent reuses them as they are."""
+        The virtual next hop's host route and permanent neighbour entry stay: they carry no
+        Service traffic once no route points at them, and a later agent reuses them as they
+        are. ``remove_next_hop`` removes them (``ovsproxy cleanup``)."""
 
         async def job() -> RouteChanges:
             self._desired = frozenset()
@@ -271,6 +269,23 @@ class RouteManager:
             return changes
 
         return await self._submit("uninstall", job)
+
+    async def remove_next_hop(self, *, neighbours: bool) -> list[str]:
+        """Undo the virtual next hop on the gateway (``ovsproxy cleanup``, after
+        ``uninstall``): its host route when ours and, with ``neighbours``, the permanent
+        neighbour entries resolving to the virtual MAC. Only a backend that can tell its own
+        (Linux: ``LinuxRouteBackend.remove_next_hop``) removes anything; returns what it did."""
+        remove = getattr(self.backend, "remove_next_hop", None)
+
+        async def job() -> list[str]:
+            done: list[str] = []
+            if remove is not None:
+                for family in self.families:
+                    done += await remove(self.gateway, family, neighbours=neighbours)
+                    self._state[family].next_hop_ready = False
+            return done
+
+        return await self._submit("remove next hop", job)
 
     async def sync(self) -> RouteChanges:
         """Periodic repair: re-add desired routes that are missing (deleted by hand, device

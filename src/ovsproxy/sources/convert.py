@@ -349,7 +349,8 @@ def convert_service(
     ``service_ignored_reason``) converts to one with no ports after its metadata is checked.
     """
     check = _Checker("Service", location)
-    check.metadata(obj, DNS1035_LABEL)
+    meta = check.metadata(obj, DNS1035_LABEL)
+    created = _creation_time(check, meta)
     if service_ignored_reason(obj, service_proxy_name) is not None:
         check.raise_if_any()
         return Service(check.namespace, check.name)
@@ -467,6 +468,7 @@ def convert_service(
             traffic_distribution=distribution,
             health_check_node_port=health_check_port,
             load_balancer_source_ranges=source_ranges,
+            created=created,
         )
         for name, protocol, port, node_port in parsed
     )
@@ -752,7 +754,7 @@ def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | N
     return (ip, ready, serving, terminating, node_name or None, zone or None, NO_NAMES, NO_NAMES)
 
 
-def parse_trigger_time(text: object) -> float | None:
+def parse_time(text: object) -> float | None:
     """Unix seconds of an RFC 3339 time (``2024-05-01T10:00:00.123456789Z``), else None.
 
     YAML reads an unquoted time as a timestamp (kubectl turns it back into the string): one
@@ -767,6 +769,20 @@ def parse_trigger_time(text: object) -> float | None:
         return None
 
 
+def _creation_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
+    """metadata.creationTimestamp as Unix seconds (None when not given): it decides which of
+    two Services claiming one port keeps it, so a malformed one is an error."""
+    value = meta.get("creationTimestamp")
+    if value is None:
+        return None
+    created = parse_time(value)
+    if created is None:
+        check.error(
+            ("metadata", "creationTimestamp"), value, "must be an RFC 3339 time with an offset"
+        )
+    return created
+
+
 def _trigger_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
     """The slice's trigger time; a malformed one is logged and ignored, as kube-proxy does:
     it feeds a metric only, so the slice's endpoints are used all the same."""
@@ -779,7 +795,7 @@ def _trigger_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
 def trigger_time(namespace: str, name: str, value: object) -> float | None:
     """The trigger-time annotation's ``value`` of slice namespace/name as Unix seconds; None
     (and a warning) for a malformed one."""
-    parsed = parse_trigger_time(value)
+    parsed = parse_time(value)
     if parsed is None:
         log.warning(
             "EndpointSlice %s/%s: annotation %s=%r is not an RFC 3339 time; ignored",

@@ -43,7 +43,8 @@ from ovsproxy.model import (
     SlicePort,
     TrafficPolicy,
 )
-from ovsproxy.model.problems import InvalidObjectError
+from ovsproxy.model.handler import ClusterObjectHandler
+from ovsproxy.model.problems import InvalidObjectError, SourceError
 from ovsproxy.sources import convert
 from ovsproxy.sources.convert import (
     DEFAULT_AFFINITY_TIMEOUT,
@@ -87,6 +88,7 @@ class ServiceMeta(msgspec.Struct, gc=False, rename="camel"):
     namespace: str = DEFAULT_NAMESPACE
     resource_version: str = ""
     labels: dict[str, str] | None = None
+    creation_timestamp: str | None = None
 
 
 class SliceMeta(msgspec.Struct, gc=False, rename="camel"):
@@ -284,6 +286,11 @@ def service_value(obj: ServiceObject, service_proxy_name: str | None = None) -> 
     name = meta.name
     if not (convert.DNS1035_LABEL.match(name) and len(name) <= 253):
         raise Irregular
+    created = None
+    if meta.creation_timestamp is not None:
+        created = convert.parse_time(meta.creation_timestamp)
+        if created is None:
+            raise Irregular
     if _ignored(obj, meta.labels or {}, service_proxy_name):
         return Service(namespace, name)
     spec = obj.spec
@@ -370,6 +377,7 @@ def service_value(obj: ServiceObject, service_proxy_name: str | None = None) -> 
                 traffic_distribution=distribution,
                 health_check_node_port=health_check_port,
                 load_balancer_source_ranges=source_ranges,
+                created=created,
             )
         )
     return Service(namespace, name, tuple(ports))
@@ -628,6 +636,35 @@ class DictCodec(Generic[_Value]):
         if kind in WATCHED:
             return Event(kind, key, rv, self.convert_object(obj))
         return Event(kind, key, rv)
+
+
+class ClusterObjectEvents(Generic[_Value]):
+    """The events of an informer of a cluster-scoped kind, its objects as decoded JSON, made
+    model values by ``convert`` for a ``model.handler.ClusterObjectHandler`` (deletes by name:
+    the informer keys such an object ("", name))."""
+
+    __slots__ = ("convert", "handler")
+
+    def __init__(
+        self, handler: ClusterObjectHandler[_Value], convert: Callable[[Obj], _Value]
+    ) -> None:
+        self.handler = handler
+        self.convert = convert
+
+    def on_add(self, obj: Obj) -> None:
+        self.handler.on_add(self.convert(obj))
+
+    def on_update(self, obj: Obj) -> None:
+        self.handler.on_update(self.convert(obj))
+
+    def on_delete(self, key: ObjKey) -> None:
+        self.handler.on_delete(key[1])
+
+    def on_synced(self) -> None:
+        self.handler.on_synced()
+
+    def on_error(self, problem: SourceError) -> None:
+        self.handler.on_error(problem)
 
 
 class KeyMeta(msgspec.Struct, gc=False, rename="camel"):

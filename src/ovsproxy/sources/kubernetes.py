@@ -20,6 +20,8 @@ whose codecs decode the API's JSON straight into model values (``kubejson``), an
 them to a ``SourceHandler``. Both select objects with kube-proxy's label selector
 (``convert.proxy_label_selector``): those meant for this proxy by
 ``service.kubernetes.io/service-proxy-name`` (none: unlabelled ones), never headless ones.
+On request it also runs one for ServiceCIDRs and one for this node's Node object (selected
+with ``fieldSelector=metadata.name=<node>``, as kube-proxy's node informer).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ovsproxy.model import EndpointSlice, Service
 from ovsproxy.model.handler import (
     SYNC_ENDPOINT_SLICES,
     SYNC_SERVICES,
+    NodeHandler,
     ServiceCIDRHandler,
     SourceHandler,
 )
@@ -48,6 +51,7 @@ from ovsproxy.model.problems import InvalidObject, InvalidObjectError, SourceErr
 from ovsproxy.sources import kubejson
 from ovsproxy.sources.convert import check_service_proxy_name, proxy_label_selector
 from ovsproxy.sources.kubejson import Codec, DictCodec, Event, ObjKey
+from ovsproxy.sources.nodes import NodeEvents, node_field_selector
 from ovsproxy.sources.servicecidrs import ServiceCIDREvents
 
 try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
@@ -84,6 +88,7 @@ class Resource:
 SERVICES = Resource("", "v1", "services", "Service")
 ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
 SERVICE_CIDRS = Resource("networking.k8s.io", "v1", "servicecidrs", "ServiceCIDR", namespaced=False)
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +154,7 @@ class Informer(Generic[_Value]):
         codec: Codec[_Value],
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         page_size: int = 500,
         watch_timeout: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff = Backoff(),
@@ -159,6 +165,7 @@ class Informer(Generic[_Value]):
         self.handler = handler
         self.codec = codec
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.page_size = page_size
         self.watch_timeout = watch_timeout  # each watch asks the server to end within this
         self.backoff = backoff
@@ -208,7 +215,10 @@ class Informer(Generic[_Value]):
         await asyncio.sleep(self.backoff.delay(self._failures - 1, random.random()))
 
     def _params(self) -> dict[str, str]:
-        return {"labelSelector": self.label_selector} if self.label_selector else {}
+        params = {"labelSelector": self.label_selector} if self.label_selector else {}
+        if self.field_selector:
+            params["fieldSelector"] = self.field_selector
+        return params
 
     async def _relist(self) -> None:
         # A list's pages and what they convert to all stay alive: no collector passes over
@@ -408,7 +418,8 @@ class KubernetesSource:
     reports its kind synced after its first list); ``await wait_synced()`` waits for both;
     ``await stop()`` cancels them and closes the client. Also an async context manager.
     ``informer(resource, handler)`` runs another informer on the same client, stopped with the
-    rest; ``service_cidrs(handler)`` runs the ServiceCIDR one, converting its objects.
+    rest; ``service_cidrs(handler)`` runs the ServiceCIDR one and ``node(handler, name)`` the
+    one of this node's Node object, converting their objects.
     """
 
     services: Informer[Service | InvalidObjectError]  # set by start()
@@ -492,13 +503,20 @@ class KubernetesSource:
         codec: Codec[_Value] | None = None,
         *,
         label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> Informer[_Value]:
         """Run an informer for ``resource`` on this client. Without a ``codec``, its objects
         reach ``handler`` as decoded JSON (dicts)."""
         if codec is None:
             codec = DictCodec(_as_is, namespaced=resource.namespaced)  # type: ignore[arg-type]
         informer = Informer(
-            self.client, resource, handler, codec, label_selector=label_selector, **self._options
+            self.client,
+            resource,
+            handler,
+            codec,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            **self._options,
         )
         self.informers.append(informer)
         self._tasks.append(asyncio.create_task(informer.run(), name=f"informer-{resource.plural}"))
@@ -507,6 +525,13 @@ class KubernetesSource:
     def service_cidrs(self, handler: ServiceCIDRHandler) -> Informer[Obj]:
         """Run a ServiceCIDR informer; its objects reach ``handler`` as model values."""
         return self.informer(SERVICE_CIDRS, ServiceCIDREvents(handler))
+
+    def node(self, handler: NodeHandler, node_name: str) -> Informer[Obj]:
+        """Run an informer for the Node named ``node_name`` alone (a field selector, as
+        kube-proxy's); it reaches ``handler`` as a model value."""
+        return self.informer(
+            NODES, NodeEvents(handler), field_selector=node_field_selector(node_name)
+        )
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(informer.wait_synced() for informer in self.informers))

@@ -10,12 +10,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ovsproxy.model import IPNetwork, ServiceCIDR
 from ovsproxy.model.handler import ServiceCIDRHandler
-from ovsproxy.model.problems import SourceError
+from ovsproxy.sources.kubejson import ClusterObjectEvents
 
 log = logging.getLogger(__name__)
 
@@ -52,24 +51,10 @@ def service_cidr_name(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-@dataclass(slots=True)
-class ServiceCIDREvents:
+class ServiceCIDREvents(ClusterObjectEvents[ServiceCIDR]):
     """Raw ServiceCIDR objects of an informer -> ``ServiceCIDR`` values -> the handler."""
 
-    handler: ServiceCIDRHandler
+    __slots__ = ()
 
-    def on_add(self, obj: dict[str, Any]) -> None:
-        self.handler.on_add(convert_service_cidr(obj))
-
-    def on_update(self, obj: dict[str, Any]) -> None:
-        self.handler.on_update(convert_service_cidr(obj))
-
-    def on_delete(self, key: tuple[str, str]) -> None:
-        """``key``: ("", name), as the informer keys a cluster-scoped object."""
-        self.handler.on_delete(key[1])
-
-    def on_synced(self) -> None:
-        self.handler.on_synced()
-
-    def on_error(self, problem: SourceError) -> None:
-        self.handler.on_error(problem)
+    def __init__(self, handler: ServiceCIDRHandler) -> None:
+        super().__init__(handler, convert_service_cidr)
