@@ -42,7 +42,9 @@ longest request of the window; ``slow``: answered requests that took over 0.9 s 
 retransmitted, or a stall).
 Each failed request is reported by its prober with its 5-tuple, phase and timing
 (``ovsproxy.ovs.traffic``): its fault's ``failed_at`` names it, and the failures outside every
-fault's window - the unexplained ones - are listed in ``failed_outside_fault_windows_requests``.
+fault's window - the unexplained ones - are listed in ``failed_outside_fault_windows_requests``;
+the first ``MAX_EXPLAINED`` of them get their evidence (``ovsproxy.lab.evidence``) when their
+prober reports them, in ``failed_outside_fault_windows_evidence``.
 The TCP timeout, 2.5 s, leaves room for one retransmitted SYN.
 
 Goals (issue 17): agent SIGKILL -> 0 failed requests; ovs-vswitchd restart -> traffic back
@@ -70,6 +72,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +101,7 @@ TCP_TIMEOUT_S = 2.5  # a SYN lost once is retransmitted after 1 s: slow, not fai
 UDP_TIMEOUT_S = 1.0
 PROBE_INTERVAL_S = 0.25  # per target, between requests (30 targets: about 100 requests/s)
 SLOW_S = 0.9  # a request this slow was probably retransmitted: counted apart
+MAX_EXPLAINED = 20  # failures outside the faults' windows explained as they come
 PLURALS = {"Service": "services", "EndpointSlice": "endpointslices"}
 WEB_IPS = ("10.96.7.10", "fd00:10:96::7:10")
 NODEPORT_IPS = ("10.96.7.20", "fd00:10:96::7:20")
@@ -169,6 +173,12 @@ class ChaosLab:
         self.web_dropped: str | None = None
         self.probers: list[tuple[subprocess.Popen[bytes], Path, list[str]]] = []
         self.configs: dict[str, Any] = {}
+        # Failures outside every fault's window, explained as the probers report them: until
+        # ``quiet_since`` (a fault's window end), every failure is the fault's.
+        self.quiet_since = float("inf")
+        self.explained: list[dict[str, Any]] = []
+        self.following = threading.Event()
+        self.follower: threading.Thread | None = None
         # One process per node runs `verify`: checks of three nodes in one interpreter would
         # share its GIL (and the fake API's thread), and the convergence figure is only as
         # fine as one check is quick.
@@ -269,6 +279,29 @@ class ChaosLab:
                 for proto in ("tcp", "udp"):
                     targets.append((proto, str(ip), NODE_PORT, f"nodeport {node.name}"))
         self._prober(self.lab.external_netns, "external", targets)
+        self.following.set()
+        self.follower = threading.Thread(target=self._follow, daemon=True)
+        self.follower.start()
+
+    def _follow(self) -> None:
+        """Read the probers' lines as they come; a failure outside every fault's window gets
+        its evidence at once (up to ``MAX_EXPLAINED``), while the switches still hold it."""
+        from ovsproxy.lab.evidence import Evidence, lab_rig, serving_netns
+
+        clients = [n.pods[f"client-{n.index}"].netns for n in self.lab.nodes.values()]
+        watched = clients + serving_netns(n.sandbox for n in self.lab.nodes.values())
+        offsets = [0] * len(self.probers)
+        with Evidence(lab_rig(self.lab), watched) as session:
+            while self.following.is_set() and len(self.explained) < MAX_EXPLAINED:
+                for i, (_, path, labels) in enumerate(self.probers):
+                    lines, offsets[i] = _new_lines(path, offsets[i])
+                    for t0, index, record in _failures(lines):
+                        if t0 >= self.quiet_since and len(self.explained) < MAX_EXPLAINED:
+                            evidence = session.explain([record])
+                            self.explained.append(
+                                {"target": labels[index], **record, "evidence": evidence}
+                            )
+                self.following.wait(0.2)
 
     def _prober(self, netns: str, client: str, targets: list[tuple[str, str, int, str]]) -> None:
         out = self.workdir / f"probe-{client}.jsonl"
@@ -287,6 +320,9 @@ class ChaosLab:
         self.probers.append((proc, out, labels))
 
     def stop_probers(self) -> None:
+        self.following.clear()
+        if self.follower is not None:
+            self.follower.join(timeout=60)
         for proc, _, _ in self.probers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -313,6 +349,7 @@ class ChaosLab:
     # -- faults --------------------------------------------------------------------------
     def inject(self, kind: str) -> Fault:
         """Do the fault; returns it with ``recovered`` set."""
+        self.quiet_since = float("inf")  # from now on, failures are this fault's
         nodes = sorted(self.lab.nodes)
         node_name = self.rng.choice(nodes)
         node = self.lab.nodes[node_name]
@@ -406,6 +443,7 @@ class ChaosLab:
         if all(end is not None for end in ends):
             fault.converged = max(e for e in ends if e is not None)
             fault.converge_s = round(max(0.0, fault.converged - fault.recovered), 3)
+        self.quiet_since = fault.window_end
 
     def final_differences(self) -> dict[str, Any]:
         names = sorted(self.lab.nodes)
@@ -488,6 +526,26 @@ def schedule(rng: random.Random) -> list[str]:
     order = list(KINDS)
     rng.shuffle(order)
     return order
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines written to ``path`` after ``offset``, and the offset after them."""
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        chunk = stream.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return complete.decode().splitlines(), offset + len(complete)
+
+
+def _failures(lines: list[str]) -> list[tuple[float, int, dict[str, Any]]]:
+    """(start, target index, record) of the prober lines that are failures with a record."""
+    found = []
+    for line in lines:
+        with contextlib.suppress(ValueError, IndexError):
+            t0, _, index, ok, _, *rest = json.loads(line)
+            if not ok and rest and rest[0]:
+                found.append((float(t0), int(index), rest[0]))
+    return found
 
 
 def _tuple(record: dict[str, Any]) -> str:
@@ -702,6 +760,7 @@ def chaos(
             world.stop_probers()
             final = world.final_differences()
             requests = world.requests()
+            explained = world.explained
             agent_logs = {n: world.lab.agent_log(n)[-4000:] for n in world.lab.nodes}
         finally:
             world.down()
@@ -746,6 +805,7 @@ def chaos(
         "failed": sum(1 for r in requests if not r[3]),
         "failed_outside_fault_windows": outside,
         "failed_outside_fault_windows_requests": outside_failures,
+        "failed_outside_fault_windows_evidence": explained,
         "faults_clean_at_first_check": sum(f.first_check_clean for f in faults),
         "median_check_s": (
             round(statistics.median(f.check_s for f in faults), 3) if faults else None
