@@ -37,6 +37,7 @@ ORDER = [
     "churn",
     "scale",
     "chaos",
+    "soak",
 ]
 
 

@@ -515,6 +515,66 @@ def _chaos(ch: dict[str, Any], source: str) -> list[str]:
     ]
 
 
+SOAK_RUN = (
+    "`python -m bench soak --nodes 3 [--count N] [--churn]` (not part of `all`; `--quick`:"
+    " 10,000 requests a phase): a 3-node dual-stack lab; from every node's client pod and the"
+    " node's own namespace, new connections (TCP) and new sockets (UDP) to a ClusterIP"
+    " Service's IPv4 and IPv6 ClusterIPs and to the NodePort on the next node's IPv4 and IPv6"
+    " address, N requests a phase (default 100,000): quiet, then beside a busy loop pinned to"
+    " every core (`--churn`: an endpoint leaves and comes back every 2 s meanwhile). A"
+    " retransmitted request was answered but needed a TCP retransmission (its connect took"
+    " >= 0.9 s, or its connection counted a retransmitted segment). Every failure is in the"
+    " result file with its 5-tuple and its evidence, collected when the client reported it"
+    " (conntrack of the tuple in every switch and node kernel, counter deltas, drop flows, the"
+    " agents' state; with `OVSPROXY_PACKET_RING=1`, the tuple's packets from a bounded ring"
+    ' capture: README, "Evidence of a failed request"). Goals (issue 23): 0 failed; 0'
+    " retransmitted quiet, <= 0.1% beside the hog."
+)
+
+
+def _soak(so: dict[str, Any] | None) -> list[str]:
+    """The soak run (its own result file: ``all`` does not run it)."""
+    if so is None:
+        return [
+            "### Soak (`soak`)",
+            "",
+            SOAK_RUN,
+            "",
+            "No full-size run is committed yet: `python -m bench soak --nodes 3` writes"
+            " `bench/results/<date>-soak.json`, and `python -m bench.readme` renders it here.",
+            "",
+        ]
+    goals = [
+        f"| {g['goal']} | {g['target']} | **{g['value']}** | {_met(bool(g['met']))} |"
+        for g in so["goals"]
+    ]
+    phases = [
+        f"| {name} | {ph['requests']:,} | {ph['failed']} | {ph['retransmitted']}"
+        f" ({ph['retransmitted_pct']}% of TCP) | {ph['p50_ms']} / {ph['p99_ms']} / {ph['max_ms']}"
+        f" | {ph['requests_per_s']:,} | {ph['load_average_start']} |"
+        for name, ph in ((n, so[n]) for n in ("quiet", "hog"))
+    ]
+    churn = f" With `--churn`: {so['churns']} endpoint changes." if so.get("churn") else ""
+    return [
+        "### Soak (`soak`)",
+        "",
+        SOAK_RUN,
+        "",
+        f"From `{so['source']}`{_provenance(so)}: {so['nodes']} nodes,"
+        f" {so['requests_per_phase']:,} requests a phase.{churn}",
+        "",
+        "| phase | requests | failed | retransmitted | latency p50 / p99 / max ms | requests/s"
+        " | load average at the start |",
+        "|---|---|---|---|---|---|---|",
+        *phases,
+        "",
+        "| goal (issue 23) | target | measured | |",
+        "|---|---|---|---|",
+        *goals,
+        "",
+    ]
+
+
 def _others(report: dict[str, Any]) -> list[str]:
     out = ["### The other scenarios", ""]
     enc = report.get("encode")
@@ -623,6 +683,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *(_churn(report["churn"]) if _ok(report, "churn") else []),
         *(_scale(report["scale"], report["scale"]["plot"]) if _ok(report, "scale") else []),
         *(_chaos(report["chaos"], report["chaos"]["source"]) if _ok(report, "chaos") else []),
+        *_soak(report["soak"] if _ok(report, "soak") else None),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"
@@ -665,18 +726,19 @@ def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
     report[name]["clean"] = payload.get("tree_clean", payload.get("clean"))
 
 
-def _chaos_result(report: dict[str, Any], result: Path) -> None:
-    """The newest chaos result next to ``result`` (its own run, with its own commit)."""
-    if _ok(report, "chaos"):
+def _newest_result(report: dict[str, Any], result: Path, name: str) -> None:
+    """The newest full-size result of ``name`` next to ``result`` (a scenario ``all`` does not
+    run: its own run, with its own commit)."""
+    if _ok(report, name):
         return
-    found = sorted(p for p in result.parent.glob("*-chaos.json"))
+    found = sorted(p for p in result.parent.glob(f"*-{name}.json"))
     if not found:
         return
     payload = json.loads(found[-1].read_text())
-    if "error" in payload.get("chaos", {"error": ""}):
+    if "error" in payload.get(name, {"error": ""}):
         return
-    report["chaos"] = {
-        **payload["chaos"],
+    report[name] = {
+        **payload[name],
         "source": f"bench/results/{found[-1].name}",
         "commit": payload.get("commit"),
         "tree_clean": payload.get("tree_clean"),
@@ -686,7 +748,8 @@ def _chaos_result(report: dict[str, Any], result: Path) -> None:
 def render_files(result: Path, quick: Path | None = None) -> str:
     report = json.loads(result.read_text())
     _own_result(report, result, "scale")
-    _chaos_result(report, result)
+    _newest_result(report, result, "chaos")
+    _newest_result(report, result, "soak")
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:

@@ -48,6 +48,12 @@ from the daemon answering again to the start of the first successful request aft
 last failed one (from then on every request of the window succeeded); ``slowest_s``: the
 longest request of the window; ``slow``: answered requests that took over 0.9 s (a lost packet
 retransmitted, or a stall).
+Each failed request is reported by its prober with its 5-tuple, phase and timing
+(``ovsproxy.ovs.traffic``): its fault's ``failed_at`` names it, and the failures outside every
+fault's window - the unexplained ones - are listed in ``failed_outside_fault_windows_requests``;
+the first ``MAX_EXPLAINED`` of them get their evidence (``ovsproxy.lab.evidence``) when their
+prober reports them, in ``failed_outside_fault_windows_evidence``.
+The TCP timeout, 2.5 s, leaves room for one retransmitted SYN.
 
 Goals (issue 17): agent SIGKILL -> 0 failed requests; ovs-vswitchd restart -> traffic back
 <= 2 s after it is up again; ovsdb-server restart -> 0 failed; every fault converged <= 5 s;
@@ -76,6 +82,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,16 +114,20 @@ STREAM_RESTART_ALLOWANCE_S = 4.0  # ... the restart within this (else less time 
 STREAM_AFTER_S = 6.0  # ... and this long after the switch is back
 GRACE_S = 1.0  # after convergence, still the fault's window
 CONVERGE_TIMEOUT_S = 60.0  # give up following a fault (the goal is far below)
-TCP_TIMEOUT_S = 2.0  # a SYN lost once is retransmitted after 1 s: slow, not failed
+TCP_TIMEOUT_S = 2.5  # a SYN lost once is retransmitted after 1 s: slow, not failed
 UDP_TIMEOUT_S = 1.0
 PROBE_INTERVAL_S = 0.25  # per target, between requests (30 targets: about 100 requests/s)
 SLOW_S = 0.9  # a request this slow was probably retransmitted: counted apart
+MAX_EXPLAINED = 20  # failures outside the faults' windows explained as they come
 PLURALS = {"Service": "services", "EndpointSlice": "endpointslices"}
 WEB_IPS = ("10.96.7.10", "fd00:10:96::7:10")
 NODEPORT_IPS = ("10.96.7.20", "fd00:10:96::7:20")
 NODE_PORT = 30700
 
 log = logging.getLogger("bench.chaos")
+# A request: start, end (CLOCK_MONOTONIC), target label, answered, pod or failure kind, and a
+# failure's 5-tuple (src:sport -> dst:dport) or "".
+Request = tuple[float, float, str, bool, str, str]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +195,12 @@ class ChaosLab:
         # vswitchd-kill-connections running: (client, its fault, killed, back, duration)
         self.streams: tuple[subprocess.Popen[str], Fault, float, float, float] | None = None
         self.configs: dict[str, Any] = {}
+        # Failures outside every fault's window, explained as the probers report them: until
+        # ``quiet_since`` (a fault's window end), every failure is the fault's.
+        self.quiet_since = float("inf")
+        self.explained: list[dict[str, Any]] = []
+        self.following = threading.Event()
+        self.follower: threading.Thread | None = None
         # One process per node runs `verify`: checks of three nodes in one interpreter would
         # share its GIL (and the fake API's thread), and the convergence figure is only as
         # fine as one check is quick.
@@ -347,6 +364,29 @@ class ChaosLab:
                 for proto in ("tcp", "udp"):
                     targets.append((proto, str(ip), NODE_PORT, f"nodeport {node.name}"))
         self._prober(self.lab.external_netns, "external", targets)
+        self.following.set()
+        self.follower = threading.Thread(target=self._follow, daemon=True)
+        self.follower.start()
+
+    def _follow(self) -> None:
+        """Read the probers' lines as they come; a failure outside every fault's window gets
+        its evidence at once (up to ``MAX_EXPLAINED``), while the switches still hold it."""
+        from ovsproxy.lab.evidence import Evidence, lab_rig, serving_netns
+
+        clients = [n.pods[f"client-{n.index}"].netns for n in self.lab.nodes.values()]
+        watched = clients + serving_netns(n.sandbox for n in self.lab.nodes.values())
+        offsets = [0] * len(self.probers)
+        with Evidence(lab_rig(self.lab), watched) as session:
+            while self.following.is_set() and len(self.explained) < MAX_EXPLAINED:
+                for i, (_, path, labels) in enumerate(self.probers):
+                    lines, offsets[i] = _new_lines(path, offsets[i])
+                    for t0, index, record in _failures(lines):
+                        if t0 >= self.quiet_since and len(self.explained) < MAX_EXPLAINED:
+                            evidence = session.explain([record])
+                            self.explained.append(
+                                {"target": labels[index], **record, "evidence": evidence}
+                            )
+                self.following.wait(0.2)
 
     def _prober(self, netns: str, client: str, targets: list[tuple[str, str, int, str]]) -> None:
         out = self.workdir / f"probe-{client}.jsonl"
@@ -365,6 +405,9 @@ class ChaosLab:
         self.probers.append((proc, out, labels))
 
     def stop_probers(self) -> None:
+        self.following.clear()
+        if self.follower is not None:
+            self.follower.join(timeout=60)
         for proc, _, _ in self.probers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -375,20 +418,23 @@ class ChaosLab:
                 proc.kill()
                 proc.wait()
 
-    def requests(self) -> list[tuple[float, float, str, bool, str]]:
-        """Every request: (start, end, target label, ok, pod or failure kind)."""
+    def requests(self) -> list[Request]:
+        """Every request: (start, end, target label, ok, pod or failure kind, the failure's
+        5-tuple as ``src:sport -> dst:dport`` or "")."""
         found = []
         for _, path, labels in self.probers:
             for line in path.read_text().splitlines():
                 with contextlib.suppress(ValueError, IndexError):
-                    t0, t1, index, ok, detail = json.loads(line)
-                    found.append((t0, t1, labels[index], bool(ok), detail))
+                    t0, t1, index, ok, detail, *rest = json.loads(line)
+                    record = rest[0] if rest and rest[0] else {}
+                    found.append((t0, t1, labels[index], bool(ok), detail, _tuple(record)))
         found.sort()
         return found
 
     # -- faults --------------------------------------------------------------------------
     def inject(self, kind: str) -> Fault:
         """Do the fault; returns it with ``recovered`` set."""
+        self.quiet_since = float("inf")  # from now on, failures are this fault's
         nodes = sorted(self.lab.nodes)
         node_name = self.rng.choice(nodes)
         node = self.lab.nodes[node_name]
@@ -485,6 +531,7 @@ class ChaosLab:
         if all(end is not None for end in ends):
             fault.converged = max(e for e in ends if e is not None)
             fault.converge_s = round(max(0.0, fault.converged - fault.recovered), 3)
+        self.quiet_since = fault.window_end
 
     def final_differences(self) -> dict[str, Any]:
         names = sorted(self.lab.nodes)
@@ -601,15 +648,49 @@ def schedule(rng: random.Random) -> list[str]:
     return order
 
 
-def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool, str]]) -> int:
+def _new_lines(path: Path, offset: int) -> tuple[list[str], int]:
+    """The complete lines written to ``path`` after ``offset``, and the offset after them."""
+    with open(path, "rb") as stream:
+        stream.seek(offset)
+        chunk = stream.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return complete.decode().splitlines(), offset + len(complete)
+
+
+def _failures(lines: list[str]) -> list[tuple[float, int, dict[str, Any]]]:
+    """(start, target index, record) of the prober lines that are failures with a record."""
+    found = []
+    for line in lines:
+        with contextlib.suppress(ValueError, IndexError):
+            t0, _, index, ok, _, *rest = json.loads(line)
+            if not ok and rest and rest[0]:
+                found.append((float(t0), int(index), rest[0]))
+    return found
+
+
+def _tuple(record: dict[str, Any]) -> str:
+    """A failed request's 5-tuple as the traffic client reported it ("" when it had none)."""
+    if not record.get("source_port"):
+        return ""
+    return (
+        f"{record.get('proto', '')} {record.get('src', '')}:{record['source_port']} -> "
+        f"{record.get('dst', '')}:{record.get('dport', '')} ({record.get('phase', '')})"
+    )
+
+
+def attribute(faults: list[Fault], requests: list[Request], outside: list[str]) -> int:
     """Each fault's requests, failures and (vswitchd) traffic_back_s; returns the failures
-    outside every fault's window."""
-    outside = 0
+    outside every fault's window, and lists the first ones in ``outside`` (with their
+    5-tuples: those are the unexplained ones)."""
+    count = 0
     windows = sorted(faults, key=lambda f: f.start)
-    for t0, t1, label, ok, detail in requests:
+    for t0, t1, label, ok, detail, tuple_ in requests:
         owner = next((f for f in windows if t1 >= f.start and t0 <= f.window_end), None)
+        if owner is None and not ok:
+            count += 1
+            if len(outside) < 50:
+                outside.append(f"{t0:.3f} ({t1 - t0:.3f} s): {label}: {detail} {tuple_}")
         if owner is None:
-            outside += 0 if ok else 1
             continue
         owner.requests += 1
         owner.slowest_s = max(owner.slowest_s, round(t1 - t0, 3))
@@ -618,7 +699,9 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
             key = f"{label}: {detail}"
             owner.failures[key] = owner.failures.get(key, 0) + 1
             if len(owner.failed_at) < 20:
-                owner.failed_at.append(f"{t0 - owner.start:+.3f} s ({t1 - t0:.3f} s): {key}")
+                owner.failed_at.append(
+                    f"{t0 - owner.start:+.3f} s ({t1 - t0:.3f} s): {key} {tuple_}".rstrip()
+                )
         elif t1 - t0 >= SLOW_S:
             owner.slow += 1
     for fault in faults:
@@ -633,7 +716,7 @@ def attribute(faults: list[Fault], requests: list[tuple[float, float, str, bool,
         later = [r[0] for r in mine if r[3] and r[0] > last]
         if later:
             fault.traffic_back_s = round(max(0.0, min(later) - fault.recovered), 3)
-    return outside
+    return count
 
 
 def goals(faults: list[Fault], final: dict[str, Any]) -> list[dict[str, Any]]:
@@ -726,7 +809,7 @@ def goals(faults: list[Fault], final: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _plot(
     faults: list[Fault],
-    requests: list[tuple[float, float, str, bool, str]],
+    requests: list[Request],
     origin: float,
     path: Path,
     title: str,
@@ -738,7 +821,7 @@ def _plot(
 
     ok_per_s: collections.Counter[int] = collections.Counter()
     failed_per_s: collections.Counter[int] = collections.Counter()
-    for t0, _, _, ok, _ in requests:
+    for t0, _, _, ok, _, _ in requests:
         (ok_per_s if ok else failed_per_s)[int(t0 - origin)] += 1
     end = int(max((r[0] for r in requests), default=origin) - origin) + 1
     x = list(range(end))
@@ -822,10 +905,12 @@ def chaos(
             world.stop_probers()
             final = world.final_differences()
             requests = world.requests()
+            explained = world.explained
             agent_logs = {n: world.lab.agent_log(n)[-4000:] for n in world.lab.nodes}
         finally:
             world.down()
-    outside = attribute(faults, requests)
+    outside_failures: list[str] = []
+    outside = attribute(faults, requests, outside_failures)
     met = goals(faults, final)
     results.mkdir(parents=True, exist_ok=True)
     stem = f"{dt.date.today().isoformat()}-chaos"
@@ -864,6 +949,8 @@ def chaos(
         "requests": len(requests),
         "failed": sum(1 for r in requests if not r[3]),
         "failed_outside_fault_windows": outside,
+        "failed_outside_fault_windows_requests": outside_failures,
+        "failed_outside_fault_windows_evidence": explained,
         "faults_clean_at_first_check": sum(f.first_check_clean for f in faults),
         "median_check_s": (
             round(statistics.median(f.check_s for f in faults), 3) if faults else None

@@ -59,7 +59,7 @@ def test_pod_to_pod_across_nodes(lab: Lab) -> None:
     pod's SYN-ACK is not dropped as conntrack-invalid there."""
     web2 = lab.pod("web-2")
     for ip in web2.ips:
-        out = http(client_pod(lab.nodes["node-1"]), str(ip), 10, port=HTTP_PORT)
+        out = http(lab, client_pod(lab.nodes["node-1"]), str(ip), 10, port=HTTP_PORT)
         assert out["failed"] == 0 and out["counts"] == {"web-2": 10}, out
 
 
@@ -70,7 +70,7 @@ def test_clusterip_tcp_reaches_every_endpoint_from_every_node(
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):
-        out = http(netns, ip, REQUESTS)
+        out = http(lab, netns, ip, REQUESTS)
         assert out["failed"] == 0, (label, out["failures"], out)
         assert set(out["counts"]) == pods, (label, out["counts"])
 
@@ -83,7 +83,7 @@ def test_clusterip_udp_answers_from_every_node(
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):
-        out = udp(netns, ip, REQUESTS)
+        out = udp(lab, netns, ip, REQUESTS)
         assert out["failed"] == 0, (label, out["failures"], out)
         assert set(out["counts"]) <= pods, (label, out["counts"])
 
@@ -96,7 +96,7 @@ def test_clusterip_udp_spreads_over_every_endpoint(
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):
-        out = udp(netns, ip, REQUESTS)
+        out = udp(lab, netns, ip, REQUESTS)
         assert out["failed"] == 0, (label, out["failures"], out)
         assert set(out["counts"]) == pods, (label, out["counts"])
 
@@ -106,7 +106,7 @@ def test_hairpin_with_endpoints_on_other_nodes(lab: Lab, everywhere: LabService)
     other endpoints, local and remote; none fails."""
     web1 = lab.pod("web-1")
     for ip in everywhere.cluster_ips:
-        out = http(web1.netns, str(ip), REQUESTS)
+        out = http(lab, web1.netns, str(ip), REQUESTS)
         assert out["failed"] == 0, out
         assert set(out["counts"]) == {ep.pod for ep in everywhere.endpoints}, out["counts"]
 
@@ -118,13 +118,13 @@ def test_internal_traffic_policy_local(lab: Lab) -> None:
     install(lab, svc, lambda node: [ep for ep in svc.endpoints if ep.node == node])
     try:
         for ip in map(str, svc.cluster_ips):
-            out = http(client_pod(lab.nodes["node-1"]), ip, 30)
+            out = http(lab, client_pod(lab.nodes["node-1"]), ip, 30)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-1", "web-1b"}, out
-            out = http(client_pod(lab.nodes["node-2"]), ip, 10)
+            out = http(lab, client_pod(lab.nodes["node-2"]), ip, 10)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-2"}, out
             # node-3 has none of the endpoints: dropped, as kube-proxy does (no reject).
             for netns in (client_pod(lab.nodes["node-3"]), lab.nodes["node-3"].netns):
-                out = http(netns, ip, 3, timeout=0.5)
+                out = http(lab, netns, ip, 3, timeout=0.5)
                 assert out["counts"] == {} and out["failures"] == {"timeout": 3}, out
     finally:
         remove_service(lab.manifests, svc)
@@ -149,10 +149,10 @@ def test_prefer_same_zone(lab: Lab) -> None:
                 ("node-2", {"web-2"}),
                 ("node-3", {"web-1", "web-3"}),
             ):
-                out = http(client_pod(lab.nodes[node]), ip, 30)
+                out = http(lab, client_pod(lab.nodes[node]), ip, 30)
                 assert out["failed"] == 0 and set(out["counts"]) == expected, (node, out)
         for ip in map(str, only_z1.cluster_ips):
-            out = http(client_pod(lab.nodes["node-2"]), ip, 30)
+            out = http(lab, client_pod(lab.nodes["node-2"]), ip, 30)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-1", "web-3"}, out
     finally:
         remove_service(lab.manifests, svc)
@@ -165,7 +165,7 @@ def test_session_affinity_with_remote_endpoints(lab: Lab) -> None:
     try:
         for ip in map(str, svc.cluster_ips):
             for label, netns in clients(lab):
-                out = http(netns, ip, 15)
+                out = http(lab, netns, ip, 15)
                 assert out["failed"] == 0 and len(out["counts"]) == 1, (label, out)
     finally:
         remove_service(lab.manifests, svc)
@@ -178,9 +178,9 @@ def test_reject_without_endpoints(lab: Lab) -> None:
     try:
         for ip in map(str, svc.cluster_ips):
             for label, netns in clients(lab):
-                out = http(netns, ip, 3)
+                out = http(lab, netns, ip, 3)
                 assert out["failures"] == {"refused": 3}, (label, out)
-                out = udp(netns, ip, 3)
+                out = udp(lab, netns, ip, 3)
                 assert out["failures"] == {"refused": 3}, (label, out)
     finally:
         remove_service(lab.manifests, svc)
@@ -195,7 +195,7 @@ def test_terminating_fallback_to_remote_endpoints(lab: Lab) -> None:
     try:
         for ip in map(str, svc.cluster_ips):
             for netns in (client_pod(lab.nodes["node-1"]), lab.nodes["node-1"].netns):
-                out = http(netns, ip, 30)
+                out = http(lab, netns, ip, 30)
                 assert out["failed"] == 0 and set(out["counts"]) == {"web-2", "web-3"}, out
     finally:
         remove_service(lab.manifests, svc)
