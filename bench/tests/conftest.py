@@ -1,5 +1,5 @@
 """The benchmarks' own tests (of bench code: the chaos run, the fuzzer, the fake API's
-paging, the README rendering), with the suite's session checks."""
+paging, bench/README.md's rendering), with the suite's session checks."""
 
 from __future__ import annotations
 

@@ -174,7 +174,7 @@ def test_cleanup_after_a_killed_agent_restores_the_node(sandbox: Sandbox, tmp_pa
     foreign_state(sandbox)
     addresses_settled(sandbox)
     before = snapshot(sandbox)
-    # The host-SNAT addresses' neighbour entries, as the README has operators make them
+    # The host-SNAT addresses' neighbour entries, as docs/byhand.md has operators make them
     # today (and the agent itself with zero-config host SNAT): ours by their virtual MAC.
     for address in HOST_SNAT:
         sandbox.exec(

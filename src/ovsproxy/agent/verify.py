@@ -12,7 +12,7 @@ every element, against the content the capture tracker derives from the same Ser
 and the node's IPs.
 
 Nothing is changed on the node. A group too large for OVS to describe (GROUP_DESC over 64 KB,
-see README "Known limits") is compared by its bucket count from group statistics, and a
+see docs/limits.md) is compared by its bucket count from group statistics, and a
 bucket-id probe (a bundle that fails by design, so nothing is applied) says whether its ids are
 0..n-1; above the size group statistics can carry, only its existence is probed.
 """
