@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-from bench.scenarios import soak
 from hypothesis import given
 from hypothesis import strategies as st
+
+from bench.scenarios import soak
 
 
 @given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1), st.floats(0.01, 1.0))
