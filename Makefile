@@ -22,8 +22,8 @@ conformance: setup
 	OVSPROXY_RECORD_RESULTS=1 .venv/bin/python -m pytest tests/conformance -rxXf $(ARGS)
 
 lint: setup
-	.venv/bin/ruff check src tests bench
-	.venv/bin/ruff format --check src tests bench
+	.venv/bin/ruff check src tests bench support
+	.venv/bin/ruff format --check src tests bench support
 	.venv/bin/mypy
 
 bench: setup

@@ -37,6 +37,7 @@ ORDER = [
     "churn",
     "scale",
     "chaos",
+    "soak",
 ]
 
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(to_markdown(name, result))
     if args.scenario == "all" and not args.no_save:
-        # One file with every scenario's figures, for the README to quote.
+        # One file with every scenario's figures, for bench/README.md (python -m bench.readme).
         stem = RESULTS / f"{today}-all{'-quick' if args.quick else ''}"
         stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
         header = f"# Benchmarks {today}{' (quick)' if args.quick else ''}\n\n"

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from support import cluster
+
 from bench import dp, kubeapi
 from ovsproxy.ovs.ovsdb import GROUP_IDS_KEY
 from ovsproxy.ovs.sandbox import Sandbox
@@ -44,12 +46,12 @@ async def serve_cluster(services: int, endpoints: int) -> tuple[kubeapi.ServingK
     """A started fake API with the cluster; returns it and the bytes of its list pages."""
     api = kubeapi.ServingKubeApi()
     await api.start()
-    svcs, slices = kubeapi.cluster_objects(services, endpoints)
+    svcs, slices = cluster.cluster_objects(services, endpoints)
     api.load("services", svcs)
     api.load("endpointslices", slices)
     api.apply(
         "servicecidrs",
-        {"metadata": {"name": "kubernetes"}, "spec": {"cidrs": [kubeapi.SERVICE_CIDR]}},
+        {"metadata": {"name": "kubernetes"}, "spec": {"cidrs": [cluster.SERVICE_CIDR]}},
     )
     size = sum(
         api.prepare(plural, PROXY_LABEL_SELECTOR, PAGE_SIZE)

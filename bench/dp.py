@@ -27,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from support.cluster import CLUSTER_IP_BASE, ENDPOINT_BASE, ENDPOINT_PORT
+
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.compare import RecordingSwitch
 from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -39,9 +42,6 @@ from ovsproxy.ovs.sandbox import Sandbox, SandboxError
 CONFIG = pl.PipelineConfig()
 GENERATION = 1
 PIPELINE_OWNER = ("pipeline",)
-ENDPOINT_PORT = 8080
-_CLUSTER_IP_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
-_ENDPOINT_BASE = int(ipaddress.IPv4Address("10.0.1.0"))
 
 Cluster = list[tuple[ServicePort, tuple[Endpoint, ...]]]
 
@@ -51,9 +51,9 @@ def cluster(services: int, endpoints: int, *, namespace: str = "bench") -> Clust
     result: Cluster = []
     for i in range(services):
         name = ServicePortName(namespace, f"svc-{i}", "http", Protocol.TCP)
-        port = ServicePort(name, (ipaddress.IPv4Address(_CLUSTER_IP_BASE + 1 + i),), 80)
+        port = ServicePort(name, (ipaddress.IPv4Address(CLUSTER_IP_BASE + 1 + i),), 80)
         eps = tuple(
-            Endpoint(ipaddress.IPv4Address(_ENDPOINT_BASE + i * endpoints + j), ENDPOINT_PORT)
+            Endpoint(ipaddress.IPv4Address(ENDPOINT_BASE + i * endpoints + j), ENDPOINT_PORT)
             for j in range(endpoints)
         )
         result.append((port, eps))
@@ -66,22 +66,6 @@ def group_ids(index: int) -> dict[IPFamily, int]:
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
-
-
-def clear_value_caches() -> None:
-    """Forget every cached flow/bucket value, so a full sync is measured cold (agent start)."""
-    for value in vars(svc).values():
-        if callable(getattr(value, "cache_clear", None)):
-            value.cache_clear()
-    # hand-made caches (the bucket encoders per port: rebuilt too)
-    for name in ("_bucket_wires",):
-        cache = getattr(svc, name, None)
-        if cache is not None:
-            cache.clear()
-    for name in ("_last_bucket_wires", "_last_templates"):  # identity memos
-        last = getattr(svc, name, None)
-        if last is not None:
-            last[:] = [None] * len(last)
 
 
 # -- the sandbox ---------------------------------------------------------------------------
@@ -219,13 +203,14 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
     """Model values -> groups and flows in a fresh switch, timed to the commit reply."""
     channel, dp = await connect(sb)
     try:
+        # A new context: its encoders start empty, so the sync is measured cold (agent start).
         ctx = svc.Context(dp.tables, GENERATION)
-        clear_value_caches()
         gc.collect()
         sent_before = channel.counters.total("sent")[1]
         committing = _time_bundle_commits(channel)
         ovs_before = ovs_cpu(sb)
-        with GcTimer() as gct:
+        # As the agent's sync runs it (agent.sync): the collector paused around it.
+        with GcTimer() as gct, gc_paused():
             cpu = time.process_time()
             started = time.perf_counter()
             build_s, stage_s = stage_cluster(dp, ports, ctx)

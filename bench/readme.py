@@ -1,12 +1,11 @@
-"""Renders the README's benchmark section from one result file of ``python -m bench all``
-(and, for its total wall time, optionally the ``--quick`` one):
+"""Renders bench/README.md, the one copy of the benchmark figures, from one result file of
+``python -m bench all`` (and, for its total wall time, optionally the ``--quick`` one):
 
     python -m bench.readme bench/results/2026-11-30-all.json \\
         bench/results/2026-11-30-all-quick.json > bench/README.md
-    python -m bench.readme RESULT [QUICK] --into README.md   # the top README's section
 
-Every figure in the text comes from that file (nothing is typed by hand), so the README and
-the committed result always agree.
+Every figure in the text comes from that file (nothing is typed by hand), so bench/README.md
+and the committed result always agree; the top README and docs/ link to it and quote none.
 """
 
 from __future__ import annotations
@@ -483,7 +482,14 @@ def _chaos(ch: dict[str, Any], source: str) -> list[str]:
         " ClusterIP and a NodePort Service's ClusterIPs, the external client to the NodePort on"
         " every node IP; TCP and UDP, IPv4 and IPv6; a new connection or socket per request),"
         " and a seeded random schedule of faults: endpoint churn, Service add and delete, agent"
-        " SIGKILL and restart, ovs-vswitchd kill -9 and restart, ovsdb-server kill and restart,"
+        " SIGKILL and restart, ovs-vswitchd kill -9 and restart,"
+        + (
+            " established connections across a vswitchd kill (six long-lived connections of"
+            " the node's client pod, the client, the server or both pushing, through the kill),"
+            if "vswitchd-kill-connections" in ch["by_kind"]
+            else ""
+        )
+        + " ovsdb-server kill and restart,"
         " a broken Service (port 70000) appearing then fixed, every watch cut or expired (410,"
         " then a relist) with a change made meanwhile. After each fault `ovsproxy verify` runs"
         " on every node until clean; a fault's requests are those from its start to its"
@@ -494,7 +500,9 @@ def _chaos(ch: dict[str, Any], source: str) -> list[str]:
         "",
         f"![chaos timeline](results/{Path(ch['plot']).name})",
         "",
-        "| goal (issue 17) | target | measured | |",
+        "| goal (issues 17, 27) | target | measured | |"
+        if "vswitchd-kill-connections" in ch["by_kind"]
+        else "| goal (issue 17) | target | measured | |",
         "|---|---|---|---|",
         *goals,
         "",
@@ -503,6 +511,66 @@ def _chaos(ch: dict[str, Any], source: str) -> list[str]:
         *kinds,
         "",
         *resolution,
+    ]
+
+
+SOAK_RUN = (
+    "`python -m bench soak --nodes 3 [--count N] [--churn]` (not part of `all`; `--quick`:"
+    " 10,000 requests a phase): a 3-node dual-stack lab; from every node's client pod and the"
+    " node's own namespace, new connections (TCP) and new sockets (UDP) to a ClusterIP"
+    " Service's IPv4 and IPv6 ClusterIPs and to the NodePort on the next node's IPv4 and IPv6"
+    " address, N requests a phase (default 100,000): quiet, then beside a busy loop pinned to"
+    " every core (`--churn`: an endpoint leaves and comes back every 2 s meanwhile). A"
+    " retransmitted request was answered but needed a TCP retransmission (its connect took"
+    " >= 0.9 s, or its connection counted a retransmitted segment). Every failure is in the"
+    " result file with its 5-tuple and its evidence, collected when the client reported it"
+    " (conntrack of the tuple in every switch and node kernel, counter deltas, drop flows, the"
+    " agents' state; with `OVSPROXY_PACKET_RING=1`, the tuple's packets from a bounded ring"
+    " capture: [docs/evidence.md](../docs/evidence.md)). Goals (issue 23): 0 failed; 0"
+    " retransmitted quiet, <= 0.1% beside the hog."
+)
+
+
+def _soak(so: dict[str, Any] | None) -> list[str]:
+    """The soak run (its own result file: ``all`` does not run it)."""
+    if so is None:
+        return [
+            "### Soak (`soak`)",
+            "",
+            SOAK_RUN,
+            "",
+            "No full-size run is committed yet: `python -m bench soak --nodes 3` writes"
+            " `bench/results/<date>-soak.json`, and `python -m bench.readme` renders it here.",
+            "",
+        ]
+    goals = [
+        f"| {g['goal']} | {g['target']} | **{g['value']}** | {_met(bool(g['met']))} |"
+        for g in so["goals"]
+    ]
+    phases = [
+        f"| {name} | {ph['requests']:,} | {ph['failed']} | {ph['retransmitted']}"
+        f" ({ph['retransmitted_pct']}% of TCP) | {ph['p50_ms']} / {ph['p99_ms']} / {ph['max_ms']}"
+        f" | {ph['requests_per_s']:,} | {ph['load_average_start']} |"
+        for name, ph in ((n, so[n]) for n in ("quiet", "hog"))
+    ]
+    churn = f" With `--churn`: {so['churns']} endpoint changes." if so.get("churn") else ""
+    return [
+        "### Soak (`soak`)",
+        "",
+        SOAK_RUN,
+        "",
+        f"From `{so['source']}`{_provenance(so)}: {so['nodes']} nodes,"
+        f" {so['requests_per_phase']:,} requests a phase.{churn}",
+        "",
+        "| phase | requests | failed | retransmitted | latency p50 / p99 / max ms | requests/s"
+        " | load average at the start |",
+        "|---|---|---|---|---|---|---|",
+        *phases,
+        "",
+        "| goal (issue 23) | target | measured | |",
+        "|---|---|---|---|",
+        *goals,
+        "",
     ]
 
 
@@ -614,29 +682,10 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *(_churn(report["churn"]) if _ok(report, "churn") else []),
         *(_scale(report["scale"], report["scale"]["plot"]) if _ok(report, "scale") else []),
         *(_chaos(report["chaos"], report["chaos"]["source"]) if _ok(report, "chaos") else []),
+        *_soak(report["soak"] if _ok(report, "soak") else None),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"
-
-
-BEGIN = "<!-- bench:begin (generated by python -m bench.readme; do not edit) -->"
-END = "<!-- bench:end -->"
-
-
-def splice(document: str, section: str) -> str:
-    """Put ``section`` between the bench markers of ``document`` (the top README)."""
-    head, sep, rest = document.partition(BEGIN)
-    _, sep2, tail = rest.partition(END)
-    if not sep or not sep2:
-        raise ValueError("the document has no bench:begin/bench:end markers")
-    # Links in the section are relative to bench/; the top README sits one level up.
-    section = section.replace("](results/", "](bench/results/")
-    return f"{head}{BEGIN}\n{section.rstrip()}\n{END}{tail}"
-
-
-def section_of(document: str) -> str:
-    """The generated text between the markers (what ``splice`` put there)."""
-    return document.partition(BEGIN)[2].partition(END)[0].strip()
 
 
 def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
@@ -656,18 +705,19 @@ def _own_result(report: dict[str, Any], result: Path, name: str) -> None:
     report[name]["clean"] = payload.get("tree_clean", payload.get("clean"))
 
 
-def _chaos_result(report: dict[str, Any], result: Path) -> None:
-    """The newest chaos result next to ``result`` (its own run, with its own commit)."""
-    if _ok(report, "chaos"):
+def _newest_result(report: dict[str, Any], result: Path, name: str) -> None:
+    """The newest full-size result of ``name`` next to ``result`` (a scenario ``all`` does not
+    run: its own run, with its own commit)."""
+    if _ok(report, name):
         return
-    found = sorted(p for p in result.parent.glob("*-chaos.json"))
+    found = sorted(p for p in result.parent.glob(f"*-{name}.json"))
     if not found:
         return
     payload = json.loads(found[-1].read_text())
-    if "error" in payload.get("chaos", {"error": ""}):
+    if "error" in payload.get(name, {"error": ""}):
         return
-    report["chaos"] = {
-        **payload["chaos"],
+    report[name] = {
+        **payload[name],
         "source": f"bench/results/{found[-1].name}",
         "commit": payload.get("commit"),
         "tree_clean": payload.get("tree_clean"),
@@ -677,7 +727,8 @@ def _chaos_result(report: dict[str, Any], result: Path) -> None:
 def render_files(result: Path, quick: Path | None = None) -> str:
     report = json.loads(result.read_text())
     _own_result(report, result, "scale")
-    _chaos_result(report, result)
+    _newest_result(report, result, "chaos")
+    _newest_result(report, result, "soak")
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:
@@ -688,19 +739,10 @@ def render_files(result: Path, quick: Path | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    into = None
-    if "--into" in argv:
-        at = argv.index("--into")
-        into = Path(argv[at + 1])
-        argv = argv[:at] + argv[at + 2 :]
     if len(argv) not in (1, 2):
         print(__doc__, file=sys.stderr)
         return 2
-    text = render_files(Path(argv[0]), Path(argv[1]) if len(argv) == 2 else None)
-    if into is None:
-        sys.stdout.write(text)
-    else:
-        into.write_text(splice(into.read_text(), text))
+    sys.stdout.write(render_files(Path(argv[0]), Path(argv[1]) if len(argv) == 2 else None))
     return 0
 
 

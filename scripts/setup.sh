@@ -16,6 +16,8 @@ declare -A PROVIDER=(
   [ip]=iproute2
   [curl]=curl
   [nft]=nftables
+  [conntrack]=conntrack
+  [tcpdump]=tcpdump
 )
 missing=()
 for cmd in "${!PROVIDER[@]}"; do

@@ -98,8 +98,8 @@ def test_agent_config_is_frozen() -> None:
 
 
 def _readme_keys() -> dict[str, tuple[str, str]]:
-    """``{key: (flag cell, default cell)}`` from the README's configuration table."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """``{key: (flag cell, default cell)}`` from docs/configuration.md's table."""
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     rows = {}
     for line in readme.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -133,7 +133,7 @@ def test_every_key_is_a_flag_and_in_the_readme_with_its_default() -> None:
     for f in dataclasses.fields(AgentConfig):
         assert f.name in flags, f"configuration key {f.name} has no flag"
         flag = flags[f.name].opts[0]  # type: ignore[attr-defined]
-        assert f.name in readme, f"configuration key {f.name} is not in the README"
+        assert f.name in readme, f"configuration key {f.name} is not in docs/configuration.md"
         flag_cell, default_cell = readme[f.name]
         assert f"`{flag}`" in flag_cell, (f.name, flag_cell)
         assert default_cell == _readme_default(f.name, getattr(defaults, f.name)), f.name

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -275,3 +276,285 @@ def test_relative_and_from_package_imports_resolve_to_modules() -> None:
     assert graph["ovsproxy.datapath.pipeline"] == {"ovsproxy.model", "ovsproxy.datapath.groups"}
     assert graph["ovsproxy.datapath.groups"] == {"ovsproxy.datapath.pipeline"}
     assert circles(graph) == [["ovsproxy.datapath.groups", "ovsproxy.datapath.pipeline"]]
+
+
+# -- no process-global mutable state ------------------------------------------------------------
+
+# Methods that change a dict, list, set or deque in place.
+_MUTATORS = frozenset(
+    {
+        "add",
+        "append",
+        "appendleft",
+        "clear",
+        "discard",
+        "extend",
+        "extendleft",
+        "insert",
+        "pop",
+        "popitem",
+        "popleft",
+        "remove",
+        "reverse",
+        "setdefault",
+        "sort",
+        "update",
+    }
+)
+# What makes a module-level name a mutable container (besides literals and comprehensions).
+_MUTABLE_TYPES = frozenset(
+    {
+        "Counter",
+        "OrderedDict",
+        "WeakKeyDictionary",
+        "WeakSet",
+        "WeakValueDictionary",
+        "bytearray",
+        "defaultdict",
+        "deque",
+        "dict",
+        "list",
+        "set",
+    }
+)
+_CACHE_DECORATORS = frozenset({"cache", "lru_cache"})
+
+# Module-level caches still waiting for an owner, (module, name) with why. Each is a memo of a
+# pure function of constants inside a value constructor that has no codec object yet.
+NOT_YET_OWNED: Mapping[tuple[str, str], str] = {
+    ("ovsproxy.openflow.protocol.fields", "_PLANS"): (
+        "Match(**fields): the encoding plan per keyword set"
+    ),
+    ("ovsproxy.openflow.protocol.templates", "_SELECTION_PROPS"): (
+        "the selection method property per (method, fields)"
+    ),
+    ("ovsproxy.datapath.groups", "_OVERHEADS"): "a GroupMod's size per selection method",
+}
+
+_Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+
+
+def _called_name(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return None
+
+
+def _mutable_globals(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a mutable container."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        mutable = isinstance(
+            value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp
+        ) or (isinstance(value, ast.Call) and _called_name(value) in _MUTABLE_TYPES)
+        if mutable:
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def _mutated(function: _Function, names: set[str]) -> set[str]:
+    """Which of the module-level ``names`` ``function`` changes in place, directly or through
+    a local alias (``last = _MEMO; last[:] = ...``)."""
+    aliases = {name: name for name in names}
+    for node in ast.walk(function):
+        value = node.value if isinstance(node, ast.Assign) else None
+        if isinstance(value, ast.Name) and value.id in aliases:
+            for target in node.targets:  # type: ignore[attr-defined]
+                if isinstance(target, ast.Name):
+                    aliases[target.id] = aliases[value.id]
+    found: set[str] = set()
+    for node in ast.walk(function):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign | ast.Delete):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            for part in ast.walk(target):
+                if (
+                    isinstance(part, ast.Subscript)
+                    and isinstance(part.value, ast.Name)
+                    and part.value.id in aliases
+                ):
+                    found.add(aliases[part.value.id])
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in aliases
+        ):
+            found.add(aliases[node.func.value.id])
+    return found
+
+
+def _import_time_only(tree: ast.Module, name: str, others: Iterable[str]) -> bool:
+    """A private function of the module that runs only while it is imported: named nowhere
+    but in the module's own top-level statements (a table built row by row)."""
+    named = re.compile(rf"\b{re.escape(name)}\b")
+    if not name.startswith("_") or any(named.search(text) for text in others):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            body = node.body if isinstance(node.body, list) else [node.body]
+            for statement in body:
+                for part in ast.walk(statement):
+                    if isinstance(part, ast.Name) and part.id == name:
+                        return False
+    return True
+
+
+def module_state_violations(sources: Mapping[str, str]) -> list[str]:
+    """Process-global mutable state in ``sources``: ``functools.cache``/``lru_cache``,
+    ``global`` rebinding, and module-level containers that functions change (caches belong
+    to an object their owner holds). Tables filled while the module is imported are fine."""
+    problems: list[str] = []
+    for module, text in sorted(sources.items()):
+        tree = ast.parse(text)
+        names = _mutable_globals(tree)
+        others = [t for m, t in sources.items() if m != module]
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                if _called_name(decorator) in _CACHE_DECORATORS:
+                    problems.append(
+                        f"{module}.{node.name}: a process-wide cache "
+                        f"({_called_name(decorator)}); make it a field of its owner"
+                    )
+            for part in ast.walk(node):
+                if isinstance(part, ast.Global):
+                    problems.append(
+                        f"{module}.{node.name}: rebinds module state (global "
+                        f"{', '.join(part.names)})"
+                    )
+            changed = _mutated(node, names)
+            if changed and _import_time_only(tree, node.name, others):
+                continue
+            for name in sorted(changed):
+                if (module, name) not in NOT_YET_OWNED:
+                    problems.append(
+                        f"{module}.{node.name} changes module-level {name}: a cache belongs "
+                        "to an object its owner holds"
+                    )
+    return sorted(set(problems))
+
+
+def test_src_keeps_no_process_global_mutable_state() -> None:
+    assert module_state_violations(module_sources()) == []
+
+
+def test_the_state_check_catches_planted_caches() -> None:
+    """The same check on the real tree with one cache of each kind planted."""
+    planted = {
+        "ovsproxy.sources.convert": "\n_SEEN: dict[str, int] = {}\n\n"
+        "def remember(text):\n    _SEEN[text] = 1\n",
+        "ovsproxy.openflow.session": "\n_LAST = [None]\n\n"
+        "def last(x):\n    memo = _LAST\n    memo[:] = [x]\n",
+        "ovsproxy.datapath.services": "\nimport functools\n\n"
+        "@functools.lru_cache(maxsize=8)\ndef cached(x):\n    return x\n",
+        "ovsproxy.model.node": "\n_COUNT = 0\n\ndef bump():\n    global _COUNT\n    _COUNT += 1\n",
+        "ovsproxy.sources.kubejson": "\n_NAMES = set()\n\n"
+        "class Codec:\n    def see(self, name):\n        _NAMES.add(name)\n",
+    }
+    sources = module_sources()
+    for module, text in planted.items():
+        sources[module] += text
+    assert module_state_violations(sources) == sorted(
+        [
+            "ovsproxy.sources.convert.remember changes module-level _SEEN: a cache belongs to "
+            "an object its owner holds",
+            "ovsproxy.openflow.session.last changes module-level _LAST: a cache belongs to an "
+            "object its owner holds",
+            "ovsproxy.datapath.services.cached: a process-wide cache (lru_cache); make it a "
+            "field of its owner",
+            "ovsproxy.model.node.bump: rebinds module state (global _COUNT)",
+            "ovsproxy.sources.kubejson.see changes module-level _NAMES: a cache belongs to an "
+            "object its owner holds",
+        ]
+    )
+    # A table filled row by row while the module is imported is not a cache; the same
+    # function called at run time is.
+    table = (
+        "\n_ROWS: list[int] = []\n\ndef _row(n):\n    _ROWS.append(n)\n    return n\n\n"
+        "A = _row(1)\n"
+    )
+    sources = module_sources()
+    sources["ovsproxy.model.node"] += table
+    assert module_state_violations(sources) == []
+    sources["ovsproxy.model.node"] += "\ndef later():\n    return _row(2)\n"
+    assert module_state_violations(sources) == [
+        "ovsproxy.model.node._row changes module-level _ROWS: a cache belongs to an object "
+        "its owner holds"
+    ]
+
+
+# -- tests, benchmarks and what they share ------------------------------------------------------
+
+ROOT = SRC.parent
+# Each tree, and the top-level packages it must not import: tests and bench share only
+# `support` (and the product); support is shared, so it imports neither.
+NOT_FROM: Mapping[str, frozenset[str]] = {
+    "tests": frozenset({"bench"}),
+    "bench": frozenset({"tests"}),
+    "support": frozenset({"tests", "bench"}),
+}
+
+
+def tree_sources(root: Path = ROOT) -> dict[str, str]:
+    """``{path relative to the repository: source}`` of every module of tests, bench and
+    support."""
+    return {
+        str(path.relative_to(root)): path.read_text()
+        for tree in NOT_FROM
+        for path in sorted((root / tree).rglob("*.py"))
+    }
+
+
+def cross_tree_imports(sources: Mapping[str, str]) -> list[str]:
+    """Absolute imports from one tree into a tree it must not import (anywhere in a module:
+    inside functions too)."""
+    problems: list[str] = []
+    for path, text in sorted(sources.items()):
+        banned = NOT_FROM[path.split("/", 1)[0]]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] in banned:
+                    problems.append(f"{path}:{node.lineno} imports {name}")
+    return problems
+
+
+def test_tests_and_bench_import_each_other_not() -> None:
+    assert cross_tree_imports(tree_sources()) == []
+
+
+def test_the_tree_check_catches_planted_imports() -> None:
+    sources = tree_sources()
+    sources["tests/sources/test_fastyaml.py"] += "\nfrom bench import kubeapi\n"
+    sources["bench/dp.py"] += "\ndef f():\n    import tests.k8s_fake\n"
+    sources["support/cluster.py"] += "\nfrom bench.dp import cluster\n"
+    sources["bench/tests/test_fuzz.py"] += "\nfrom tests.openflow import ofctl\n"
+    problems = cross_tree_imports(sources)
+    assert [p.split(":")[0] for p in problems] == [
+        "bench/dp.py",
+        "bench/tests/test_fuzz.py",
+        "support/cluster.py",
+        "tests/sources/test_fastyaml.py",
+    ]
+    assert problems[0].endswith("imports tests.k8s_fake")

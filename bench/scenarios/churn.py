@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from support import cluster
+
 from bench import agentrun, dp, kubeapi
 from bench.agent_probe import STAMP
 
@@ -54,8 +56,8 @@ class Churn:
         self.endpoints = endpoints
         self.state = [
             [
-                kubeapi.endpoint_object(i, ip, i * endpoints + j)
-                for j, ip in enumerate(kubeapi.endpoint_ips(i, endpoints))
+                cluster.endpoint_object(i, ip, i * endpoints + j)
+                for j, ip in enumerate(cluster.endpoint_ips(i, endpoints))
             ]
             for i in range(services)
         ]
@@ -72,10 +74,10 @@ class Churn:
         else:
             pod = self.next_pod
             self.next_pod += 1
-            ip = str(ipaddress.IPv4Address(dp._ENDPOINT_BASE + pod))
-            eps = [*eps, kubeapi.endpoint_object(i, ip, pod)]
+            ip = str(ipaddress.IPv4Address(cluster.ENDPOINT_BASE + pod))
+            eps = [*eps, cluster.endpoint_object(i, ip, pod)]
         self.state[i] = eps
-        obj = kubeapi.slice_object(i, eps, annotations={STAMP: repr(time.time())})
+        obj = cluster.slice_object(i, eps, annotations={STAMP: repr(time.time())})
         self.api.apply_fast("endpointslices", obj)
         self.sent += 1
 

@@ -33,7 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import agentrun, dp, kubeapi
+from support import cluster
+
+from bench import agentrun, dp
 
 NAME = "cold-start"
 DESCRIPTION = "10,000 Services x 10 endpoints from the API (and manifests) to a healthy agent"
@@ -164,7 +166,7 @@ async def _measure(
         kubeconfig = str(api.kubeconfig(tmp / "kubeconfig"))
         manifest_dir = tmp / "manifests"
         manifest_dir.mkdir()
-        files = kubeapi.manifest_files(manifest_dir, services, endpoints)
+        files = cluster.manifest_files(manifest_dir, services, endpoints)
         yaml_bytes = sum(p.stat().st_size for p in files)
         groups_file, flows_file = tmp / "groups", tmp / "flows"
         group_lines = groups_file.read_text().splitlines()

@@ -56,6 +56,7 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     from ovsproxy.datapath import services as svc
     from ovsproxy.datapath.compare import RecordingSwitch
     from ovsproxy.datapath.datapath import Datapath
+    from ovsproxy.gcpause import gc_paused
 
     rss = {"baseline": _rss_kb()}
     ports = dp.cluster(services, endpoints)
@@ -65,9 +66,10 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
         # A switch that keeps nothing: only our own state is measured.
         datapath = Datapath(RecordingSwitch(), dp.CONFIG, dp.GENERATION)
         ctx = svc.Context(datapath.tables, dp.GENERATION)
-        dp.stage_cluster(datapath, ports, ctx)
-        rss["desired"] = _rss_kb()
-        await datapath.commit()
+        with gc_paused():  # as the agent's sync runs (agent.sync)
+            dp.stage_cluster(datapath, ports, ctx)
+            rss["desired"] = _rss_kb()
+            await datapath.commit()
         return datapath
 
     datapath = asyncio.run(build_and_commit())

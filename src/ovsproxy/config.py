@@ -46,7 +46,8 @@ class AgentConfig:
     next_table: int = 20
     group_id_min: int = 1
     group_id_max: int = 0xFFFFFEFF
-    # standalone: SNAT source of node-originated Service traffic to endpoints on other nodes
+    # standalone: SNAT source of node-originated Service traffic to endpoints on other nodes,
+    # one per family; empty: the agent derives it from the gateway's pod CIDR (agent.hostsnat)
     host_snat_ip: tuple[str, ...] = ()
     # node
     node_name: str = field(default_factory=socket.gethostname)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -40,14 +40,21 @@ CounterSource = tuple[str, str, tuple[str, ...], Callable[[], Mapping[tuple[str,
 
 
 class DictCollector(Collector):
-    """Exposes counters kept elsewhere as plain dicts."""
+    """Exposes counters and gauges kept elsewhere as plain dicts."""
 
     def __init__(self) -> None:
         self.counters: list[CounterSource] = []
+        self.gauges: list[CounterSource] = []
 
     def collect(self) -> Iterable[Any]:
-        for name, help_text, labels, read in self.counters:
-            family = CounterMetricFamily(name, help_text, labels=list(labels))
+        kinds = (CounterMetricFamily, GaugeMetricFamily)
+        for kind, sources in zip(kinds, (self.counters, self.gauges), strict=True):
+            yield from self._collect(kind, sources)
+
+    @staticmethod
+    def _collect(kind: Any, sources: list[CounterSource]) -> Iterable[Any]:
+        for name, help_text, labels, read in sources:
+            family = kind(name, help_text, labels=list(labels))
             try:
                 values = read()
             except Exception:  # a scrape must never take the agent down
@@ -164,6 +171,10 @@ class Metrics:
         read: Callable[[], Mapping[tuple[str, ...], float]],
     ) -> None:
         self.dicts.counters.append((name, help_text, labels, read))
+
+    def add_gauge(self, source: CounterSource) -> None:
+        """A gauge read at scrape time: (name, help, label names, reader), as a counter's."""
+        self.dicts.gauges.append(source)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

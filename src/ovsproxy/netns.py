@@ -10,7 +10,6 @@ changes namespace.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from pathlib import Path
 
@@ -20,7 +19,8 @@ CLONE_NEWNET = 0x40000000
 
 def enter_netns(netns: str) -> None:
     """Move the calling thread into the named namespace (``/run/netns/<netns>``)."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    # The process's own symbols (libc among them): find_library("c") would run ldconfig each time.
+    libc = ctypes.CDLL(None, use_errno=True)
     try:
         fd = os.open(NETNS_DIR / netns, os.O_RDONLY)
     except FileNotFoundError:

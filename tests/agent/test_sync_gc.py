@@ -155,3 +155,23 @@ def test_settle_frees_young_cycles_freezes_survivors_and_waits_for_a_pause(
         assert gcpause.settle() is None
         assert gcpause.compact() is None
     assert gc.isenabled()
+
+
+async def test_the_proxiers_sync_runs_with_the_collector_paused(clean_heap: None) -> None:
+    """The sync is where the memory policy is (agent.sync): the collector is off while the
+    proxier stages and commits, back on (and settled) once it is done."""
+    parts, syncer = _agent_parts()
+    assert parts.proxier is not None
+    seen: list[bool] = []
+    sync = parts.proxier.sync
+
+    async def observed(full: bool = False) -> object:
+        seen.append(gc.isenabled())
+        result = await sync(full)
+        seen.append(gc.isenabled())
+        return result
+
+    parts.proxier.sync = observed  # type: ignore[method-assign]
+    await syncer(True)
+    assert seen == [False, False]
+    assert gc.isenabled() and syncer.last_gc is not None  # settled after it

@@ -1,6 +1,7 @@
 """kube-proxy's sync metrics as the sync wrapper sets them (``agent.sync.Syncer``), in the
 cases the live test (tests/e2e/test_kube_proxy_metrics.py) cannot bring about: a sync before
-the sources synced and a sync whose commit fails. The README's table says what each means."""
+the sources synced and a sync whose commit fails. docs/observability.md's table says what
+each means."""
 
 from __future__ import annotations
 

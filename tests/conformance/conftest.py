@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.apiserver import ControlPlane, FakeApiThread, Pod
 
 from ovsproxy.lab.cluster import HTTP_PORT, UDP_PORT, Lab, list_lab_records
 from ovsproxy.model import IPFamily
 
-from .apiserver import ControlPlane, FakeApiThread, Pod
 from .probes import Gaps
 
 ECHO_HTTP_PORTS = (80, 100, 101)

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
+from support.apiserver import NAMESPACE, Pod
 
+from ovsproxy.lab import evidence
 from ovsproxy.lab.cluster import Lab, LabNode
 from ovsproxy.model import IPFamily
-from ovsproxy.ovs.traffic import run_in_netns
-
-from .apiserver import NAMESPACE, Pod
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 
 
 def client_pod(node: LabNode) -> str:
@@ -54,14 +54,27 @@ def url(ip: str, port: int) -> str:
     return f"http://[{ip}]:{port}/" if ":" in ip else f"http://{ip}:{port}/"
 
 
-def http(netns: str, ip: str, port: int, count: int, timeout: float = 2) -> dict[str, Any]:
-    """``count`` requests, each on a new connection: answers per pod, failures by kind."""
-    return run_in_netns(
-        netns, "http", url(ip, port), "--count", str(count), "--timeout", str(timeout)
-    )
+def http(
+    lab: Lab,
+    netns: str,
+    ip: str,
+    port: int,
+    count: int,
+    timeout: float = TCP_TIMEOUT_S,
+    *,
+    explain: bool | None = None,
+) -> dict[str, Any]:
+    """``count`` requests, each on a new connection: answers per pod, failures by kind; lost
+    ones with their ``evidence`` (``ovsproxy.lab.evidence``) unless ``explain`` is False or,
+    by default, the timeout is shorter than one retransmission (then no answer is what the
+    caller expects, or it measures timing)."""
+    args = ("http", url(ip, port), "--count", str(count), "--timeout", str(timeout))
+    explain = timeout >= TCP_TIMEOUT_S if explain is None else explain
+    return evidence.probe(evidence.lab_rig(lab), netns, *args, explain=explain)
 
 
 def udp(
+    lab: Lab,
     netns: str,
     ip: str,
     port: int,
@@ -70,13 +83,17 @@ def udp(
     *,
     new_socket: bool = True,
     source_port: int = 0,
+    explain: bool | None = None,
 ) -> dict[str, Any]:
+    """``count`` datagrams; lost ones explained unless ``explain`` is False or, by default, the
+    timeout is under 1 s (no answer expected)."""
     args = ["udp", ip, str(port), "--count", str(count), "--timeout", str(timeout)]
     if new_socket:
         args.append("--new-socket")
     if source_port:
         args += ["--source-port", str(source_port)]
-    return run_in_netns(netns, *args)
+    explain = timeout >= 1 if explain is None else explain
+    return evidence.probe(evidence.lab_rig(lab), netns, *args, explain=explain)
 
 
 def port_name(service: str, port: str, protocol: str = "TCP") -> str:
@@ -150,31 +167,6 @@ def assert_not_programmed(lab: Lab, ip: str, timeout: float = 10) -> None:
     eventually(check, timeout)
 
 
-def failure_evidence(lab: Lab, out: dict[str, Any]) -> dict[str, Any]:
-    """Where the failed requests of ``out`` went, for the assertion message: each one's phase,
-    source port and start time (the traffic client's ``failed_requests``), every node's
-    conntrack entries of those source ports (an un-NATed SYN_SENT entry on the client's node:
-    its SYN met the switch before the Service's flows; a NATed one: lost past the DNAT; none:
-    dropped before conntrack), and each agent's last sync (wall clock)."""
-    failed = out.get("failed_requests", [])
-    ports = {f"sport={f['source_port']}," for f in failed if f.get("source_port")}
-    entries: dict[str, list[str]] = {}
-    for name, node in lab.nodes.items():
-        try:
-            text = node.sandbox.appctl("dpctl/dump-conntrack")
-        except Exception as exc:  # evidence only: never hide the real failure
-            entries[name] = [f"dump-conntrack failed: {exc}"]
-            continue
-        entries[name] = [line for line in text.splitlines() if any(p in line for p in ports)]
-    syncs: dict[str, Any] = {}
-    for name in lab.nodes:
-        try:
-            syncs[name] = lab.agent_status(name).get("last_sync")
-        except Exception as exc:
-            syncs[name] = f"status failed: {exc}"
-    return {"failed_requests": failed, "conntrack": entries, "last_sync": syncs}
-
-
 def assert_reaches(
     lab: Lab,
     ip: str,
@@ -188,10 +180,9 @@ def assert_reaches(
     """From every client: ``count`` new connections, none failing, answered by exactly
     ``pods`` (and, when given, on the pods' port ``served_port``)."""
     for label, netns in clients(lab, nodes=nodes):
-        out = http(netns, ip, port, count)
-        if out["failed"]:
-            evidence = failure_evidence(lab, out)
-            raise AssertionError((label, ip, port, out["failures"], out, evidence))
+        out = http(lab, netns, ip, port, count)
+        if out["failed"]:  # out["evidence"]: where the lost requests went
+            raise AssertionError((label, ip, port, out["failures"], out))
         assert set(out["counts"]) == pods, (label, ip, port, out["counts"])
         if served_port is not None:
             assert set(out["ports"]) == {str(served_port)}, (label, out["ports"])
@@ -201,14 +192,14 @@ def assert_udp_reaches(
     lab: Lab, ip: str, port: int, pods: set[str], *, count: int = 20, nodes: bool = True
 ) -> None:
     for label, netns in clients(lab, nodes=nodes):
-        out = udp(netns, ip, port, count)
+        out = udp(lab, netns, ip, port, count)
         assert out["failed"] == 0, (label, ip, port, out["failures"], out)
         assert set(out["counts"]) <= pods and out["counts"], (label, out["counts"])
 
 
 def assert_refused(lab: Lab, ip: str, port: int, *, count: int = 3, nodes: bool = True) -> None:
     """Every connection is actively refused (a TCP RST from the proxy, not a timeout)."""
-    probe = functools.partial(http, ip=ip, port=port, count=count, timeout=3)
+    probe = functools.partial(http, lab, ip=ip, port=port, count=count, timeout=3)
     for label, out in in_parallel(clients(lab, nodes=nodes), probe).items():
         assert out["failures"] == {"refused": count}, (label, ip, port, out)
 
@@ -218,7 +209,7 @@ def assert_unreachable(
 ) -> None:
     """No answer at all (refused, reset, timed out or unreachable: as upstream, any failure)."""
     send = udp if protocol == "UDP" else http
-    probe = functools.partial(send, ip=ip, port=port, count=count, timeout=1)
+    probe = functools.partial(send, lab, ip=ip, port=port, count=count, timeout=1, explain=False)
     for label, out in in_parallel(clients(lab, nodes=nodes), probe).items():
         assert out["failed"] == count and not out["counts"], (label, ip, port, protocol, out)
 

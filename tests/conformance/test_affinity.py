@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 import pytest
+from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .apiserver import ControlPlane, Port
 from .conftest import pod
 from .probes import (
     Gaps,
@@ -50,7 +50,9 @@ class Target:
         self.lab, self.ip, self.port, self.targets = lab, ip, port, targets
 
     def answers(self, count: int = AFFINITY_CONFIRM_COUNT) -> dict[str, dict[str, int]]:
-        results = in_parallel(self.targets, lambda ns: http(ns, self.ip, self.port, count))
+        results = in_parallel(
+            self.targets, lambda ns: http(self.lab, ns, self.ip, self.port, count)
+        )
         for label, out in results.items():
             assert out["failed"] == 0, (label, self.ip, self.port, out)
         return {label: out["counts"] for label, out in results.items()}
@@ -83,7 +85,9 @@ def _affinity_service(
         # Upstream: the first node's IP; its own pod only if the known gap allows.
         targets = [(f"node-{i} pod", client_pod(lab.nodes[f"node-{i}"])) for i in (2, 3)]
         targets.append(("external", lab.external_netns))
-        own = http(client_pod(lab.nodes["node-1"]), node_ip(lab, "node-1", family), node_port, 3)
+        own = http(
+            lab, client_pod(lab.nodes["node-1"]), node_ip(lab, "node-1", family), node_port, 3
+        )
         if own["failures"] == {"timeout": 3}:
             gaps.seen.append(("node-1 pod", "->", "node-1", own["failures"]))
         else:

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .apiserver import ControlPlane, Port
 from .conftest import pod
 from .probes import client_pod, endpoints_of, port_name, url, wait_programmed
 

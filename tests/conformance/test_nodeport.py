@@ -15,11 +15,12 @@ import subprocess
 import time
 
 import pytest
+from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 
-from .apiserver import ControlPlane, Port
 from .conftest import pod
 from .probes import (
     POD_TO_OWN_NODE_GAP,
@@ -28,7 +29,6 @@ from .probes import (
     assert_reaches,
     client_pod,
     endpoints_of,
-    failure_evidence,
     http,
     node_ip,
     port_name,
@@ -67,8 +67,8 @@ def assert_nodeport_reaches(
         ip = node_ip(lab, node, family)
         n = 2 if label == f"{node} pod" and POD_TO_OWN_NODE_GAP else count  # the gap: fast
         if protocol == "UDP":
-            return udp(netns, ip, node_port, n)
-        return http(netns, ip, node_port, n, timeout=1 if n == 2 else 2)
+            return udp(lab, netns, ip, node_port, n)
+        return http(lab, netns, ip, node_port, n, timeout=1 if n == 2 else TCP_TIMEOUT_S)
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         results = list(pool.map(probe, calls))
@@ -83,7 +83,7 @@ def assert_nodeport_reaches(
         ):
             entry = (label, "->", node, out["counts"], out["failures"])
             if out["failed"]:
-                entry += (failure_evidence(lab, out),)
+                entry += (out.get("evidence"),)
             (gaps.seen if label == f"{node} pod" else wrong).append(entry)
     assert not wrong, (f"{protocol} {family.name} nodePort {node_port}", wrong)
 
@@ -94,7 +94,7 @@ def assert_nodeport_unreachable(
     for node in nodes:
         ip = node_ip(lab, node, family)
         for label, netns in nodeport_clients(lab):
-            out = http(netns, ip, node_port, 2, timeout=1)
+            out = http(lab, netns, ip, node_port, 2, timeout=1)
             assert out["failed"] == 2 and not out["counts"], (label, node, node_port, out)
 
 
@@ -247,6 +247,7 @@ def test_should_be_able_to_preserve_UDP_traffic_when_server_pod_cycles_for_a_Nod
 
     def send(count: int = 1) -> dict:
         return udp(
+            lab,
             client,
             target,
             node_port,
@@ -325,16 +326,16 @@ def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_
     node0, node1 = node_ip(lab, "node-1", family), node_ip(lab, "node-2", family)
     pod0, pod1 = client_pod(lab.nodes["node-1"]), client_pod(lab.nodes["node-2"])
     for _ in range(2):
-        out = http(pod0, node1, node_port, 2, timeout=1)
+        out = http(lab, pod0, node1, node_port, 2, timeout=1)
         assert out["failed"] == 2, out
         for client in (pod0, pod1, lab.external_netns):
-            out = http(client, node0, node_port, 3)
+            out = http(lab, client, node0, node_port, 3)
             if client == pod0 and out["failures"] == {"timeout": 3}:
                 gaps.seen.append(("node-1 pod", "->", "node-1", out["failures"]))
                 continue
             assert out["failed"] == 0 and out["counts"] == {"web-1": 3}, (client, out)
         for far in ("node-2", "node-3"):
-            out = http(lab.external_netns, node_ip(lab, far, family), node_port, 2, timeout=1)
+            out = http(lab, lab.external_netns, node_ip(lab, far, family), node_port, 2, timeout=1)
             assert out["failed"] == 2, (far, out)
     gaps.finish()
 

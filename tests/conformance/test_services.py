@@ -14,11 +14,11 @@ from __future__ import annotations
 import functools
 
 import pytest
+from support.apiserver import HEADLESS_LABEL, PROXY_NAME_LABEL, ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .apiserver import HEADLESS_LABEL, PROXY_NAME_LABEL, ControlPlane, Port
 from .conftest import pod
 from .probes import (
     assert_not_programmed,
@@ -315,10 +315,10 @@ def test_should_be_rejected_when_no_endpoints_exist(
     wait_programmed(lab, port_name("no-pods", "dns", "UDP"), set())
     assert_refused(lab, ip, 80)
     for node in lab.nodes.values():
-        out = http(client_pod(node), ip, 80, 5, timeout=3)
+        out = http(lab, client_pod(node), ip, 80, 5, timeout=3)
         assert out["failures"] == {"refused": 5} and out["max_latency_s"] < 1, out
     for label, netns in clients(lab):
-        out = udp(netns, ip, 53, 3, timeout=2)
+        out = udp(lab, netns, ip, 53, 3, timeout=2)
         assert out["failures"] == {"refused": 3}, (label, out)
 
 
@@ -383,9 +383,9 @@ def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_
         lambda node: local if node == "node-1" else set(),
     )
     others = [(label, netns) for label, netns in clients(lab) if not label.startswith("node-1 ")]
-    no_local = functools.partial(http, ip=ip, port=80, count=2, timeout=1)
+    no_local = functools.partial(http, lab, ip=ip, port=80, count=2, timeout=1)
     for _ in range(3):
-        out = http(client_pod(lab.nodes["node-1"]), ip, 80, 5)
+        out = http(lab, client_pod(lab.nodes["node-1"]), ip, 80, 5)
         assert out["failed"] == 0 and out["counts"] == {"web-1": 5}, out
         for label, out in in_parallel(others, no_local).items():
             assert out["failed"] == 2, (label, out)

@@ -3,7 +3,6 @@ flows, failures, staging while a commit is in flight, streaming, and the collect
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import ipaddress
 import weakref
@@ -274,15 +273,14 @@ async def test_resync_deletes_flows_we_installed_and_no_longer_want() -> None:
     assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
 
 
-async def test_the_collector_is_paused_for_a_staging_burst_and_its_commit(
+async def test_staging_leaves_the_collector_alone_and_a_big_commit_freezes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The sync around them pauses the collector (agent.sync), not the datapath."""
     gc.enable()
     dp, _ = await adopted()
     stage(dp, "a", 2, gid=1)
-    assert not gc.isenabled()  # synchronous staging: paused...
-    await asyncio.sleep(0)
-    assert gc.isenabled()  # ...until the loop runs again
+    assert gc.isenabled()
     stage(dp, "a", 3, gid=1)
     await dp.commit()
     assert gc.isenabled()
@@ -292,21 +290,14 @@ async def test_the_collector_is_paused_for_a_staging_burst_and_its_commit(
     assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
-def test_without_a_loop_staging_leaves_the_collector_alone() -> None:
-    gc.enable()
-    dp = Datapath(FakeSwitch(), CONFIG, 1)
-    stage(dp, "a", 1, gid=1)
-    assert gc.isenabled()
-
-
 def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
-    tables = pl.Tables.for_config(CONFIG)
+    ctx = svc.Context(pl.Tables.for_config(CONFIG), 1)
 
     def spec(keys: list[int]) -> GroupSpec:
         buckets = []
         for k in keys:
             ip = ipaddress.ip_address(f"10.244.{k // 250}.{k % 250 + 1}")
-            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_wire(ip, 80, False, tables)))
+            buckets.append(BucketSpec((ip, 80), svc.endpoint_bucket_wire(ip, 80, False, ctx)))
         return GroupSpec(3, tuple(buckets))
 
     first = plan_group(spec(list(range(100))), None).result
@@ -372,8 +363,7 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
 
 def _fresh(*, stream: bool, switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
     switch = switch or FakeSwitch()
-    dp = Datapath(switch, CONFIG, 1)
-    dp.stream_while_staging = stream
+    dp = Datapath(switch, CONFIG, 1, stream_while_staging=stream)
     dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
     return dp, switch
 

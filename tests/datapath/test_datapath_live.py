@@ -69,7 +69,7 @@ def eps(n: int, base: str = "10.244.", port: int = 8080) -> list[Endpoint]:
     ]
 
 
-async def make_rig(sandbox: Sandbox, generation: int = 1) -> Rig:
+async def make_rig(sandbox: Sandbox, generation: int = 1, *, stream: bool = True) -> Rig:
     dp: Datapath | None = None
 
     async def hook() -> None:
@@ -77,7 +77,7 @@ async def make_rig(sandbox: Sandbox, generation: int = 1) -> Rig:
         await dp.on_connected()
 
     channel = Channel(sandbox.openflow, on_connected=hook)
-    dp = Datapath(channel, CONFIG, generation)
+    dp = Datapath(channel, CONFIG, generation, stream_while_staging=stream)
     await channel.start()
     ctx = svc.Context(dp.tables, generation)
     dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
@@ -240,20 +240,59 @@ async def test_drift_check_sees_a_bucket_changed_or_removed_behind_our_back(rig:
     assert not await rig.datapath.drifted()
 
 
+async def restart_vswitchd_and_replay(rig: Rig) -> None:
+    """kill -9 and restart ovs-vswitchd; returns once the channel reconnected (its hook has
+    replayed)."""
+    connections = rig.channel.connections
+    await asyncio.to_thread(rig.sandbox.restart_vswitchd)
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if rig.channel.connections > connections and rig.channel.connected:
+            break
+    assert rig.channel.connections > connections
+
+
 async def test_vswitchd_restart_replays_everything_without_an_event(rig: Rig) -> None:
     rig.stage_service("web", "10.96.0.10", eps(3), gid=1)
     rig.stage_service("v6", "fd00:10:96::12", eps(2, base="fd00:10:244::"), gid=2)
     await rig.datapath.commit()
     flows, groups = sorted(rig.flows()), rig.groups()
-    connections = rig.channel.connections
-    await asyncio.to_thread(rig.sandbox.restart_vswitchd)
-    for _ in range(100):  # the channel reconnects and its hook replays
-        await asyncio.sleep(0.05)
-        if rig.channel.connections > connections and rig.channel.connected:
-            break
-    assert rig.channel.connections > connections
+    await restart_vswitchd_and_replay(rig)
     assert sorted(rig.flows()) == flows
     assert sorted(rig.groups()) == sorted(groups)
+
+
+async def test_vswitchd_restart_replays_groups_with_their_bucket_ids_and_order(rig: Rig) -> None:
+    """After bucket-by-bucket changes a group's ids have holes and its order is not theirs
+    (INSERT_BUCKET appends); the replay must write exactly that again, or OVS's hash (by
+    bucket id and weight, ties to the later bucket) sends connections conntrack picks up
+    mid-stream to other endpoints (issue 27). Written 0..n-1 in the endpoints' order, it
+    would read back differently."""
+    four = eps(4)
+    rig.stage_service("web", "10.96.0.10", four, gid=1)
+    await rig.datapath.commit()
+    extra = Endpoint(ipaddress.ip_address("10.244.0.99"), 8080)
+    rig.stage_service("web", "10.96.0.10", [four[0], four[2], four[3], extra], gid=1)
+    stats = await rig.datapath.commit()
+    assert stats.kinds.get("group_remove_bucket") == 1, stats.kinds
+    assert stats.kinds.get("group_insert_bucket") == 1, stats.kinds
+    (before,) = rig.groups()
+    ids = [int(m) for m in re.findall(r"bucket_id:(\d+)", before)]
+    assert ids == [0, 2, 3, 1], before  # the new endpoint took the free id 1, appended
+    picks = {
+        port: traced_buckets(
+            rig.sandbox, f"tcp,nw_src=10.244.9.1,nw_dst=10.96.0.10,tp_src={port},tp_dst=80"
+        )
+        for port in range(40000, 40040, 4)
+    }
+    await restart_vswitchd_and_replay(rig)
+    assert rig.groups() == [before]
+    assert [line for line in rig.datapath.dump() if line.startswith("group_id")] == [before]
+    for port, (scored, _) in picks.items():
+        again, trace = traced_buckets(
+            rig.sandbox, f"tcp,nw_src=10.244.9.1,nw_dst=10.96.0.10,tp_src={port},tp_dst=80"
+        )
+        assert again == scored, trace
 
 
 async def test_agent_restart_adopts_switch_state_and_removes_older_generation(
@@ -290,14 +329,13 @@ async def test_a_restart_streamed_while_staging_adopts_the_switch_as_an_unstream
     monkeypatch.setattr(dpm, "_STREAM_OWNERS_EVERY", 1)
     dumps = []
     for stream in (False, True):
-        monkeypatch.setattr(Datapath, "stream_while_staging", False)
-        old = await make_rig(sandbox, generation=1)
+        old = await make_rig(sandbox, generation=1, stream=False)
         old.stage_service("keep", "10.96.0.31", eps(2), gid=1)
         old.stage_service("gone", "10.96.0.32", eps(2, base="10.245."), gid=2)
         await old.datapath.commit()
         await old.channel.close()
-        monkeypatch.setattr(Datapath, "stream_while_staging", stream)
-        new = await make_rig(sandbox, generation=2)  # (stages the pipeline: streamed or not)
+        # (stages the pipeline: streamed or not)
+        new = await make_rig(sandbox, generation=2, stream=stream)
         try:
             new.stage_service("keep", "10.96.0.31", eps(3), gid=7)
             changed = new.stage_service("changed", "10.96.0.33", eps(2, base="10.246."), gid=8)

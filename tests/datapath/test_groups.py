@@ -24,13 +24,14 @@ from ovsproxy.datapath.groups import (
 from ovsproxy.openflow import protocol as of
 
 TABLES = pl.Tables.for_config(pl.PipelineConfig())
+CTX = svc.Context(TABLES, 1)
 CMD = of.GroupModCommand
 
 
 def bucket(i: int, port: int = 8080, v6: bool = False) -> BucketSpec:
     base = "fd00:10:244::" if v6 else "10.244."
     ip = ipaddress.ip_address(f"{base}{i:x}" if v6 else f"{base}{i // 250}.{i % 250 + 1}")
-    return BucketSpec((ip, port), svc.endpoint_bucket_wire(ip, port, False, TABLES))
+    return BucketSpec((ip, port), svc.endpoint_bucket_wire(ip, port, False, CTX))
 
 
 def group(keys: list[int], gid: int = 7, **kw: object) -> GroupSpec:
@@ -256,7 +257,31 @@ def test_a_repeated_endpoint_key_is_one_bucket() -> None:
 
 def test_bucket_specs_hold_the_encoding_and_read_back_as_values() -> None:
     ip = ipaddress.ip_address("10.244.0.9")
-    actions = svc.endpoint_bucket_actions(ip, 8080, True, TABLES)
-    spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, TABLES))
+    actions = svc.endpoint_bucket_actions(ip, 8080, True, CTX)
+    spec = BucketSpec("k", svc.endpoint_bucket_wire(ip, 8080, True, CTX))
     assert type(spec.wire) is bytes and spec.actions == actions
     assert bucket_spec("k", actions) == spec
+
+
+@given(st.lists(st.lists(st.integers(0, 30), unique=True, max_size=12), min_size=1, max_size=6))
+def test_a_replay_writes_what_the_switch_held_ids_and_order(steps: list[list[int]]) -> None:
+    """Any history of changes, then the switch loses the group (a vswitchd restart): the
+    replay writes the very buckets, ids and order it held (OVS's hash scores buckets by id
+    and weight, ties to the later one: a connection picked up mid-stream meets the same
+    endpoint, issue 27). The installed state keeps the switch's order throughout."""
+    installed: InstalledGroup | None = None
+    switch: dict[int, of.Bucket] | None = None
+    for keys in steps:
+        plan = plan_group(group(keys), installed)
+        switch = apply_to_model(switch, tuple(values(plan)))
+        installed = plan.result
+        assert installed is not None and switch is not None
+        assert [installed.ids[k] for k in installed.buckets] == list(switch)
+    assert installed is not None and switch is not None
+    replay = plan_group(group(steps[-1]), None, present_unknown=True, replay=installed)
+    (message, *more) = values(replay)
+    assert message.command == CMD.ADD_OR_MOD and not more
+    assert [(b.bucket_id, b.weight, b.actions) for b in message.buckets] == [
+        (b.bucket_id, b.weight, b.actions) for b in switch.values()
+    ]
+    assert replay.result is not None and replay.result.ids == installed.ids

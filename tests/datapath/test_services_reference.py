@@ -256,9 +256,9 @@ def test_the_endpoint_helpers_give_the_generic_values() -> None:
     for ip in (V4[0], V6[2]):
         for affinity in (False, True):
             want = _ref_bucket_actions(ip, 8080, affinity, ctx.tables)
-            got: Any = svc.endpoint_bucket_actions(ip, 8080, affinity, ctx.tables)
+            got: Any = svc.endpoint_bucket_actions(ip, 8080, affinity, ctx)
             assert identical(got, want)
-            wire = svc.endpoint_bucket_wire(ip, 8080, affinity, ctx.tables)
+            wire = svc.endpoint_bucket_wire(ip, 8080, affinity, ctx)
             assert wire == b"".join(a.wire for a in want)
         for protocol in Protocol:
             got = svc.endpoint_dnat_flow(ctx, ip, 443, protocol)

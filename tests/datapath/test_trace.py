@@ -6,7 +6,9 @@ The inputs in data/ofproto_trace/ are real traces recorded on node-1 of a 3-node
 -> 8080, UDP 53 -> 5353) with one endpoint on each node, lab/empty (10.96.1.20, no endpoints)
 and lab/local (10.96.1.30, internalTrafficPolicy Local, its endpoint on node-3). File names
 say the source, the destination and the client port. The two affinity-*.txt files come from
-the single-node sandbox (see their tests).
+the single-node sandbox (see their tests). nosvc-tcp, pod-sctp-nosvc, pod-to-pod and
+midstream-endpoint-tcp (a segment without SYN, tcp_flags=ack, from web-1:8080 to client-1, as
+after a vswitchd restart) were recorded again on such a lab (lab/web only) for issue 27.
 """
 
 from __future__ import annotations
@@ -172,7 +174,19 @@ def test_no_service_frontend(name: str) -> None:
     """A ct(commit) with no table prints a nested "drop": not the packet's."""
     ex = explained(name)
     assert ex.verdict == "forwarded" and not ex.frontend and ex.group_id is None
-    assert ex.steps[-1].note == "a local pod's new connection off-node: committed, NORMAL"
+    assert "not a Service: committed to conntrack" in [s.note for s in ex.steps]
+    assert ex.steps[-1].note == "not a local pod: NORMAL (toward the gateway)"
+
+
+def test_a_mid_stream_segment_of_an_endpoint_gets_its_translation_back() -> None:
+    """After a vswitchd restart: web-1's segment (ACK, no SYN) to client-1 is new; the probe
+    finds client-1 local, ServiceLB re-creates the Service's translation (issue 27)."""
+    ex = explained("midstream-endpoint-tcp")
+    assert ex.verdict == "forwarded" and ex.leaves["pod"] == "lab/client-1"
+    notes = [s.note for s in ex.steps]
+    assert "mid-stream probe: to a local pod (TO_LOCAL_POD)" in notes
+    assert any("its Service translation re-created" in n for n in notes), notes
+    assert any("10.96.0.10" in str(n) for n in ex.nat), ex.nat
 
 
 def test_every_recording_parses_and_names_our_tables() -> None:

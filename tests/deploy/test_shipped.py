@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES, build_lab
@@ -30,7 +31,6 @@ from ovsproxy.ovs.traffic import run_in_netns
 from tests.deploy.kube import DEPLOY, container_args, kustomize_build
 from tests.e2e import test_integrated
 from tests.e2e.harness import free_port
-from tests.k8s_fake import FakeKubeApi
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 

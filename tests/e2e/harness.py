@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ovsproxy.lab import EXAMPLES
+from ovsproxy.lab.evidence import RigNode, probe
 from ovsproxy.ovs.sandbox import Sandbox
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 
 
 def free_port() -> int:
@@ -147,6 +149,18 @@ class AgentProcess:
             if all(f'{k}="{v}"' in got for k, v in labels.items()) or (not want and not got):
                 total += float(value)
         return total
+
+    def rig(self) -> tuple[RigNode, ...]:
+        """The one node this agent runs, for ``ovsproxy.lab.evidence``."""
+        return (RigNode("node-1", self.sandbox, self.url + "/status" if self.proc else ""),)
+
+    def traffic(self, netns: str, *args: str, timeout: float = TCP_TIMEOUT_S) -> dict[str, Any]:
+        """``python -m ovsproxy.ovs.traffic ARGS --timeout T`` in ``netns``: lost requests come
+        with their evidence, unless ``timeout`` is shorter than one retransmission (then no
+        answer is what the test expects, or it measures timing)."""
+        return probe(
+            self.rig(), netns, *args, "--timeout", str(timeout), explain=timeout >= TCP_TIMEOUT_S
+        )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

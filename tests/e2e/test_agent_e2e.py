@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ovsproxy.ovs.sandbox import Pod, Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 from tests.e2e.harness import AgentProcess, copy_examples
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
@@ -34,10 +34,11 @@ class Lab:
 
     def http(self, url: str, count: int = 60, source: str = "client", **kw: Any) -> dict:
         netns = self.sandbox.netns if source == "node" else self.pods[source].netns
-        args = ["http", url, "--count", str(count), "--timeout", "2"]
+        timeout = float(kw.pop("timeout", TCP_TIMEOUT_S))
+        args = ["http", url, "--count", str(count)]
         for key, value in kw.items():
             args += [f"--{key}", str(value)]
-        return run_in_netns(netns, *args)
+        return self.agent.traffic(netns, *args, timeout=timeout)
 
     def routes(self) -> str:
         return (

@@ -23,7 +23,6 @@ import pytest
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples, run_cleanup
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
@@ -175,7 +174,7 @@ def test_cleanup_after_a_killed_agent_restores_the_node(sandbox: Sandbox, tmp_pa
     foreign_state(sandbox)
     addresses_settled(sandbox)
     before = snapshot(sandbox)
-    # The host-SNAT addresses' neighbour entries, as the README has operators make them
+    # The host-SNAT addresses' neighbour entries, as docs/byhand.md has operators make them
     # today (and the agent itself with zero-config host SNAT): ours by their virtual MAC.
     for address in HOST_SNAT:
         sandbox.exec(
@@ -196,9 +195,9 @@ def test_cleanup_after_a_killed_agent_restores_the_node(sandbox: Sandbox, tmp_pa
     try:
         # Traffic through the Services: a learned affinity flow, the NodePort from the node.
         client = pods["client"].netns
-        out = run_in_netns(client, "http", "http://10.96.0.80/", "--count", "3", "--timeout", "5")
+        out = agent.traffic(client, "http", "http://10.96.0.80/", "--count", "3", timeout=5)
         assert out["failed"] == 0, out
-        out = run_in_netns(
+        out = agent.traffic(
             sandbox.netns, "http", f"http://{NODE_IPS[0]}:{NODE_PORT}/", "--count", "3"
         )
         assert out["failed"] == 0, out

@@ -9,7 +9,6 @@ import pytest
 
 from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Pod, Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples, run_cleanup
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
@@ -77,7 +76,7 @@ def test_integrated_mode_balances_and_leaves_the_cni_alone(integrated) -> None: 
         ("http://[fd00:10:96::20]/", {"api-1", "api-2"}),
     ):
         for netns in (pods["client"].netns, sandbox.netns):
-            result = run_in_netns(netns, "http", url, "--count", "40", "--timeout", "2")
+            result = agent.traffic(netns, "http", url, "--count", "40")
             assert result["failed"] == 0 and set(result["counts"]) == expected, result
     flows = [line for line in sandbox.ofctl("dump-flows").splitlines() if "cookie=" in line]
     ours = [f for f in flows if "cookie=0x5e71" in f]

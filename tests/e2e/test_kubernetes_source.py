@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.agent import Agent
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES
+from ovsproxy.lab.evidence import RigNode, probe
 from ovsproxy.ovs.sandbox import Pod, Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
-from tests.k8s_fake import FakeKubeApi
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
@@ -33,10 +33,11 @@ def example_objects() -> list[dict[str, Any]]:
     return docs
 
 
-async def http(netns: str, url: str, count: int = 40) -> dict[str, Any]:
-    return await asyncio.to_thread(
-        run_in_netns, netns, "http", url, "--count", str(count), "--timeout", "2"
-    )
+async def http(world: World, netns: str, url: str, count: int = 40) -> dict[str, Any]:
+    """Lost requests with their evidence (``ovsproxy.lab.evidence``; the agent runs in this
+    process: no /status to ask)."""
+    rig = (RigNode("node-1", world.sandbox),)
+    return await asyncio.to_thread(probe, rig, netns, "http", url, "--count", str(count))
 
 
 async def wait_for(predicate: Any, timeout: float = 15, what: str = "condition") -> None:
@@ -102,9 +103,9 @@ async def test_services_from_the_api_are_balanced_and_routed_by_the_servicecidr(
     # The ServiceCIDR API names the real ranges: they win over aggregation (10.96.0.0/27).
     assert sorted(status["routes"]) == ["10.96.0.0/16", "fd00:10:96::/112"]
     for netns in (world.pods["client"].netns, world.sandbox.netns):
-        web = await http(netns, "http://10.96.0.10/")
+        web = await http(world, netns, "http://10.96.0.10/")
         assert web["failed"] == 0 and set(web["counts"]) == {"web-1", "web-2"}, web
-        api = await http(netns, "http://[fd00:10:96::20]/")
+        api = await http(world, netns, "http://[fd00:10:96::20]/")
         assert api["failed"] == 0 and set(api["counts"]) == {"api-1", "api-2"}, api
 
 
@@ -117,7 +118,7 @@ async def test_watch_events_and_a_410_relist_reach_the_datapath(world: World) ->
         lambda: len(world.services()["demo/web:http/TCP"]["endpoints"]) == 1,
         what="web to lose an endpoint",
     )
-    only = await http(world.pods["client"].netns, "http://10.96.0.10/", 20)
+    only = await http(world, world.pods["client"].netns, "http://10.96.0.10/", 20)
     assert only["counts"] == {"web-1": 20}
     # The watch history is compacted and a Service is deleted while watches are broken: the
     # informer gets 410 Gone, re-lists, and the deletion it missed is applied.

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from tests.e2e.harness import AgentProcess
 from tests.e2e.test_kubernetes_source import PLURAL, example_objects
-from tests.k8s_fake import FakeKubeApi
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 

@@ -17,7 +17,7 @@ import pytest
 
 from ovsproxy.ovs.ovsdb import decode_id_ranges
 from ovsproxy.ovs.sandbox import Pod, Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 from tests.e2e.harness import AgentProcess, copy_examples
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
@@ -32,11 +32,11 @@ class Node:
         self.sandbox, self.pods, self.manifests, self.agent = sandbox, pods, manifests, agent
 
     def http(self, url: str, count: int, **kw: Any) -> dict[str, Any]:
+        timeout = float(kw.pop("timeout", TCP_TIMEOUT_S))
         args = ["http", url, "--count", str(count)]
-        kw.setdefault("timeout", 2)
         for key, value in kw.items():
             args += [f"--{key}", str(value)]
-        return run_in_netns(self.pods["client"].netns, *args)
+        return self.agent.traffic(self.pods["client"].netns, *args, timeout=timeout)
 
     def external_id(self, key: str) -> str:
         out = self.sandbox.vsctl("--if-exists", "get", "Bridge", "br0", f"external_ids:{key}")

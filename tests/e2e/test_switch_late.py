@@ -9,7 +9,6 @@ import pytest
 
 from ovsproxy.lab import build_lab
 from ovsproxy.ovs.sandbox import Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess, copy_examples
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
@@ -62,9 +61,7 @@ def test_agent_started_before_the_switch_waits_then_serves(
         sandbox.restart_vswitchd()
         agent.wait_healthy(60)
         assert f"the switch at {sandbox.openflow} is up after " in agent.log()
-        result = run_in_netns(
-            pods["client"].netns, "http", "http://10.96.0.10/", "--count", "20", "--timeout", "2"
-        )
+        result = agent.traffic(pods["client"].netns, "http", "http://10.96.0.10/", "--count", "20")
         assert result["failed"] == 0 and set(result["counts"]) == {"web-1", "web-2"}, result
     finally:
         agent.stop()

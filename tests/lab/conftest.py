@@ -6,16 +6,9 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from support.leftovers import no_leftover_labs  # noqa: F401  (session check)
 
-from ovsproxy.lab.cluster import Lab, list_lab_records
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _no_lab_leftovers() -> Iterator[None]:
-    """No lab of this test run may outlive the session."""
-    yield
-    mine = [r.name for r in list_lab_records() if r.owner_pid == os.getpid()]
-    assert not mine, f"leftover labs {mine}"
+from ovsproxy.lab.cluster import Lab
 
 
 def start_lab(nodes: int = 3, **kwargs: object) -> Iterator[Lab]:

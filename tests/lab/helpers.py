@@ -1,4 +1,11 @@
-"""Probing a lab's Services from its pods and node namespaces."""
+"""Probing a lab's Services from its pods and node namespaces.
+
+Traffic goes through ``ovsproxy.lab.evidence.probe``: a failed request's result carries its
+``evidence`` (conntrack of its 5-tuple in every switch and node kernel, counter deltas, drop
+flows, the agents' state), printed beside the failed assertion. A call with a timeout shorter
+than one TCP retransmission (``TCP_TIMEOUT_S``) expects no answer or measures timing: its
+failures are the test's subject and are not explained.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ovsproxy.lab.cluster import Lab, LabNode
+from ovsproxy.lab.evidence import RigNode, lab_rig, probe
 from ovsproxy.lab.manifests import LabEndpoint, LabService, endpoint_texts, write_service
-from ovsproxy.ovs.traffic import run_in_netns
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 
 
 def client_pod(node: LabNode) -> str:
@@ -27,14 +35,41 @@ def url(ip: str, port: int = 80) -> str:
     return f"http://[{ip}]:{port}/" if ":" in ip else f"http://{ip}:{port}/"
 
 
-def http(netns: str, ip: str, count: int, port: int = 80, timeout: float = 2) -> dict[str, Any]:
-    return run_in_netns(
-        netns, "http", url(ip, port), "--count", str(count), "--timeout", str(timeout)
+def rig(lab: Lab | Sequence[RigNode]) -> Sequence[RigNode]:
+    return lab_rig(lab) if isinstance(lab, Lab) else lab
+
+
+def http(
+    lab: Lab | Sequence[RigNode],
+    netns: str,
+    ip: str,
+    count: int,
+    port: int = 80,
+    timeout: float = TCP_TIMEOUT_S,
+) -> dict[str, Any]:
+    return probe(
+        rig(lab),
+        netns,
+        "http",
+        url(ip, port),
+        "--count",
+        str(count),
+        "--timeout",
+        str(timeout),
+        explain=timeout >= TCP_TIMEOUT_S,
     )
 
 
-def udp(netns: str, ip: str, count: int, port: int = 53, timeout: float = 1) -> dict[str, Any]:
-    return run_in_netns(
+def udp(
+    lab: Lab | Sequence[RigNode],
+    netns: str,
+    ip: str,
+    count: int,
+    port: int = 53,
+    timeout: float = 1,
+) -> dict[str, Any]:
+    return probe(
+        rig(lab),
         netns,
         "udp",
         ip,
@@ -44,6 +79,7 @@ def udp(netns: str, ip: str, count: int, port: int = 53, timeout: float = 1) -> 
         "--new-socket",
         "--timeout",
         str(timeout),
+        explain=timeout >= 1,
     )
 
 

@@ -8,6 +8,7 @@ node-1 also runs web-1b; client-N is a client pod on node N. Every test writes i
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -59,7 +60,7 @@ def test_pod_to_pod_across_nodes(lab: Lab) -> None:
     pod's SYN-ACK is not dropped as conntrack-invalid there."""
     web2 = lab.pod("web-2")
     for ip in web2.ips:
-        out = http(client_pod(lab.nodes["node-1"]), str(ip), 10, port=HTTP_PORT)
+        out = http(lab, client_pod(lab.nodes["node-1"]), str(ip), 10, port=HTTP_PORT)
         assert out["failed"] == 0 and out["counts"] == {"web-2": 10}, out
 
 
@@ -70,7 +71,7 @@ def test_clusterip_tcp_reaches_every_endpoint_from_every_node(
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):
-        out = http(netns, ip, REQUESTS)
+        out = http(lab, netns, ip, REQUESTS)
         assert out["failed"] == 0, (label, out["failures"], out)
         assert set(out["counts"]) == pods, (label, out["counts"])
 
@@ -83,7 +84,7 @@ def test_clusterip_udp_answers_from_every_node(
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):
-        out = udp(netns, ip, REQUESTS)
+        out = udp(lab, netns, ip, REQUESTS)
         assert out["failed"] == 0, (label, out["failures"], out)
         assert set(out["counts"]) <= pods, (label, out["counts"])
 
@@ -96,7 +97,7 @@ def test_clusterip_udp_spreads_over_every_endpoint(
     ip = str(everywhere.cluster_ips[family])
     pods = {ep.pod for ep in everywhere.endpoints}
     for label, netns in clients(lab):
-        out = udp(netns, ip, REQUESTS)
+        out = udp(lab, netns, ip, REQUESTS)
         assert out["failed"] == 0, (label, out["failures"], out)
         assert set(out["counts"]) == pods, (label, out["counts"])
 
@@ -106,7 +107,7 @@ def test_hairpin_with_endpoints_on_other_nodes(lab: Lab, everywhere: LabService)
     other endpoints, local and remote; none fails."""
     web1 = lab.pod("web-1")
     for ip in everywhere.cluster_ips:
-        out = http(web1.netns, str(ip), REQUESTS)
+        out = http(lab, web1.netns, str(ip), REQUESTS)
         assert out["failed"] == 0, out
         assert set(out["counts"]) == {ep.pod for ep in everywhere.endpoints}, out["counts"]
 
@@ -118,13 +119,13 @@ def test_internal_traffic_policy_local(lab: Lab) -> None:
     install(lab, svc, lambda node: [ep for ep in svc.endpoints if ep.node == node])
     try:
         for ip in map(str, svc.cluster_ips):
-            out = http(client_pod(lab.nodes["node-1"]), ip, 30)
+            out = http(lab, client_pod(lab.nodes["node-1"]), ip, 30)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-1", "web-1b"}, out
-            out = http(client_pod(lab.nodes["node-2"]), ip, 10)
+            out = http(lab, client_pod(lab.nodes["node-2"]), ip, 10)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-2"}, out
             # node-3 has none of the endpoints: dropped, as kube-proxy does (no reject).
             for netns in (client_pod(lab.nodes["node-3"]), lab.nodes["node-3"].netns):
-                out = http(netns, ip, 3, timeout=0.5)
+                out = http(lab, netns, ip, 3, timeout=0.5)
                 assert out["counts"] == {} and out["failures"] == {"timeout": 3}, out
     finally:
         remove_service(lab.manifests, svc)
@@ -149,10 +150,10 @@ def test_prefer_same_zone(lab: Lab) -> None:
                 ("node-2", {"web-2"}),
                 ("node-3", {"web-1", "web-3"}),
             ):
-                out = http(client_pod(lab.nodes[node]), ip, 30)
+                out = http(lab, client_pod(lab.nodes[node]), ip, 30)
                 assert out["failed"] == 0 and set(out["counts"]) == expected, (node, out)
         for ip in map(str, only_z1.cluster_ips):
-            out = http(client_pod(lab.nodes["node-2"]), ip, 30)
+            out = http(lab, client_pod(lab.nodes["node-2"]), ip, 30)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-1", "web-3"}, out
     finally:
         remove_service(lab.manifests, svc)
@@ -165,7 +166,7 @@ def test_session_affinity_with_remote_endpoints(lab: Lab) -> None:
     try:
         for ip in map(str, svc.cluster_ips):
             for label, netns in clients(lab):
-                out = http(netns, ip, 15)
+                out = http(lab, netns, ip, 15)
                 assert out["failed"] == 0 and len(out["counts"]) == 1, (label, out)
     finally:
         remove_service(lab.manifests, svc)
@@ -178,9 +179,9 @@ def test_reject_without_endpoints(lab: Lab) -> None:
     try:
         for ip in map(str, svc.cluster_ips):
             for label, netns in clients(lab):
-                out = http(netns, ip, 3)
+                out = http(lab, netns, ip, 3)
                 assert out["failures"] == {"refused": 3}, (label, out)
-                out = udp(netns, ip, 3)
+                out = udp(lab, netns, ip, 3)
                 assert out["failures"] == {"refused": 3}, (label, out)
     finally:
         remove_service(lab.manifests, svc)
@@ -195,7 +196,7 @@ def test_terminating_fallback_to_remote_endpoints(lab: Lab) -> None:
     try:
         for ip in map(str, svc.cluster_ips):
             for netns in (client_pod(lab.nodes["node-1"]), lab.nodes["node-1"].netns):
-                out = http(netns, ip, 30)
+                out = http(lab, netns, ip, 30)
                 assert out["failed"] == 0 and set(out["counts"]) == {"web-2", "web-3"}, out
     finally:
         remove_service(lab.manifests, svc)
@@ -222,4 +223,45 @@ def test_udp_flush_with_remote_endpoints(lab: Lab) -> None:
             assert out["failed"] == 0 and out["counts"] == {left: 10}, out
             install(lab, svc)
     finally:
+        remove_service(lab.manifests, svc)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_direct_connection_reusing_a_service_connections_port(lab: Lab, family: int) -> None:
+    """A pod reaches an endpoint through a Service, then directly, from the same source port
+    (Linux hands a port out per destination): after DNAT both have the same 4-tuple at the
+    endpoint, so the direct connection's entry on the client's node would share its reply
+    tuple with the Service connection's closed one, which took the endpoint's SYN-ACK (dropped
+    as stale: a 1 s retransmission). The direct connection is committed with a source NAT to
+    the pod itself (pipeline.PRIORITY_POD_COMMIT): conntrack moves it to a free source port."""
+    svc = service(lab, "direct-reuse", 80, ("web-2",), ports=TCP)
+    install(lab, svc)
+    netns = client_pod(lab.nodes["node-1"])
+    vip = str(svc.cluster_ips[family])
+    (pod_ip,) = [str(ip) for ip in lab.pod("web-2").ips if ip.version == (4, 6)[family]]
+    ports = ",".join(str(43000 + 100 * family + 2 * i) for i in range(12))
+    # Without TCP timestamps the endpoint's TIME_WAIT takes a new SYN only when its sequence
+    # number happens to be higher: about half the reused 4-tuples would collide.
+    sysctl = ("ip", "netns", "exec", netns, "sysctl", "-qw")
+    subprocess.run([*sysctl, "net.ipv4.tcp_timestamps=0"], check=True)
+    try:
+        via_service = run_in_netns(netns, "bound", vip, "80", "--source-ports", ports)
+        assert all(isinstance(v, float) for v in via_service.values()), via_service
+        direct = run_in_netns(netns, "bound", pod_ip, str(HTTP_PORT), "--source-ports", ports)
+        slow = {p: v for p, v in direct.items() if not isinstance(v, float) or v >= 0.9}
+        assert not slow, (slow, direct)
+        # On the client's node, each direct connection got a reply tuple of its own: its
+        # source port moved where the Service connection's entry still holds the 4-tuple.
+        zone = 0xFFF0 if family == 0 else 0xFFE6
+        dump = lab.nodes["node-1"].sandbox.appctl("dpctl/dump-conntrack", f"zone={zone}")
+        for port in ports.split(","):
+            mine = [
+                line
+                for line in dump.splitlines()
+                if f"sport={port}," in line and f"dst={pod_ip}," in line.split("reply=")[0]
+            ]
+            assert len(mine) == 1, (port, mine)
+            assert f"dport={port})" not in mine[0].split("reply=")[1], mine[0]
+    finally:
+        subprocess.run([*sysctl, "net.ipv4.tcp_timestamps=1"], check=True)
         remove_service(lab.manifests, svc)

@@ -8,10 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.lab.cluster import Lab
 from ovsproxy.lab.manifests import LabPort, LabService, addresses, endpoint_texts
-from tests.k8s_fake import FakeKubeApi
 
 from .helpers import client_pod, clients, http
 
@@ -46,7 +46,7 @@ async def test_agents_of_every_node_follow_one_api(tmp_path: Path) -> None:
             )
             for ip in map(str, service.cluster_ips):
                 for label, netns in clients(lab):
-                    out = await asyncio.to_thread(http, netns, ip, 20)
+                    out = await asyncio.to_thread(http, lab, netns, ip, 20)
                     assert out["failed"] == 0, (label, out)
                     assert set(out["counts"]) == {"web-1", "web-2"}, (label, out)
             # One change in the API, seen by both nodes.
@@ -55,7 +55,9 @@ async def test_agents_of_every_node_follow_one_api(tmp_path: Path) -> None:
             await asyncio.to_thread(
                 lab.wait_endpoints, name, endpoint_texts(only_2.endpoints, 8080), 10
             )
-            out = await asyncio.to_thread(http, client_pod(lab.nodes["node-1"]), "10.96.3.10", 20)
+            out = await asyncio.to_thread(
+                http, lab, client_pod(lab.nodes["node-1"]), "10.96.3.10", 20
+            )
             assert out["failed"] == 0 and out["counts"] == {"web-2": 20}, out
         finally:
             await asyncio.to_thread(lab.down)

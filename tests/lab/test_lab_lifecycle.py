@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ovsproxy.lab.cluster import LAB_REGISTRY, Lab, LabRecord, list_lab_records
+from ovsproxy.lab.evidence import attached_rig
 from ovsproxy.lab.manifests import LabPort, LabService, addresses, endpoint_texts, write_service
 from ovsproxy.ovs.sandbox import _pid_alive, netns_exists
 
@@ -57,7 +58,7 @@ def test_node_leaving(lab: Lab) -> None:
     write_service(lab.manifests, service)
     lab.wait_endpoints("lab/leaving:http/TCP", endpoint_texts(service.endpoints, 8080))
     for ip in map(str, service.cluster_ips):
-        out = http(client_pod(lab.nodes["node-1"]), ip, 30)
+        out = http(lab, client_pod(lab.nodes["node-1"]), ip, 30)
         assert "web-3" in out["counts"], out
 
     node3 = lab.nodes["node-3"]
@@ -73,7 +74,7 @@ def test_node_leaving(lab: Lab) -> None:
     print(f"\nremaining nodes dropped node-3's endpoints {time.monotonic() - started:.2f} s after")
     for ip in map(str, service.cluster_ips):
         for label, netns in clients(lab):
-            out = http(netns, ip, 30)
+            out = http(lab, netns, ip, 30)
             assert out["failed"] == 0, (label, out)
             assert set(out["counts"]) == {"web-1", "web-2"}, (label, out["counts"])
 
@@ -155,7 +156,7 @@ def test_cli_lab_up_status_down() -> None:
         # The lab is usable from outside: the default Service answers from every node.
         for node in info["nodes"]:
             client = next(p for p in node["pods"] if p["name"].startswith("client"))
-            out = http(client["netns"], "10.96.0.10", 30)
+            out = http(attached_rig(name), client["netns"], "10.96.0.10", 30)
             assert out["failed"] == 0 and set(out["counts"]) == {"web-1", "web-2", "web-3"}, out
         record = LabRecord.load(LAB_REGISTRY / f"{name}.json")
         assert record is not None and record.persistent

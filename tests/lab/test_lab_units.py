@@ -31,13 +31,28 @@ def _texts(flows: list) -> list[str]:
     return [re.sub(r" cookie:0x[0-9a-f]+", "", f.to_text()).removeprefix(" ADD ") for f in flows]
 
 
-def test_standalone_commits_connections_crossing_the_gateway() -> None:
+def test_standalone_commits_every_new_connection_not_to_a_service() -> None:
     text = "\n".join(_texts(svc.pipeline_flows(_ctx())))
-    # from the gateway (not FROM_POD), new and not to a Service: committed in ServiceLB
-    assert "table:13 priority=1,ip,reg0=0/0x1 actions=ct(commit,table=20,zone=65520)" in text
-    assert "table:13 priority=1,ipv6,reg0=0/0x1 actions=ct(commit,table=20,zone=65510)" in text
-    # a local pod's, leaving: committed in L3Forwarding, then NORMAL
-    assert "ct_mark=0/0x10" in text and "reg0=0x1/0x1 actions=ct(commit,zone=65520),NORMAL" in text
+    # new and not to a Service, from the gateway or a local pod (also pod to pod on this
+    # bridge: after a vswitchd restart only lost entries are new): committed in ServiceLB
+    assert "table:13 priority=1,ip actions=ct(commit,table=20,zone=65520)" in text
+    assert "table:13 priority=1,ipv6 actions=ct(commit,table=20,zone=65510)" in text
+    # no second commit in L3Forwarding
+    assert "table:20 priority=1," not in text
+
+
+def test_mid_stream_segments_probe_for_a_local_pod() -> None:
+    text = "\n".join(_texts(svc.pipeline_flows(_ctx())))
+    assert (
+        "table:11 priority=100,ct_state=+new+trk,tcp,tcp_flags=-syn-rst actions="
+        "set_field:0x4/0x4->reg0,resubmit(,20),set_field:0/0x4->reg0,resubmit(,12),"
+        "resubmit(,13)"
+    ) in text
+    assert "table:20 priority=225,reg0=0x4/0x4 actions=drop" in text
+    pod = _texts(svc.pod_forwarding_flows(_ctx(), addresses("10.244.1.10"), "0a:58:00:00:00:01", 7))
+    assert (
+        "table:20 priority=230,ip,reg0=0x4/0x4,nw_dst=10.244.1.10 actions=set_field:0x8/0x8->reg0"
+    ) in pod
 
 
 def test_node_originated_service_traffic_is_host_snated_and_bounced() -> None:
@@ -122,12 +137,16 @@ def test_lab_service_manifest_reads_back() -> None:
     }
 
 
-def test_lab_virtual_mac_is_the_pipelines() -> None:
-    """The lab resolves host-SNAT addresses to the pipeline's virtual MAC (it may not import
-    the datapath, so it keeps a copy)."""
-    from ovsproxy.lab import cluster
+def test_lab_agents_get_no_host_snat_flag() -> None:
+    """The lab gives its agents nothing a real node's agent would not get: no host-SNAT
+    address (the agent derives it and makes its neighbour entry; the lab tests prove it)."""
+    from ovsproxy.lab.cluster import Lab, LabNode, pod_cidrs
+    from ovsproxy.ovs.sandbox import Sandbox
 
-    assert cluster.VIRTUAL_MAC == pl.VIRTUAL_MAC
+    node = LabNode("node-1", 1, "zone-1", Sandbox("lu-n1"), (), pod_cidrs(1))
+    command = Lab(1).agent_command(node)
+    assert "--host-snat-ip" not in command, command
+    assert command[command.index("--node-name") + 1] == "node-1"
 
 
 def test_lab_addressing_and_bad_arguments() -> None:

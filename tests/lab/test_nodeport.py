@@ -90,7 +90,7 @@ def test_nodeport_from_outside_on_every_node(
 ) -> None:
     pods = {ep.pod for ep in cluster_np.endpoints}
     for node in lab.nodes:
-        out = send(lab.external_netns, node_ip(lab, node, family), REQUESTS, port=30080)
+        out = send(lab, lab.external_netns, node_ip(lab, node, family), REQUESTS, port=30080)
         assert_every_endpoint_answered(out, pods, node)
 
 
@@ -101,7 +101,7 @@ def test_nodeport_from_the_node_itself_to_its_own_ip(
     pods = {ep.pod for ep in cluster_np.endpoints}
     for node in lab.nodes.values():
         for send in (http, udp):
-            out = send(node.netns, str(node.node_ips[family]), REQUESTS, port=30080)
+            out = send(lab, node.netns, str(node.node_ips[family]), REQUESTS, port=30080)
             assert_every_endpoint_answered(out, pods, (node.name, send.__name__))
 
 
@@ -236,12 +236,12 @@ def test_etp_local_only_nodes_with_a_local_endpoint_answer_and_keep_the_client_i
     lab: Lab, local_lb: LabService, family: int
 ) -> None:
     client = str(lab.external_ips[family])
-    out = http(lab.external_netns, node_ip(lab, "node-2", family), REQUESTS, port=30090)
+    out = http(lab, lab.external_netns, node_ip(lab, "node-2", family), REQUESTS, port=30090)
     assert out["failed"] == 0, out
     assert out["counts"] == {"web-2": REQUESTS}, out
     assert out["seen_as"] == {client: REQUESTS}, out  # the endpoint sees the client itself
     for node in ("node-1", "node-3"):
-        out = http(lab.external_netns, node_ip(lab, node, family), 3, port=30090, timeout=1)
+        out = http(lab, lab.external_netns, node_ip(lab, node, family), 3, port=30090, timeout=1)
         assert out["failed"] == 3, (node, out)  # no local endpoint: dropped
 
 
@@ -295,15 +295,15 @@ def test_lb_ip_from_outside_and_in_cluster_short_circuit(
     to the Service's cluster endpoints and reach web-2, at the LB IP and at node-1's
     NodePort."""
     lb = (LB_V4, LB_V6)[family]
-    out = http(lab.external_netns, lb, 3, timeout=1)
+    out = http(lab, lab.external_netns, lb, 3, timeout=1)
     assert out["failed"] == 3, out
     client_1 = lab.nodes["node-1"].pods["client-1"].netns
-    out = http(client_1, lb, REQUESTS)
+    out = http(lab, client_1, lb, REQUESTS)
     assert out["failed"] == 0 and out["counts"] == {"web-2": REQUESTS}, out
-    out = http(client_1, node_ip(lab, "node-1", family), REQUESTS, port=30090)
+    out = http(lab, client_1, node_ip(lab, "node-1", family), REQUESTS, port=30090)
     assert out["failed"] == 0 and out["counts"] == {"web-2": REQUESTS}, out
     # the node itself (its own IP as source) is in-cluster too
-    out = http(lab.nodes["node-1"].netns, node_ip(lab, "node-1", family), REQUESTS, port=30090)
+    out = http(lab, lab.nodes["node-1"].netns, node_ip(lab, "node-1", family), REQUESTS, port=30090)
     assert out["failed"] == 0 and out["counts"] == {"web-2": REQUESTS}, out
 
 
@@ -344,7 +344,7 @@ def test_external_ip_and_lb_ip_answer_from_outside_and_from_a_pod(
     client_3 = lab.nodes["node-3"].pods["client-3"].netns
     for ip in ((EXT_V4, LB_V4), (EXT_V6, LB_V6))[family]:
         for label, netns in (("external", lab.external_netns), ("pod", client_3)):
-            out = http(netns, ip, REQUESTS, port=8081)
+            out = http(lab, netns, ip, REQUESTS, port=8081)
             assert_every_endpoint_answered(out, pods, (label, ip))
 
 
@@ -379,7 +379,7 @@ def test_a_pod_reaches_its_own_nodes_nodeport(
     pods = {ep.pod for ep in cluster_np.endpoints}
     for node in lab.nodes.values():
         client = node.pods[f"client-{node.index}"].netns
-        out = http(client, str(node.node_ips[family]), REQUESTS, port=30080)
+        out = http(lab, client, str(node.node_ips[family]), REQUESTS, port=30080)
         assert_every_endpoint_answered(out, pods, node.name)
 
 
@@ -391,14 +391,14 @@ def test_conformance_a_functioning_nodeport_service(lab: Lab) -> None:
     try:
         for node in lab.nodes:
             for family in (0, 1):
-                out = http(lab.external_netns, node_ip(lab, node, family), 10, port=30100)
+                out = http(lab, lab.external_netns, node_ip(lab, node, family), 10, port=30100)
                 assert out["failed"] == 0, (node, out)
     finally:
         remove(lab, svc)
 
 
 def affinity_counts(lab: Lab, family: int, port: int, count: int = 30) -> dict[str, int]:
-    out = http(lab.external_netns, node_ip(lab, "node-1", family), count, port=port)
+    out = http(lab, lab.external_netns, node_ip(lab, "node-1", family), count, port=port)
     assert out["failed"] == 0, out
     counts: dict[str, int] = out["counts"]
     return counts
@@ -441,12 +441,12 @@ def test_conformance_change_type_from_external_name_to_nodeport(lab: Lab) -> Non
     )
     try:
         time.sleep(0.5)  # the agents read it (and program nothing for an ExternalName)
-        out = http(lab.external_netns, node_ip(lab, "node-1", 0), 1, port=30103, timeout=1)
+        out = http(lab, lab.external_netns, node_ip(lab, "node-1", 0), 1, port=30103, timeout=1)
         assert out["failed"] == 1, out
         svc = nodeport_service(lab, "np-extname", 43, 30103)
         install(lab, svc)  # the same file name: the Service becomes type NodePort
         for node in lab.nodes:
-            out = http(lab.external_netns, node_ip(lab, node, 0), 10, port=30103)
+            out = http(lab, lab.external_netns, node_ip(lab, node, 0), 10, port=30103)
             assert out["failed"] == 0, (node, out)
     finally:
         path.unlink(missing_ok=True)
@@ -480,9 +480,9 @@ def test_node_port_addresses_select_the_node_ips_per_family(
     lab.agent_args = (*saved, "--node-port-addresses", "10.0.0.0/8")
     try:
         lab.start_agent("node-3")
-        out = http(lab.external_netns, node_ip(lab, "node-3", 0), 2, port=30080, timeout=1)
+        out = http(lab, lab.external_netns, node_ip(lab, "node-3", 0), 2, port=30080, timeout=1)
         assert out["failed"] == 2, out
-        out = http(lab.external_netns, node_ip(lab, "node-3", 1), 10, port=30080)
+        out = http(lab, lab.external_netns, node_ip(lab, "node-3", 1), 10, port=30080)
         assert out["failed"] == 0, out
         status = lab.agent_status("node-3")["node_ports"]
         assert status["node_port_ips"] == [node_ip(lab, "node-3", 1)], status
@@ -490,7 +490,7 @@ def test_node_port_addresses_select_the_node_ips_per_family(
         lab.stop_agent("node-3")
         lab.agent_args = saved
         lab.start_agent("node-3")
-    out = http(lab.external_netns, node_ip(lab, "node-3", 0), 10, port=30080)
+    out = http(lab, lab.external_netns, node_ip(lab, "node-3", 0), 10, port=30080)
     assert out["failed"] == 0, out
 
 
@@ -542,6 +542,12 @@ def capture_state(netns: str) -> tuple[bool, str, str]:
     return "inet ovsproxy" in tables, "\n".join(ours), routes
 
 
+def permanent_neighbours(netns: str) -> set[str]:
+    """The addresses of the permanent neighbour entries on the node's gateway."""
+    out = sh("ip", "-n", netns, "neigh", "show", "dev", "gw0", "nud", "permanent")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
 def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     lab: Lab, cluster_np: LabService
 ) -> None:
@@ -569,6 +575,7 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     assert foreign_ruleset(node.netns) == before
     assert capture_state(node.netns)[0]
     saved = lab.agent_args
+    hops = {str(pl.VIRTUAL_SERVICE_IP[f]) for f in IPFamily}
     lab.stop_agent("node-2")
     lab.agent_args = (*saved, "--cleanup")
     try:
@@ -576,6 +583,8 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         lab.stop_agent("node-2")
         assert capture_state(node.netns) == (False, "", "")
         assert foreign_ruleset(node.netns) == before
+        # The host-SNAT addresses' neighbour entries went; the virtual next hop's stay.
+        assert permanent_neighbours(node.netns) == hops
         # A first start on a node without our table (the rebuild path) leaves the rest alone.
         lab.agent_args = saved
         lab.start_agent("node-2")
@@ -589,7 +598,10 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "ip", "legacy")
         remove(lab, nodeport_service(lab, "np-more", 44, 30104))
     assert capture_state(node.netns)[0]
-    out = http(lab.external_netns, node_ip(lab, "node-2", 0), 10, port=30080)
+    snat = set(lab.agent_status("node-2")["ovs"]["host_snat_ips"])
+    assert snat == {"10.244.2.254", "fd00:10:244:2:ffff:ffff:ffff:fffe"}  # made again
+    assert permanent_neighbours(node.netns) == hops | snat
+    out = http(lab, lab.external_netns, node_ip(lab, "node-2", 0), 10, port=30080)
     assert out["failed"] == 0, out
 
 
@@ -671,3 +683,38 @@ def test_agent_restart_under_nodeport_traffic(lab: Lab, cluster_np: LabService) 
 
 
 TRAFFIC = [__import__("sys").executable, "-m", "ovsproxy.ovs.traffic"]
+
+
+def test_a_strict_rp_filter_is_loosened_on_the_gateway(
+    lab: Lab, cluster_np: LabService, cluster_lb: LabService
+) -> None:
+    """node-1 as a distribution may set it up: strict reverse-path filtering (all=1) and a
+    default route. The restarted agent makes gw0's rp_filter loose (2), so the replies of
+    captured connections (source: the virtual NodePort IP, the LB IP, the external IP) that
+    leave OVS through gw0 are not dropped: from outside, every endpoint answers."""
+    node = lab.nodes["node-1"]
+    ext_v4 = str(lab.external_ips[0])
+
+    def rp_filter(device: str) -> str:
+        return node.exec("sysctl", "-n", f"net.ipv4.conf.{device}.rp_filter").stdout.strip()
+
+    node.exec("sysctl", "-qw", "net.ipv4.conf.all.rp_filter=1")
+    node.exec("ip", "route", "add", "default", "via", ext_v4, "dev", "eth0")
+    try:
+        lab.stop_agent("node-1")
+        lab.start_agent("node-1")
+        assert (rp_filter("all"), rp_filter("gw0")) == ("1", "2")
+        status = lab.agent_status("node-1")
+        assert status["node_ports"]["rp_filter"] == {"all": 1, "gw0": 2, "effective": 2}
+        assert status["unserved_paths"] == [], status["unserved_paths"]
+        assert "net.ipv4.conf.gw0.rp_filter was 0 (all: 1), strict" in lab.agent_log("node-1")
+        out = http(lab, lab.external_netns, node_ip(lab, "node-1", 0), REQUESTS, port=30080)
+        assert_every_endpoint_answered(out, {ep.pod for ep in cluster_np.endpoints}, "NodePort")
+        for ip in (EXT_V4, LB_V4):
+            out = http(lab, lab.external_netns, ip, REQUESTS, port=8081)
+            assert_every_endpoint_answered(out, {ep.pod for ep in cluster_lb.endpoints}, ip)
+    finally:
+        node.exec("sysctl", "-qw", "net.ipv4.conf.all.rp_filter=0", "net.ipv4.conf.gw0.rp_filter=0")
+        node.exec("ip", "route", "del", "default", "via", ext_v4, check=False)
+        lab.stop_agent("node-1")
+        lab.start_agent("node-1")

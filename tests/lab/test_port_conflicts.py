@@ -115,18 +115,18 @@ def test_node_port(lab: Lab) -> None:
             assert_named(lab, "lab/np-new:http/TCP", "lab/np-old:http/TCP", "nodePort 30180/TCP",
                          "30180")  # fmt: skip
 
-        out = through(change, lambda: http(lab.external_netns, node_1, REQUESTS, port=30180))
+        out = through(change, lambda: http(lab, lab.external_netns, node_1, REQUESTS, port=30180))
         assert out["failed"] == 0 and out["counts"] == {"web-1": REQUESTS}, out
         # ovsproxy trace follows the owner (it used to refuse "nodePort 30180 of several ports")
         traced = trace_json(lab, "node-1", "192.168.50.100", f"{node_1}:30180")
         assert traced["verdict"] == "forwarded", traced
         assert pod_of(lab, traced["endpoint"]) == "web-1", traced
         # the rest of the newer Service is served
-        other = http(lab.external_netns, node_2, 20, port=30181)
+        other = http(lab, lab.external_netns, node_2, 20, port=30181)
         assert other["counts"] == {"web-2": 20}, other
         remove_service(lab.manifests, old)
         lab.wait_endpoints("lab/np-new:http/TCP", endpoint_texts(new.endpoints, HTTP_PORT))
-        served = http(lab.external_netns, node_2, 20, port=30180)
+        served = http(lab, lab.external_netns, node_2, 20, port=30180)
         assert served["counts"] == {"web-2": 20}, served
         lab.wait_status(lambda _n, s: not s["conflicts"])
     finally:
@@ -161,13 +161,13 @@ def test_address_port(
             assert_named(lab, f"lab/{kind}-new:http/TCP", f"lab/{kind}-old:http/TCP",
                          f"{claimed}:80/TCP", f"{claimed}:80")  # fmt: skip
 
-        out = through(change, lambda: http(client, claimed, REQUESTS))
+        out = through(change, lambda: http(lab, client, claimed, REQUESTS))
         assert out["failed"] == 0 and out["counts"] == {"web-1": REQUESTS}, out
-        other = http(client, new_ip, 20, port=81)  # the newer's other port is served
+        other = http(lab, client, new_ip, 20, port=81)  # the newer's other port is served
         assert other["counts"] == {"web-2": 20}, other
         remove_service(lab.manifests, old)
         lab.wait_endpoints(f"lab/{kind}-new:http/TCP", endpoint_texts(new.endpoints, HTTP_PORT))
-        served = http(client, claimed, 20)
+        served = http(lab, client, claimed, 20)
         assert served["counts"] == {"web-2": 20}, served
     finally:
         remove_service(lab.manifests, old)

@@ -217,8 +217,6 @@ def test_a_message_over_65535_bytes_is_refused_with_a_clear_error() -> None:
     assert len(of.encode(group, 1)) == group.length
     with pytest.raises(of.MessageTooLarge):
         of.encode_bundle_add(1, group, 1)
-    with pytest.raises(of.MessageTooLarge):
-        of.bundle_add(1, of.encode(group, 1), 1)
     chunks = group_mod_chunks(group.command, group.group_id, group.buckets)
     assert len(chunks) == 2
     assert all(of.encode_bundle_add(1, c, 1) for c in chunks)
@@ -238,11 +236,10 @@ def test_size_helpers_match_the_encoding() -> None:
 # -- bundles ----------------------------------------------------------------------------------
 
 
-def test_bundle_add_wraps_encoded_bytes_without_reencoding() -> None:
+def test_bundle_add_wraps_the_message_with_the_outer_xid() -> None:
     group = of.GroupMod(of.GroupModCommand.ADD, 5, buckets=[svc_bucket(0)])
     inner = of.encode(group, 99)
-    wrapped = of.bundle_add(7, inner, 1234, of.BundleFlags.ATOMIC | of.BundleFlags.ORDERED)
-    assert wrapped == of.encode_bundle_add(7, group, 1234)
+    wrapped = of.encode_bundle_add(7, group, 1234)
     assert wrapped == of.BundleAdd(7, group).encode(1234)
     header = of.Header._make(struct.unpack_from("!BBHI", wrapped))
     assert header.msg_type == of.MsgType.BUNDLE_ADD_MESSAGE and header.xid == 1234

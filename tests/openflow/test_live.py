@@ -511,3 +511,33 @@ async def test_the_log_says_how_an_established_connection_ended(
         assert str(sandbox.openflow) in first
     finally:
         await channel.close()
+
+
+async def test_a_restarted_switch_is_tried_at_once_whatever_the_backoff(sandbox: Sandbox) -> None:
+    """kill -9 leaves the bridge's socket behind (refused); the restarted ovs-vswitchd binds
+    a new one, and the channel connects within SOCKET_POLL of that, not after its backoff,
+    which has grown to seconds meanwhile (issue 27: the shortest gap)."""
+    calls: list[float] = []
+
+    async def on_connected() -> None:
+        calls.append(time.monotonic())
+
+    channel = Channel(
+        sandbox.openflow, on_connected=on_connected, backoff_min=0.01, backoff_max=30.0
+    )
+    await channel.start()
+    try:
+        assert sandbox.record is not None
+        os.kill(sandbox.record.pids["ovs-vswitchd"], signal.SIGKILL)
+        proc = sandbox._procs.pop("ovs-vswitchd")
+        await asyncio.to_thread(proc.wait, 10)
+        assert (sandbox.rundir / f"{sandbox.bridge}.mgmt").exists()  # stale, as after a crash
+        # 0.01 s doubling: after 9 failed attempts the next wait is 5 s.
+        await eventually(lambda: channel.failed_attempts >= 9, 20.0, "failed attempts")
+        assert isinstance(channel.last_error, ConnectionRefusedError), channel.last_error
+        await asyncio.to_thread(sandbox.start_vswitchd)
+        back = time.monotonic()
+        await eventually(lambda: channel.connected and len(calls) == 2, 10.0, "reconnection")
+        assert calls[1] - back < 0.5, calls[1] - back
+    finally:
+        await channel.close()

@@ -246,72 +246,57 @@ def test_an_echo_request_from_the_switch_is_answered_with_its_xid_and_data() -> 
 
 # -- bundles ------------------------------------------------------------------------------------
 
+OPEN, CLOSE = of.BundleCtrlType.OPEN_REQUEST, of.BundleCtrlType.CLOSE_REQUEST
+COMMIT, DISCARD = of.BundleCtrlType.COMMIT_REQUEST, of.BundleCtrlType.DISCARD_REQUEST
+BAD_ID = of.Error(17, 2)  # OFPET_BUNDLE_FAILED/OFPBFC_BAD_ID
+BUNDLE_FAILED = of.Error(17, 14)  # OFPET_BUNDLE_FAILED/OFPBFC_MSG_FAILED
+
 
 def open_bundle(session: ses.Session) -> ses.BundleState:
     bundle = session.open_bundle(of.BundleFlags.ATOMIC | of.BundleFlags.ORDERED)
     ((xid, ctrl),) = sent(session)
     assert xid == bundle.open_xid and isinstance(ctrl, of.BundleCtrl)
-    assert ctrl.ctrl_type == of.BundleCtrlType.OPEN_REQUEST
+    assert ctrl.ctrl_type == OPEN
     return bundle
 
 
-def bundle_reply(bundle: ses.BundleState, ctrl: of.BundleCtrlType) -> of.BundleCtrl:
-    return of.BundleCtrl(bundle.bundle_id, ctrl, bundle.flags)
-
-
-def test_bundle_add_errors_name_the_messages_that_failed() -> None:
-    session = open_session()
-    bundle = open_bundle(session)
-    messages = [flow(reg=i) for i in range(10)]
-    xids = [session.bundle_add(bundle, m) for m in messages]
-    adds = sent(session)
-    assert [x for x, _ in adds] == xids
-    assert all(isinstance(m, of.BundleAdd) and m.bundle_id == bundle.bundle_id for _, m in adds)
-    open_ok = bundle_reply(bundle, of.BundleCtrlType.OPEN_REPLY).encode(bundle.open_xid)
-    assert session.receive_data(open_ok, 1.0) == [
-        ses.Reply(bundle.open_xid, bundle_reply(bundle, of.BundleCtrlType.OPEN_REPLY))
+def controls(session: ses.Session) -> list[tuple[int, of.BundleCtrlType]]:
+    """The bundle control requests the session wrote (adds left out), as (xid, request)."""
+    return [
+        (xid, of.BundleCtrlType(m.ctrl_type))
+        for xid, m in sent(session)
+        if isinstance(m, of.BundleCtrl)
     ]
-    # Two adds fail (OVS reports an add's error under the add's xid), then CLOSE is answered.
-    assert session.receive_data(GROUP_EXISTS.encode(xids[3]) + BAD_TABLE.encode(xids[7]), 1.0) == []
-    close = session.bundle_control(bundle, of.BundleCtrlType.CLOSE_REQUEST)
-    closed = bundle_reply(bundle, of.BundleCtrlType.CLOSE_REPLY)
-    assert session.receive_data(closed.encode(close), 1.0) == [ses.Reply(close, closed)]
-    failure = bundle.failure(None, "add")
-    assert isinstance(failure, BundleError)
-    assert [f.message for f in failure.failures] == [messages[3], messages[7]]
-    assert failure.name == GROUP_EXISTS.name and failure.xid == xids[3]
-    assert of.to_text(messages[3]) in str(failure) and "(+1 more)" in str(failure)
-    assert f"bundle {bundle.bundle_id:#x} failed at add" in str(failure)
-    session.end_bundle(bundle, "failed")
-    assert "FLOW_MOD" not in session.counters.snapshot()["bundled"]  # nothing was installed
 
 
-def test_a_refused_open_or_commit_is_the_bundle_level_error() -> None:
-    session = open_session()
-    bundle = open_bundle(session)
-    session.bundle_add(bundle, flow())
-    sent(session)
-    (event,) = session.receive_data(of.Error(17, 0).encode(bundle.open_xid), 1.0)
-    assert isinstance(event, ses.RequestFailed) and event.xid == bundle.open_xid
-    failure = bundle.failure(event.error, "open/close")  # type: ignore[arg-type]
-    assert failure.failures == [] and failure.xid == bundle.open_xid
-    assert "failed at open/close" in str(failure)
-
-    commit = session.bundle_control(bundle, of.BundleCtrlType.COMMIT_REQUEST)
-    (event,) = session.receive_data(of.Error(17, 14).encode(commit), 1.0)
-    assert isinstance(event, ses.RequestFailed)
-    assert "failed at commit" in str(bundle.failure(event.error, "commit"))  # type: ignore[arg-type]
+def answer(bundle: ses.BundleState, xid: int, ctrl: of.BundleCtrlType) -> bytes:
+    """The switch's reply to a bundle control request (OPEN_REQUEST -> OPEN_REPLY, ...)."""
+    reply = of.BundleCtrlType(int(ctrl) + 1)
+    return of.BundleCtrl(bundle.bundle_id, reply, bundle.flags).encode(xid)
 
 
-def test_a_committed_bundle_counts_its_messages_by_kind() -> None:
+def commit(session: ses.Session, bundle: ses.BundleState) -> list[ses.Event]:
+    """Commit with a switch that accepts it all: OPEN and CLOSE answered, then COMMIT."""
+    session.commit_bundle(bundle)
+    ((close, ctrl),) = controls(session)
+    assert ctrl is CLOSE and bundle.state is ses.BundleStatus.CLOSING
+    both = answer(bundle, bundle.open_xid, OPEN) + answer(bundle, close, CLOSE)
+    assert session.receive_data(both, 1.0) == []
+    ((xid, ctrl),) = controls(session)
+    assert ctrl is COMMIT and bundle.state is ses.BundleStatus.COMMITTING
+    return session.receive_data(answer(bundle, xid, COMMIT), 1.0)
+
+
+def test_a_committed_bundle_is_one_event_and_counts_its_messages_by_kind() -> None:
     session = open_session()
     bundle = open_bundle(session)
     messages = [flow(reg=i) for i in range(5)]
     for m in messages:
         session.bundle_add(bundle, m)
     assert session.pending_output == sum(m.length + of.BUNDLE_ADD_HEADER_LEN for m in messages)
-    session.data_to_send()
-    session.end_bundle(bundle, "committed")
+    assert "FLOW_MOD" not in session.counters.snapshot()["bundled"]  # not before the commit
+    assert commit(session, bundle) == [ses.BundleCommitted(bundle.bundle_id)]
+    assert bundle.state is ses.BundleStatus.COMMITTED and bundle.state == "committed"
     counters = session.counters.snapshot()
     assert counters["bundled"]["FLOW_MOD"] == {
         "messages": 5,
@@ -320,17 +305,201 @@ def test_a_committed_bundle_counts_its_messages_by_kind() -> None:
     assert counters["sent"]["BUNDLE_ADD_MESSAGE"]["messages"] == 5
     with pytest.raises(ChannelError, match="is committed"):
         session.bundle_add(bundle, flow())
+    with pytest.raises(ChannelError, match="is committed"):
+        session.commit_bundle(bundle)
+    assert session.outstanding == 0 and session._controls == {}
 
 
-def test_an_encoded_add_keeps_its_message_for_naming_failures() -> None:
+def test_add_errors_discard_the_bundle_and_name_the_messages_that_failed() -> None:
     session = open_session()
     bundle = open_bundle(session)
-    msg = flow(reg=9)
-    xid = session.bundle_add_encoded(bundle, msg.encode(0))
-    ((wire_xid, add),) = sent(session)
-    assert wire_xid == xid and add.message == msg  # type: ignore[attr-defined]
-    session.receive_data(GROUP_EXISTS.encode(xid), 1.0)
-    assert bundle.errors[0].message == msg
+    messages = [flow(reg=i) for i in range(10)]
+    xids = [session.bundle_add(bundle, m) for m in messages]
+    adds = sent(session)
+    assert [x for x, _ in adds] == xids
+    assert all(isinstance(m, of.BundleAdd) and m.bundle_id == bundle.bundle_id for _, m in adds)
+    # The OPEN's reply is the session's own business: no event.
+    assert session.receive_data(answer(bundle, bundle.open_xid, OPEN), 1.0) == []
+    # Two adds fail (OVS reports an add's error under the add's xid), then CLOSE is answered.
+    assert session.receive_data(GROUP_EXISTS.encode(xids[3]) + BAD_TABLE.encode(xids[7]), 1.0) == []
+    session.commit_bundle(bundle)
+    ((close, _),) = controls(session)
+    assert session.receive_data(answer(bundle, close, CLOSE), 1.0) == []
+    # No COMMIT: a DISCARD, and the failure is reported once the switch has answered it.
+    ((discard, ctrl),) = controls(session)
+    assert ctrl is DISCARD and bundle.state is ses.BundleStatus.DISCARDING
+    (event,) = session.receive_data(answer(bundle, discard, DISCARD), 1.0)
+    assert isinstance(event, ses.BundleFailed) and event.bundle_id == bundle.bundle_id
+    failure = event.error
+    assert isinstance(failure, BundleError)
+    assert [f.message for f in failure.failures] == [messages[3], messages[7]]
+    assert failure.name == GROUP_EXISTS.name and failure.xid == xids[3]
+    assert of.to_text(messages[3]) in str(failure) and "(+1 more)" in str(failure)
+    assert f"bundle {bundle.bundle_id:#x} failed at add" in str(failure)
+    assert bundle.state is ses.BundleStatus.FAILED
+    assert "FLOW_MOD" not in session.counters.snapshot()["bundled"]  # nothing was installed
+
+
+def test_a_refused_open_is_the_bundle_level_error_and_the_close_refused_after_it_is_absorbed() -> (
+    None
+):
+    session = open_session()
+    bundle = open_bundle(session)
+    session.bundle_add(bundle, flow())
+    sent(session)
+    # Refused while the bundle is still being streamed: remembered, nothing to report yet.
+    assert session.receive_data(BAD_ID.encode(bundle.open_xid), 1.0) == []
+    assert bundle.state is ses.BundleStatus.OPEN
+    session.commit_bundle(bundle)
+    (close, first), (discard, then) = controls(session)
+    assert (first, then) == (CLOSE, DISCARD)
+    assert session.receive_data(BAD_ID.encode(close), 1.0) == []  # not an UnsolicitedError
+    (event,) = session.receive_data(BAD_ID.encode(discard), 1.0)  # refused too: still ended
+    assert isinstance(event, ses.BundleFailed) and isinstance(event.error, BundleError)
+    assert event.error.failures == [] and event.error.xid == bundle.open_xid
+    assert "failed at open/close" in str(event.error)
+
+
+def test_a_refused_close_discards_and_a_refused_commit_does_not() -> None:
+    session = open_session()
+    bundle = open_bundle(session)
+    session.commit_bundle(bundle)
+    ((close, _),) = controls(session)
+    data = answer(bundle, bundle.open_xid, OPEN) + BUNDLE_FAILED.encode(close)
+    assert session.receive_data(data, 1.0) == []
+    ((discard, ctrl),) = controls(session)
+    assert ctrl is DISCARD
+    (event,) = session.receive_data(answer(bundle, discard, DISCARD), 1.0)
+    assert isinstance(event, ses.BundleFailed) and event.error.xid == close  # type: ignore[attr-defined]
+    assert "failed at open/close" in str(event.error)
+
+    bundle = open_bundle(session)
+    session.commit_bundle(bundle)
+    ((close, _),) = controls(session)
+    both = answer(bundle, bundle.open_xid, OPEN) + answer(bundle, close, CLOSE)
+    session.receive_data(both, 1.0)
+    ((xid, ctrl),) = controls(session)
+    assert ctrl is COMMIT
+    (event,) = session.receive_data(BUNDLE_FAILED.encode(xid), 1.0)
+    assert isinstance(event, ses.BundleFailed) and "failed at commit" in str(event.error)
+    assert controls(session) == []  # Open vSwitch discards a bundle whose commit fails
+    assert bundle.state is ses.BundleStatus.FAILED
+
+
+def test_a_discarded_bundle_sends_discard_and_its_late_answers_are_absorbed() -> None:
+    session = open_session()
+    bundle = open_bundle(session)
+    session.bundle_add(bundle, flow())
+    sent(session)
+    session.discard_bundle(bundle)
+    ((discard, ctrl),) = controls(session)
+    assert ctrl is DISCARD and bundle.state is ses.BundleStatus.DISCARDED
+    session.discard_bundle(bundle)  # again: nothing
+    assert controls(session) == []
+    data = answer(bundle, bundle.open_xid, OPEN) + answer(bundle, discard, DISCARD)
+    assert session.receive_data(data, 1.0) == []
+    assert session.ignored == 0 and session._controls == {}
+    with pytest.raises(ChannelError, match="is discarded"):
+        session.commit_bundle(bundle)
+
+    # Given up with its COMMIT out (a timeout): whether the switch committed it is unknown,
+    # so no DISCARD, and the late answer brings no event.
+    bundle = open_bundle(session)
+    session.commit_bundle(bundle)
+    ((close, _),) = controls(session)
+    session.receive_data(answer(bundle, bundle.open_xid, OPEN) + answer(bundle, close, CLOSE), 1.0)
+    ((xid, _),) = controls(session)
+    session.discard_bundle(bundle)
+    assert controls(session) == [] and bundle.state is ses.BundleStatus.FAILED
+    assert session.receive_data(answer(bundle, xid, COMMIT), 1.0) == []
+    assert "FLOW_MOD" not in session.counters.snapshot()["bundled"]
+
+
+def test_closing_under_bundles_fails_the_one_being_committed_and_loses_the_streamed_one() -> None:
+    session = open_session()
+    streamed, committing = open_bundle(session), open_bundle(session)
+    session.commit_bundle(committing)
+    sent(session)
+    events = session.connection_lost(5.0)
+    assert [type(e) for e in events] == [ses.BundleFailed, ses.Closed]
+    failed, closed = events
+    assert failed.bundle_id == committing.bundle_id  # type: ignore[union-attr]
+    assert isinstance(failed.error, ConnectionLost)  # type: ignore[union-attr]
+    assert str(failed.error) == (  # type: ignore[union-attr]
+        f"bundle {committing.bundle_id:#x} was lost with its connection: {closed.error}"  # type: ignore[union-attr]
+    )
+    assert streamed.state is committing.state is ses.BundleStatus.LOST
+    session.discard_bundle(streamed)  # nothing to send on a closed connection
+    assert streamed.state is ses.BundleStatus.LOST and session.data_to_send() == b""
+
+
+@st.composite
+def switch_answers(draw: st.DrawFn) -> dict[str, object]:
+    """How a switch answers one bundle: each control request accepted or refused, some adds
+    refused, and the bytes it sends cut anywhere."""
+    return {
+        "adds": draw(st.integers(min_value=0, max_value=6)),
+        "refused_adds": draw(st.sets(st.integers(min_value=0, max_value=5), max_size=3)),
+        "refuse": draw(st.sets(st.sampled_from([OPEN, CLOSE, COMMIT, DISCARD]))),
+        "cuts": draw(st.lists(st.integers(min_value=1, max_value=40), max_size=8)),
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(switch_answers())
+def test_a_bundle_ends_in_exactly_one_outcome_whatever_the_switch_answers(
+    plan: dict[str, object],
+) -> None:
+    """The sequence as a whole: the switch answers each request in order (refusing the ones
+    in ``refuse``), its bytes split anywhere. COMMIT is sent only when OPEN, every add and
+    CLOSE succeeded, and is the last request; otherwise DISCARD is. Exactly one outcome."""
+    adds = plan["adds"]
+    refused_adds: set[int] = {i for i in plan["refused_adds"] if i < adds}  # type: ignore[attr-defined]
+    refuse: set[of.BundleCtrlType] = plan["refuse"]  # type: ignore[assignment]
+    cuts: list[int] = plan["cuts"]  # type: ignore[assignment]
+    session = open_session()
+    bundle = session.open_bundle(of.BundleFlags.ATOMIC | of.BundleFlags.ORDERED)
+    messages = [flow(reg=i) for i in range(adds)]  # type: ignore[arg-type]
+    for m in messages:
+        session.bundle_add(bundle, m)
+    session.commit_bundle(bundle)
+    requests: list[of.BundleCtrlType] = []
+    events: list[ses.Event] = []
+    while out := sent(session):
+        reply = b""
+        add = 0
+        for xid, msg in out:
+            if isinstance(msg, of.BundleAdd):
+                if add in refused_adds:
+                    reply += BAD_TABLE.encode(xid)
+                add += 1
+                continue
+            assert isinstance(msg, of.BundleCtrl)
+            ctrl = of.BundleCtrlType(msg.ctrl_type)
+            requests.append(ctrl)
+            reply += BAD_ID.encode(xid) if ctrl in refuse else answer(bundle, xid, ctrl)
+        pos = 0
+        for size in [*cuts, len(reply)]:
+            events += session.receive_data(reply[pos : pos + size], 1.0)
+            pos += size
+    goes_through = not refused_adds and not refuse & {OPEN, CLOSE}
+    assert requests == [OPEN, CLOSE, COMMIT if goes_through else DISCARD]
+    (event,) = events
+    if goes_through and COMMIT not in refuse:
+        assert event == ses.BundleCommitted(bundle.bundle_id)
+        assert bundle.state is ses.BundleStatus.COMMITTED
+        bundled = session.counters.snapshot()["bundled"].get("FLOW_MOD", {"messages": 0})
+        assert bundled["messages"] == adds
+    else:
+        assert isinstance(event, ses.BundleFailed) and isinstance(event.error, BundleError)
+        assert bundle.state is ses.BundleStatus.FAILED
+        assert "FLOW_MOD" not in session.counters.snapshot()["bundled"]
+        named = [f.message for f in event.error.failures]
+        # decided at a refused OPEN's answer: the adds' errors come after it
+        assert named == ([] if OPEN in refuse else [messages[i] for i in sorted(refused_adds)])
+        stage = "commit" if goes_through else "add" if not refuse & {OPEN, CLOSE} else "open/close"
+        assert f"failed at {stage}" in str(event.error)
+    assert session._bundles == {} and session._controls == {} and session.ignored == 0
 
 
 # -- keepalive --------------------------------------------------------------------------------
@@ -464,17 +633,17 @@ def test_closing_after_the_handshake_fails_everything_outstanding_and_says_how_l
     assert isinstance(closed, ses.Closed)
     assert str(closed.error) == f"{PEER}: connection closed by the peer after 123.4s connected"
     failed = {e.xid: e.error for e in events if isinstance(e, ses.RequestFailed)}
-    assert set(failed) == {plain, dump, tracked, bundle.open_xid}
+    assert set(failed) == {plain, dump, tracked}  # (the bundle's OPEN is the session's own)
     assert all(isinstance(e, ConnectionLost) for e in failed.values())
-    assert bundle.state == "lost"
+    assert bundle.state is ses.BundleStatus.LOST
     # A bundle still being streamed learns how its connection ended (not just "lost").
     lost_with = f"bundle {bundle.bundle_id:#x} was lost with its connection: {closed.error}"
     with pytest.raises(ConnectionLost) as added:
         session.bundle_add(bundle, flow())
     assert str(added.value) == lost_with
-    with pytest.raises(ConnectionLost) as encoded:
-        session.bundle_add_encoded(bundle, flow().encode(0))
-    assert str(encoded.value) == lost_with
+    with pytest.raises(ConnectionLost) as committed:
+        session.commit_bundle(bundle)
+    assert str(committed.value) == lost_with
     assert session.lost is closed.error
     with pytest.raises(ConnectionLost):
         session.request(of.BarrierRequest())
@@ -599,13 +768,17 @@ def test_a_run_of_bodies_is_the_same_adds_and_names_its_failures() -> None:
         assert run.messages[xids[at]].decoded() == messages[at]  # type: ignore[attr-defined]
     assert by_run.counters.snapshot()["sent"] == by_one.counters.snapshot()["sent"]
     assert session_next_xid(by_run) == session_next_xid(by_one)
-    assert by_run.receive_data(BAD_TABLE.encode(xids[6]), 1.0) == []
+    for state, session in ((run, by_run), (one, by_one)):
+        assert commit(session, state) == [ses.BundleCommitted(state.bundle_id)]
+    assert by_run.counters.snapshot()["bundled"] == by_one.counters.snapshot()["bundled"]
+    # A failing one is named by its encoding.
+    run = open_bundle(by_run)
+    first = by_run.bundle_add_bodies(run, int(of.MsgType.FLOW_MOD), [m[0] for m in messages])
+    by_run.data_to_send()
+    assert by_run.receive_data(BAD_TABLE.encode(first + 6), 1.0) == []
     (failure,) = run.errors
     assert failure.message is not None and failure.message.decoded() == messages[6]  # type: ignore[attr-defined]
     assert of.to_text(messages[6]) in str(run.failure(None, "add"))
-    for state, session in ((run, by_run), (one, by_one)):
-        session.end_bundle(state, "committed")
-    assert by_run.counters.snapshot()["bundled"] == by_one.counters.snapshot()["bundled"]
 
 
 def test_a_run_of_bodies_never_takes_xid_zero_and_refuses_an_oversized_body() -> None:

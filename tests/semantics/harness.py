@@ -13,6 +13,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.conntrack import vswitchd_appctl
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.semantics import ServiceSemantics
+from ovsproxy.lab.evidence import RigNode, probe
 from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
@@ -28,7 +29,7 @@ from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.sandbox import Pod, Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
 
@@ -50,6 +51,11 @@ class World:
     semantics: ServiceSemantics
     synced: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rig(self) -> tuple[RigNode, ...]:
+        """This one switch, for ``ovsproxy.lab.evidence`` (the proxier runs in-process)."""
+        return (RigNode("node", self.sandbox),)
 
     # -- Kubernetes objects ---------------------------------------------------------------
     def service(
@@ -97,16 +103,14 @@ class World:
     def pod(self, name: str, **kw: Any) -> Pod:
         return self.sandbox.add_pod(name, **kw)
 
-    async def http(self, client: Pod, url: str, count: int = 20, timeout: float = 2.0) -> dict:
+    async def http(
+        self, client: Pod, url: str, count: int = 20, timeout: float = TCP_TIMEOUT_S
+    ) -> dict:
+        """Lost requests come with their evidence (``ovsproxy.lab.evidence``) unless the
+        timeout is shorter than one retransmission (no answer expected, or timing measured)."""
+        args = ("http", url, "--count", str(count), "--timeout", str(timeout))
         return await asyncio.to_thread(
-            run_in_netns,
-            client.netns,
-            "http",
-            url,
-            "--count",
-            str(count),
-            "--timeout",
-            str(timeout),
+            probe, self.rig, client.netns, *args, explain=timeout >= TCP_TIMEOUT_S
         )
 
     async def udp(
@@ -125,7 +129,7 @@ class World:
             args += ["--interval", str(interval)]
         if new_socket:
             args.append("--new-socket")
-        return await asyncio.to_thread(run_in_netns, client.netns, *args)
+        return await asyncio.to_thread(probe, self.rig, client.netns, *args, explain=timeout >= 1)
 
     def learned_flows(self) -> list[str]:
         table = self.datapath.tables.session_affinity

@@ -675,7 +675,7 @@ def test_plain_endpoint_fast_path_agrees_with_the_checked_path(endpoint, address
     obj = endpoint_slice(endpoints=[endpoint], addressType=address_type)
     fast = _converted_or_errors(copy.deepcopy(obj))
     plain = convert._plain_endpoint
-    convert._plain_endpoint = lambda raw, family: None  # every endpoint through the checker
+    convert._plain_endpoint = lambda raw, family, parse: None  # every endpoint through the checker
     try:
         checked = _converted_or_errors(copy.deepcopy(obj))
     finally:
@@ -694,7 +694,7 @@ def test_plain_endpoints_take_the_fast_path() -> None:
         "zone": "zone-a",
         "targetRef": {"kind": "Pod", "name": "web-1"},
     }
-    base = convert._plain_endpoint(raw, IPFamily.IPv4)
+    base = convert._plain_endpoint(raw, IPFamily.IPv4, convert.parse_ip)
     assert base == (
         ipaddress.ip_address("10.1.0.5"),
         True,
@@ -705,8 +705,13 @@ def test_plain_endpoints_take_the_fast_path() -> None:
         frozenset(),
         frozenset(),
     )
-    assert convert._plain_endpoint(raw, IPFamily.IPv6) is None  # the checker reports it
-    assert convert._plain_endpoint({**raw, "hints": {"forZones": []}}, IPFamily.IPv4) is None
+    assert (
+        convert._plain_endpoint(raw, IPFamily.IPv6, convert.parse_ip) is None
+    )  # the checker reports it
+    assert (
+        convert._plain_endpoint({**raw, "hints": {"forZones": []}}, IPFamily.IPv4, convert.parse_ip)
+        is None
+    )
 
 
 def test_creation_timestamp_is_unix_seconds_on_every_port_and_a_bad_one_is_named() -> None:

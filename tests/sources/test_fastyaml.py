@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import yaml
-from bench import kubeapi
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import cluster
 
 from ovsproxy.sources import fastyaml
 from ovsproxy.sources.manifests import _parse_with_pyyaml, parse_manifest
@@ -281,7 +281,7 @@ def test_project_manifests_read_the_same(path: Path) -> None:
 
 
 def test_bench_manifests_take_the_fast_path(tmp_path: Path) -> None:
-    [path] = kubeapi.manifest_files(tmp_path, 20, 10)
+    [path] = cluster.manifest_files(tmp_path, 20, 10)
     assert assert_same_as_pyyaml(path.read_bytes(), str(path))
 
 
@@ -294,7 +294,7 @@ def rss_mb() -> float:
 def test_reading_a_file_again_and_again_holds_no_memory(tmp_path: Path) -> None:
     """rapidyaml's emit_json never frees its buffer (the file's JSON, every time):
     the fast path must not leak it."""
-    [path] = kubeapi.manifest_files(tmp_path, 300, 10)  # 1 MB of YAML, 3 MB as JSON
+    [path] = cluster.manifest_files(tmp_path, 300, 10)  # 1 MB of YAML, 3 MB as JSON
     data = path.read_bytes()
     for _ in range(5):  # the heap settles (glibc raises its mmap threshold, keeps arenas)
         assert fastyaml.documents(data) is not None

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.sources.convert import SERVICE_PROXY_NAME_LABEL
 from ovsproxy.sources.kubernetes import SERVICE_CIDRS, Backoff, KubernetesSource
-from tests.k8s_fake import FakeKubeApi
 
 FAST = {"page_size": 5, "watch_timeout": (30.0, 30.0), "backoff": Backoff(initial=0.01, cap=0.1)}
 

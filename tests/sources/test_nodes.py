@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.k8s_fake import FakeKubeApi
 
 from ovsproxy.model import IPAddress
 from ovsproxy.model.node import Node
 from ovsproxy.model.problems import SourceError
 from ovsproxy.sources.kubernetes import NODES, KubernetesSource
 from ovsproxy.sources.nodes import convert_node
-from tests.k8s_fake import FakeKubeApi
 
 from .test_kubernetes import started, until
 

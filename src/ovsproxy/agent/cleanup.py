@@ -11,7 +11,8 @@ Ours, told by construction (nothing else is touched):
   keys agents write to the bridge's external_ids (``ovs.ovsdb.AGENT_KEYS``)
   (``remove_switch_state``);
 * the node's routes: the Service routes (our route protocol on the gateway,
-  ``RouteManager.uninstall``), the virtual next hop's host route when it carries our protocol,
+  ``RouteManager.uninstall``), our on-link host routes on the gateway (the virtual next hop's,
+  a host-SNAT address's),
   and, in standalone mode, every permanent neighbour entry on the gateway that resolves to the
   virtual MAC (the next hop's and a host-SNAT address's) (``remove_routes``);
 * node-side capture: the ``inet ovsproxy`` nftables table, the fwmark rule and the routes of
@@ -19,8 +20,9 @@ Ours, told by construction (nothing else is touched):
 
 Left on purpose (``deliberately_left``, printed by the command and listed in the docs): the
 bridge, its ports and the gateway device (the CNI's or the operator's), conntrack entries
-(they expire with their connections), and in integrated mode the neighbour entries to the
-virtual MAC (a CNI makes the same ones: Antrea uses the same address and MAC).
+(they expire with their connections), in standalone mode the gateway's rp_filter as the agent
+left it (loosened where strict), and in integrated mode the neighbour entries to the virtual
+MAC (a CNI makes the same ones: Antrea uses the same address and MAC).
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def deliberately_left(config: AgentConfig, *, on_exit: bool = False) -> list[str
         "conntrack entries of Service connections (Open vSwitch's zones and the kernel's NAT "
         "of captured ones): they expire with their connections",
     ]
+    if config.mode == pl.Mode.STANDALONE:
+        left.append(
+            f"net.ipv4.conf.{config.gateway}.rp_filter as the agent may have left it (2, loose, "
+            "where it found it strict; the value before is not recorded)"
+        )
     if config.mode == pl.Mode.INTEGRATED:
         left.append(
             f"permanent neighbour entries on {config.gateway} to the virtual MAC "

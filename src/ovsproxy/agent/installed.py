@@ -1,19 +1,21 @@
 """What the node holds, for ``ovsproxy verify``: our groups read over OpenFlow (probed where
 OVS cannot describe them), our Service routes through the route backend, and the routes
 compared with the desired prefixes; the ``inet ovsproxy`` capture table through libnftables
-(compared by ``capture.compare``), and the node IPs its desired content depends on (the Node
-object's addresses with the Kubernetes API as the source, as the agent takes them). Nothing on
-the node is changed: a probe is a bundle built to fail, and nothing of a failed bundle is
-applied.
+(compared by ``capture.compare``), and the node IPs and host-SNAT addresses its desired
+content depends on (the Node object's addresses with the Kubernetes API as the source, as the
+agent takes them). Nothing on the node is changed: a probe is a bundle built to fail, and
+nothing of a failed bundle is applied.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from typing import Any
 
-from ovsproxy.agent.wiring import build_route_backend, manifest_paths
+from ovsproxy.agent.hostsnat import HostSNAT
+from ovsproxy.agent.wiring import build_route_backend, manifest_paths, route_backend_name
 from ovsproxy.capture import CaptureState, CaptureTable
 from ovsproxy.capture.compare import compare_table
 from ovsproxy.config import AgentConfig
@@ -22,6 +24,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
 from ovsproxy.model import IPAddress, IPFamily, IPNetwork
+from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import BundleError, Channel
 from ovsproxy.routes.capture import CaptureRoutes
@@ -205,6 +208,21 @@ async def node_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
         return tuple(await routes.node_addresses())
     finally:
         await routes.close()
+
+
+async def with_host_snat(config: AgentConfig, pods: list[PodPort]) -> AgentConfig:
+    """``config`` with the host-SNAT addresses the agent takes on this node (``agent.hostsnat``;
+    its pipeline's SNAT flows name them), read from the gateway, nothing installed."""
+    linux = route_backend_name(config.route_backend) == "linux"
+    if config.mode != pl.Mode.STANDALONE or not config.manage_routes or not linux:
+        return config
+    host_snat = HostSNAT(config, config.netns)
+    try:
+        choices = await host_snat.choose(pods)
+    finally:
+        await host_snat.close()
+    chosen = [str(c.address) for c in choices.values() if c.address is not None]
+    return dataclasses.replace(config, host_snat_ip=tuple(chosen))
 
 
 async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:

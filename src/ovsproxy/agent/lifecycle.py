@@ -9,7 +9,8 @@ owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses
 adopts them hitlessly) unless ``cleanup`` is set: then what ``ovsproxy cleanup`` removes of
 what this run set up goes first (``agent.cleanup``), but the virtual next hop's host route and
 neighbour entries stay for a later agent. The capture table, its policy routes and
-the health-check servers are the node side's (``agent.nodeport``).
+the health-check servers are the node side's (``agent.nodeport``); the host-SNAT addresses
+and their neighbour entries ``agent.hostsnat``'s (``--cleanup`` removes those too).
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ from ovsproxy.agent.switch_link import wait_for_switch
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
     Components,
+    build_host_snat,
     build_node_side,
     build_openflow,
     build_proxier,
     build_routes,
     build_source,
     manifest_paths,
+    route_backend_name,
 )
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
@@ -108,6 +111,9 @@ class Agent:
             parts.ovsdb, generation = connected
             log.info("cookie generation %d", generation)
             await set_zone_timeouts(parts.ovsdb_link, parts.ovsdb, cfg.bridge)
+            linux = route_backend_name(cfg.route_backend) == "linux"
+            if cfg.mode == pl.Mode.STANDALONE and cfg.manage_routes and linux:
+                cfg = await self._start_host_snat()
             parts.channel, parts.datapath = build_openflow(
                 cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
             )
@@ -169,6 +175,21 @@ class Agent:
                 self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
             )
             parts.config = self.config
+        return self.config
+
+    async def _start_host_snat(self) -> AgentConfig:
+        """The host-SNAT addresses, before the datapath: the pipeline's SNAT flows name them
+        (the local pods are read first: an address a pod has is refused; the Node's podCIDRs,
+        if it is listed by now, are the fallback for a gateway without a prefix)."""
+        parts = self.parts
+        assert parts.ovsdb is not None
+        host_snat = parts.host_snat = build_host_snat(self.config, parts.netns)
+        await self.pods.read(parts.ovsdb)
+        node = parts.node.node if parts.node is not None else None
+        addresses = await host_snat.start(self.pods.pods, node.pod_cidrs if node else ())
+        self.config = parts.config = dataclasses.replace(
+            self.config, host_snat_ip=tuple(str(ip) for ip in addresses)
+        )
         return self.config
 
     async def _node_object_ips(self, source_started: asyncio.Task[None]) -> tuple[IPAddress, ...]:
@@ -264,6 +285,9 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
     if parts.node_side is not None:
         with contextlib.suppress(Exception):
             await parts.node_side.close()
+    if parts.host_snat is not None:
+        with contextlib.suppress(Exception):
+            await parts.host_snat.close()
     await pages.stop_http()
     if parts.channel is not None:
         await parts.channel.close()
@@ -284,7 +308,8 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
 
 async def cleanup(parts: Components) -> None:
     """--cleanup: on exit, what ``ovsproxy cleanup`` removes of what this run set up (the
-    steps of ``agent.cleanup``) but the virtual next hop, each line logged."""
+    steps of ``agent.cleanup``) but the virtual next hop, and the host-SNAT addresses'
+    neighbour entries and host routes, each line logged."""
     config, report = parts.config, CleanupReport()
     if parts.datapath is not None and parts.channel is not None and parts.channel.connected:
         rejector = parts.semantics.rejector if parts.semantics else Rejector(parts.channel)
@@ -295,6 +320,11 @@ async def cleanup(parts: Components) -> None:
         await remove_routes(parts.routes, next_hop=False, neighbours=False, report=report)
     if parts.node_side is not None:
         await remove_capture(parts.node_side.table, parts.node_side.routes, report)
+    if parts.host_snat is not None:
+        try:
+            report.removed += await parts.host_snat.cleanup()
+        except Exception as exc:
+            report.errors.append(f"host-SNAT neighbour entries: {type(exc).__name__}: {exc}")
     for item in report.removed:
         log.info("cleanup: removed %s", item)
     for item in deliberately_left(config, on_exit=True):

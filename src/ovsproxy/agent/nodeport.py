@@ -11,11 +11,14 @@ Service ports that sync touched and:
   ready local endpoint counts.
 
 ``start`` installs the policy routing that takes captured packets to the gateway
-(``routes.capture``) and decides the node's IPs (configured; else the Node object's addresses,
-with the Kubernetes API as the source; else read from the node's devices) and, from
-``node_port_addresses``, which of them accept NodePorts. ``set_node_ips`` takes the Node's new
-addresses later (the agent then re-syncs the NodePort frontends). ``--cleanup`` deletes the
-table and the policy routes (``agent.cleanup.remove_capture``). See docs/nodeport.md.
+(``routes.capture``), makes the gateway's IPv4 reverse-path filter loose when it is strict
+(``routes.rpfilter``: captured replies come back through it; checked again with the policy
+routes until they are in place), and decides the node's IPs (configured; else the Node
+object's addresses, with the Kubernetes API as the source; else read from the node's devices)
+and, from ``node_port_addresses``, which of them accept NodePorts. ``set_node_ips`` takes the
+Node's new addresses later (the agent then re-syncs the NodePort frontends). ``--cleanup``
+deletes the table and the policy routes (``agent.cleanup.remove_capture``); the gateway's
+rp_filter stays loose. See docs/nodeport.md.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from ovsproxy.capture.table import load_binding
 from ovsproxy.config import AgentConfig
 from ovsproxy.healthcheck import ProxyHealth, ServiceHealthServers, desired_health_checks
 from ovsproxy.model import IPAddress, IPFamily, ServicePortName, ServiceState
+from ovsproxy.model.node import UnservedPath
+from ovsproxy.routes import rpfilter
 from ovsproxy.routes.backend import RouteBackendError
 from ovsproxy.routes.capture import CaptureRoutes
 
@@ -60,6 +65,10 @@ class NodeSide:
         self.errors = 0  # failed capture syncs
         self.policy_routes: list[str] = []
         self._routes_ok = False
+        # The gateway's IPv4 reverse-path filter as found and left (status), and what it
+        # keeps from serving when it could not be made loose.
+        self.rp_filter: dict[str, Any] = {}
+        self.unserved: list[UnservedPath] = []
 
     async def start(self, node_object_ips: tuple[IPAddress, ...] = ()) -> None:
         """``node_object_ips``: the Node object's addresses, used unless IPs are configured."""
@@ -102,6 +111,39 @@ class NodeSide:
         except RouteBackendError as exc:
             log.warning("capture policy routing not in place yet: %s", exc)
             self._routes_ok = False
+        self._check_rp_filter()
+
+    def _check_rp_filter(self) -> None:
+        """Replies of captured connections leave OVS through the gateway with a source the
+        node does not route there: a strict rp_filter drops them; make the gateway's loose."""
+        gateway = self.config.gateway
+        self.unserved = []
+        try:
+            found = rpfilter.read(gateway, self.netns)
+            if found.strict:
+                rpfilter.set_device(gateway, rpfilter.LOOSE, self.netns)
+                log.warning(
+                    "net.ipv4.conf.%s.rp_filter was %d (all: %d), strict: set it to %d (loose) so "
+                    "that replies of NodePort, external IP and LB IP connections are not dropped",
+                    gateway,
+                    found.device,
+                    found.all,
+                    rpfilter.LOOSE,
+                )
+            now = rpfilter.read(gateway, self.netns)
+        except OSError as exc:
+            reason = f"net.ipv4.conf.{gateway}.rp_filter cannot be checked or loosened: {exc}"
+            log.warning("%s; captured IPv4 replies are dropped if it is strict", reason)
+            self.rp_filter = {"error": reason}
+            self.unserved = [UnservedPath("external-replies", IPFamily.IPv4, reason)]
+            return
+        self.rp_filter = {"all": now.all, gateway: now.device, "effective": now.effective}
+        if now.strict:  # written, yet still strict: say exactly what is wrong
+            reason = (
+                f"net.ipv4.conf.{gateway}.rp_filter is {now.device} and all is {now.all}: the "
+                "kernel applies the larger, strict; set the gateway's to 2 or both to 0"
+            )
+            self.unserved = [UnservedPath("external-replies", IPFamily.IPv4, reason)]
 
     def set_node_ips(self, node_ips: tuple[IPAddress, ...]) -> bool:
         """The Node object's new addresses (configured IPs stay): whether the node IPs
@@ -212,6 +254,7 @@ class NodeSide:
             else {"kind": last.kind, "elements": last.elements, "bytes": last.bytes},
             "errors": self.errors,
             "policy_routes": self.policy_routes,
+            "rp_filter": self.rp_filter,
             "health_checks": health_checks,
         }
 

@@ -15,6 +15,7 @@ from typing import Any
 from ovsproxy import __version__
 from ovsproxy.agent.wiring import Components
 from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics
+from ovsproxy.model.node import UnservedPath
 
 log = logging.getLogger("ovsproxy.agent")
 
@@ -132,6 +133,25 @@ def register_metrics(
         registry_failures,
     )
     m.not_pods.set_function(lambda: float(len(parts.pods.not_pods) if parts.pods else 0))
+    m.add_gauge(
+        (
+            "ovsproxy_unserved_paths",
+            "Packet paths this node cannot serve (1 each; /status says why): no host-SNAT "
+            "address, a reverse-path filter left strict.",
+            ("path", "family"),
+            lambda: {(p.path, f"IPv{int(p.family)}"): 1.0 for p in unserved_paths(parts)},
+        )
+    )
+
+
+def unserved_paths(parts: Components) -> list[UnservedPath]:
+    """What the host-SNAT addresses and the node side cannot serve, with the reasons."""
+    out: list[UnservedPath] = []
+    if parts.host_snat is not None:
+        out += parts.host_snat.unserved(parts.pods.pods if parts.pods else ())
+    if parts.node_side is not None:
+        out += parts.node_side.unserved
+    return out
 
 
 class StatusPages:
@@ -227,6 +247,12 @@ class StatusPages:
             "last_sync": last_sync,
             "routes": routes,
             "node_ports": parts.node_side.status() if parts.node_side is not None else None,
+            "host_snat": parts.host_snat.status() if parts.host_snat is not None else None,
+            # Paths this node cannot serve, and why (ovsproxy_unserved_paths)
+            "unserved_paths": [
+                {"path": p.path, "family": f"IPv{int(p.family)}", "reason": p.reason}
+                for p in unserved_paths(parts)
+            ],
             # The Node object (Kubernetes API source only): eligibility, addresses, podCIDRs
             "node": parts.node.status() if parts.node is not None else None,
             "services": services,

@@ -4,7 +4,8 @@ Around ``Proxier.sync``: on a periodic full sync, a switch that lost flows behin
 rewritten first (``Datapath.drifted``); a failure counts the OVS error by name and marks the
 agent unhealthy; once the sources have synced, the node's routes are converged once from the
 complete ClusterIP list before the agent calls itself healthy and ready, the gauges are set, and
-the proxy health learns that every queued change is in (kube-proxy's ``Updated``). Last, the
+the proxy health learns that every queued change is in (kube-proxy's ``Updated``). The
+proxier's sync runs with the cyclic garbage collector paused (``gcpause.gc_paused``); last, the
 garbage collector is settled (``gcpause.settle``: what the sync left young is collected, the
 survivors frozen), so that no collection later traverses the cluster's state in the middle of an
 event or a sync; a periodic full resync at least ``COMPACT_EVERY`` after the last compaction
@@ -69,7 +70,11 @@ class Syncer:
             if full and datapath.commits and await datapath.drifted():
                 log.warning("switch lost flows or groups behind our back: rewriting all")
                 await datapath.resync_switch()
-            result = await proxier.sync(full)
+            # The collector is off while the sync builds (a full sync makes over a million
+            # long-lived acyclic values: every collection would traverse them again) and on
+            # until its commit is in; settled below.
+            with gcpause.gc_paused():
+                result = await proxier.sync(full)
         except Exception as exc:
             # An OVS error, raised as is or as the cause of a datapath error: count its name.
             error = exc if isinstance(exc, OpenFlowError) else exc.__cause__

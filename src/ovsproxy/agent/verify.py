@@ -12,7 +12,7 @@ every element, against the content the capture tracker derives from the same Ser
 and the node's IPs.
 
 Nothing is changed on the node. A group too large for OVS to describe (GROUP_DESC over 64 KB,
-see README "Known limits") is compared by its bucket count from group statistics, and a
+see docs/limits.md) is compared by its bucket count from group statistics, and a
 bucket-id probe (a bundle that fails by design, so nothing is applied) says whether its ids are
 0..n-1; above the size group statistics can carry, only its existence is probed.
 """
@@ -32,6 +32,7 @@ from ovsproxy.agent.installed import (
     read_capture_table,
     read_groups,
     read_routes,
+    with_host_snat,
 )
 from ovsproxy.agent.wiring import build_source, manifest_paths
 from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
@@ -41,6 +42,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.reject import Rejector
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
@@ -112,8 +114,8 @@ async def build_desired(
         discoverer = ServiceCIDRDiscoverer(
             configured=config.service_cidr, use_api=not manifest_paths(config)
         )
-    datapath = Datapath(compare.RecordingSwitch(), config.pipeline, generation)
-    datapath.freeze_gc = False  # a one-shot process: nothing to keep out of the collector
+    # a one-shot process: nothing to keep out of the collector
+    datapath = Datapath(compare.RecordingSwitch(), config.pipeline, generation, freeze_gc=False)
 
     async def current_pods() -> list[PodPort]:
         return pods
@@ -143,7 +145,8 @@ async def build_desired(
             assert isinstance(source, KubernetesSource)
             source.service_cidrs(ServiceCIDRHandler(discoverer))
         await _wait_synced(tracker, timeout)
-        await proxier.sync(full=True)
+        with gc_paused():  # as the agent's sync (see agent.sync)
+            await proxier.sync(full=True)
         if discoverer is not None:
             deadline = asyncio.get_running_loop().time() + timeout
             while not discoverer.ready:
@@ -215,6 +218,7 @@ async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float =
     if ips and not config.node_ip:
         # As the agent does: the IPs it found are its pipeline's node IPs (Classifier flows).
         config = dataclasses.replace(config, node_ip=tuple(str(ip) for ip in ips))
+    config = await with_host_snat(config, held.pods)
     return await build_desired(
         config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
     )

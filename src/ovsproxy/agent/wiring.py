@@ -1,7 +1,8 @@
 """Building the agent's components from its configuration; nothing here starts anything.
 
 Which source (manifests or the Kubernetes API), which route backend (by platform, or forced
-with ``route_backend``), the node side of NodePorts (``build_node_side``), the OpenFlow channel
+with ``route_backend``), the node side of NodePorts (``build_node_side``), the host-SNAT addresses
+(``build_host_snat``), the OpenFlow channel
 and the datapath over it, the Service semantics and the proxier. ``Components`` holds what one
 run has built so far: the other agent modules (sync, observability, lifecycle) read it.
 """
@@ -28,6 +29,7 @@ from ovsproxy.servicecidr.feed import ClusterIPFeed
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ovsproxy.agent.hostsnat import HostSNAT
     from ovsproxy.agent.node import NodeWatcher
     from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.agent.ovsdb_link import OVSDBLink
@@ -64,6 +66,7 @@ class Components:
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
     node_side: NodeSide | None = None  # NodePort/external capture and health checks
+    host_snat: HostSNAT | None = None  # standalone, with routes: host-SNAT addresses
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
     node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
 
@@ -146,6 +149,13 @@ def build_node_side(config: AgentConfig, netns: str | None, health: ProxyHealth)
     from ovsproxy.agent.nodeport import NodeSide
 
     return NodeSide(config, netns, health)
+
+
+def build_host_snat(config: AgentConfig, netns: str | None) -> HostSNAT:
+    """The host-SNAT addresses and their neighbour entries (standalone, with the routes)."""
+    from ovsproxy.agent.hostsnat import HostSNAT
+
+    return HostSNAT(config, netns)
 
 
 # -- OpenFlow, datapath, proxier --------------------------------------------------------------

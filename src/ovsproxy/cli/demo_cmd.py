@@ -31,8 +31,8 @@ from rich.table import Table
 
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES, build_lab
+from ovsproxy.lab.evidence import RigNode, lab_rig, probe
 from ovsproxy.ovs.sandbox import Sandbox
-from ovsproxy.ovs.traffic import run_in_netns
 
 
 @dataclass(frozen=True)
@@ -79,15 +79,14 @@ def _measure(
     progress: Progress | None,
 ) -> list[dict[str, Any]]:
     clients = {"pod demo/client": pods["client"].netns, "node (Service route)": sandbox.netns}
+    rig = (RigNode("node-1", sandbox),)  # the agent runs in this process: no /status to ask
     results = []
     task = None
     if progress is not None:
         task = progress.add_task("requests", total=len(targets) * len(clients) * requests)
     for target in targets:
         for client, netns in clients.items():
-            out = run_in_netns(
-                netns, "http", target.url, "--count", str(requests), "--timeout", "2"
-            )
+            out = probe(rig, netns, "http", target.url, "--count", str(requests), echo=False)
             ok = out["failed"] == 0 and set(out["counts"]) == set(target.expected)
             results.append(
                 {
@@ -97,6 +96,7 @@ def _measure(
                     "counts": dict(sorted(out["counts"].items())),
                     "failed": out["failed"],
                     "failures": out["failures"],
+                    **({"evidence": out["evidence"]} if "evidence" in out else {}),
                     "expected": sorted(target.expected),
                     "ok": ok,
                 }
@@ -255,8 +255,8 @@ def _run_cluster_demo(nodes: int, requests: int, as_json: bool, console: Console
                         (f"pod {client.name}", client.netns),
                         ("node namespace", node.netns),
                     ):
-                        out = run_in_netns(
-                            netns, "http", url, "--count", str(requests), "--timeout", "2"
+                        out = probe(
+                            lab_rig(lab), netns, "http", url, "--count", str(requests), echo=False
                         )
                         results.append(
                             {
@@ -267,6 +267,7 @@ def _run_cluster_demo(nodes: int, requests: int, as_json: bool, console: Console
                                 "counts": dict(sorted(out["counts"].items())),
                                 "failed": out["failed"],
                                 "failures": out["failures"],
+                                **({"evidence": out["evidence"]} if "evidence" in out else {}),
                                 "expected": expected,
                                 "ok": out["failed"] == 0 and sorted(out["counts"]) == expected,
                             }

@@ -54,8 +54,9 @@ def _options(func: Any) -> Any:
         click.option(
             "--host-snat-ip",
             multiple=True,
-            help="standalone: an unused pod-CIDR address per family, resolved to the virtual "
-            "MAC on the gateway; node-originated Service traffic to other nodes is SNATed to it",
+            help="standalone: per family, the address node-originated Service traffic to other "
+            "nodes is SNATed to (its neighbour entry is made) [the address below the last of "
+            "the gateway's pod CIDR]",
         ),
         click.option(
             "--node-name",

@@ -94,6 +94,17 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         f"{info['groups']} groups, {info['flows']} flows, cookie generation {info['generation']}",
     )
     head.add_row("Service routes", ", ".join(info["routes"]) or "-")
+    host_snat = info.get("host_snat") or {}
+    if host_snat:
+        head.add_row(
+            "host SNAT",
+            ", ".join(
+                f"{family} {c['address']} ({c['origin']})"
+                if c["address"]
+                else f"{family} [yellow]none[/] ({escape(c['reason'] or '')})"
+                for family, c in host_snat.items()
+            ),
+        )
     node_ports = info.get("node_ports")
     if node_ports:
         head.add_row("NodePort IPs", ", ".join(node_ports["node_port_ips"]) or "-")
@@ -159,6 +170,11 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         console.print("[bold red]refused: a port an older Service claims (not installed)[/]")
         for conflict in info["conflicts"]:
             console.print(f"  {escape(conflict['problem'])}")
+    if info.get("unserved_paths"):
+        console.print("[bold yellow]paths this node cannot serve[/]")
+        for path in info["unserved_paths"]:
+            line = f"  {path['path']} ({path['family']}): {path['reason']}"
+            console.print(escape(line))
     if info.get("not_pods"):
         console.print("[bold yellow]bridge interfaces not read as pods (no flows)[/]")
         for port in info["not_pods"]:

@@ -45,9 +45,8 @@ collection of the cyclic collector would traverse them again (most of a 10,000-S
 with the default thresholds, and every full collection afterwards; bench ``full-sync`` reports
 the time still spent in the collector). So:
 
-* the collector is paused from a ``stage`` until the event loop next runs (a burst of staging
-  is synchronous code: the proxier stages every changed Service, then awaits the commit), and
-  a commit started in that burst keeps it paused until it is done;
+* the agent's sync runs with the collector paused (``agent.sync``: the proxier stages every
+  changed Service, then awaits the commit; the datapath itself does not switch it for staging);
 * a commit touching more than ``GC_PAUSE_THRESHOLD`` groups and flows runs paused too, and
   when it succeeds (with ``Datapath.freeze_gc``, the default) everything alive is moved to the
   permanent generation (``gc.freeze()``) before the collector resumes: the new state is never
@@ -97,12 +96,6 @@ _FLOW_KINDS = {int(c): f"flow_{c.name.lower()}" for c in of.FlowModCommand}
 _DELETED: tuple[InstalledGroup | None, str] = (None, "delete")
 
 
-def _command(flow: _Flow) -> int:
-    """A flow's command (a FlowMod's, or read from a wire)."""
-    return flow[17] if isinstance(flow, bytes) else flow[7]
-
-
-_MATCH_AT = 40  # where a FlowMod's match starts in its wire
 _ENCODED_FLOW = of.EncodedFlowMod
 _ENCODED_GROUP = of.EncodedGroupMod
 _new_tuple = tuple.__new__
@@ -156,11 +149,13 @@ class EncodedFlow(NamedTuple):
     wire: bytes
 
 
+_MATCH_AT = 40  # where a FlowMod's match starts in its wire
 _U16 = struct.Struct("!H")
 
 
 def encoded_flow(wire: bytes) -> EncodedFlow:
-    """The ``EncodedFlow`` of a FlowMod's wire: the key is read from it."""
+    """The ``EncodedFlow`` of a FlowMod's wire: the key is read from it (the mid-stream
+    flows are staged from their wires, ``proxy.mid_stream``)."""
     end = _MATCH_AT + ((_U16.unpack_from(wire, _MATCH_AT + 2)[0] + 7) & ~7)
     key = b"".join((wire[16:17], wire[22:24], wire[_MATCH_AT:end]))
     return _new_tuple(EncodedFlow, (key, wire))
@@ -464,10 +459,10 @@ class Removal:
 
 
 class Datapath:
-    # After a big commit, move what is alive out of the cyclic collector's sight (see above).
-    freeze_gc = True
-    # Stream the adopting commit's bundle while its owners are staged (see _Streaming).
-    stream_while_staging = True
+    """``freeze_gc``: after a big commit, move what is alive out of the cyclic collector's
+    sight (see above; a one-shot process has nothing to keep out of it).
+    ``stream_while_staging``: stream the adopting commit's bundle while its owners are staged
+    (see ``_Streaming``)."""
 
     def __init__(
         self,
@@ -475,7 +470,12 @@ class Datapath:
         config: pl.PipelineConfig,
         generation: int,
         registry: GroupRegistry | None = None,
+        *,
+        freeze_gc: bool = True,
+        stream_while_staging: bool = True,
     ) -> None:
+        self.freeze_gc = freeze_gc
+        self.stream_while_staging = stream_while_staging
         self.switch = switch
         self.registry = registry
         self._saved_group_ids: set[int] | None = None
@@ -497,6 +497,9 @@ class Datapath:
         # groups the switch may hold with content we do not know (agent restart, uncertain
         # commit): rewritten whole, or deleted, before their id is trusted
         self._unknown_groups: set[int] = set()
+        # what the switch held of groups a reconnection made unknown: rewritten whole with the
+        # same bucket ids and order (groups.plan_group's ``replay``), until recorded again
+        self._replay_groups: dict[int, InstalledGroup] = {}
         # old-generation cookies to delete with the next commit
         self._stale_generations: set[int] = set()
         # dirty flows: an ordered set (a dict; the values mean nothing)
@@ -508,7 +511,6 @@ class Datapath:
         self._adopt = True
         self.last_commit = CommitStats()
         self.commits = 0
-        self._gc_burst: contextlib.AbstractContextManager[None] | None = None
         self._streaming: _Streaming | None = None
         self._abandoned: list[StreamingBundle] = []  # streamed bundles to discard
 
@@ -520,8 +522,6 @@ class Datapath:
         flows: Iterable[of.FlowMod | EncodedFlow],
     ) -> None:
         """Replace everything `owner` wants. Cost: the size of the owner's old + new sets."""
-        if self._gc_burst is None:
-            self._pause_gc_for_burst()
         pack = _KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
         new_flows: dict[FlowKey, _Flow] = {}
@@ -650,7 +650,9 @@ class Datapath:
                 if gid in sent_groups:  # written for an owner that gave it up
                     streaming.recheck_groups.add(gid)
                     continue
-                plan = plan_group(spec, None, present_unknown=True)
+                plan = plan_group(
+                    spec, None, present_unknown=True, replay=self._replay_groups.get(gid)
+                )
                 for msg in plan.messages:
                     name = _GROUP_KINDS[msg.command]
                     kinds[name] = kinds.get(name, 0) + 1
@@ -734,22 +736,6 @@ class Datapath:
         for bundle in abandoned:
             with contextlib.suppress(Exception):
                 await bundle.discard()
-
-    def _pause_gc_for_burst(self) -> None:
-        """Pause the cyclic GC until the event loop runs its next callback (see above)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # no loop (a synchronous caller): nothing would resume it
-        pause = gc_paused()
-        pause.__enter__()
-        self._gc_burst = pause
-        loop.call_soon(self._end_gc_burst)
-
-    def _end_gc_burst(self) -> None:
-        pause, self._gc_burst = self._gc_burst, None
-        if pause is not None:
-            pause.__exit__(None, None, None)
 
     def _ref_shared(self, key: FlowKey, ref: _FlowRef, owner: _Owner) -> None:
         if isinstance(ref, dict):
@@ -847,7 +833,8 @@ class Datapath:
                     stats.groups_deleted += 1
                 plans[gid] = _DELETED
                 continue
-            plan = plan_group(desired, installed, present_unknown=unknown)
+            replay = self._replay_groups.get(gid) if installed is None else None
+            plan = plan_group(desired, installed, present_unknown=unknown, replay=replay)
             kind = plan.kind
             plans[gid] = (plan.result, kind)
             if kind == "add":
@@ -943,17 +930,10 @@ class Datapath:
     async def commit(self) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all
         when nothing changed). Raises on failure; the same diff is retried by the next call."""
-        # A commit right after a burst of staging keeps the collector paused until it is done
-        # (its first await would otherwise end the burst with millions of young objects).
-        burst, self._gc_burst = self._gc_burst, None
-        try:
-            async with self._lock:
-                if self._adopt:
-                    return await self._resync_locked()
-                return await self._commit_locked()
-        finally:
-            if burst is not None:
-                burst.__exit__(None, None, None)
+        async with self._lock:
+            if self._adopt:
+                return await self._resync_locked()
+            return await self._commit_locked()
 
     async def on_connected(self) -> None:
         """The channel's (re)connection hook: replay before any new change is sent."""
@@ -1054,7 +1034,10 @@ class Datapath:
     def _record(self, diff: _Commit) -> None:
         installed_groups = self.installed_groups
         unknown = self._unknown_groups
+        replay = self._replay_groups
         for gid, (result, _) in diff.plans.items():
+            if replay:
+                replay.pop(gid, None)
             if result is None:
                 if installed_groups.pop(gid, None) is not None:
                     self._group_ids_changed = True
@@ -1190,6 +1173,9 @@ class Datapath:
         # we installed and no longer want (a DELETE_STRICT of a missing flow is harmless).
         refs = self._flow_refs
         self._installed_flows = {k: f for k, f in self._installed_flows.items() if k not in refs}
+        # (a lost group is replayed with the bucket ids and order it had: the same endpoint
+        # for each connection conntrack picks up again; groups.plan_group)
+        self._replay_groups.update(self.installed_groups)
         self.installed_groups.clear()
         self._group_ids_changed = True
         # Every group we want is written whole with ADD_OR_MOD: right whether the switch lost
@@ -1262,7 +1248,8 @@ class Datapath:
             text = f"group_id={gid},type=select"
             if group.selection_method is not None:
                 text += "," + group.selection_method.to_text()
-            for key, spec in sorted(group.buckets.items(), key=lambda kv: group.ids[kv[0]]):
+            # in the switch's order, as ovs-ofctl dump-groups prints them
+            for key, spec in group.buckets.items():
                 bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
                 text += "," + bucket.to_text(of.GroupType.SELECT)
             lines.append(text)

@@ -178,11 +178,6 @@ class InstalledGroup:
         )
 
 
-def bucket_of(spec: BucketSpec, bucket_id: int) -> of.Bucket:
-    """The bucket as a value (for reading; planning uses the encodings)."""
-    return of.Bucket(bucket_id, spec.actions, spec[2])
-
-
 def _bucket_len(spec: BucketSpec) -> int:
     return len(spec[1]) + BUCKET_OVERHEAD
 
@@ -311,14 +306,26 @@ def _wires(ids: dict[Hashable, int], wanted: dict[Hashable, BucketSpec], keys: A
 
 
 def plan_group(
-    desired: GroupSpec | None, installed: InstalledGroup | None, *, present_unknown: bool = False
+    desired: GroupSpec | None,
+    installed: InstalledGroup | None,
+    *,
+    present_unknown: bool = False,
+    replay: InstalledGroup | None = None,
 ) -> GroupPlan:
     """The GroupMods that take the switch from ``installed`` to ``desired``.
 
     ``present_unknown``: the switch may have a group with this id whose content we do not
     know (after an agent restart, a reconnection or an uncertain commit): it is written whole
     with ADD_OR_MOD, which works whether or not the group exists.
+
+    ``replay`` (with ``installed`` None): what the switch held before it lost the group (an
+    ovs-vswitchd restart). The group is written whole, its surviving endpoints with the
+    bucket ids, weights and order they had: Open vSwitch's "hash" selection scores each
+    bucket by its id and weight, ties going to the later bucket, so a connection conntrack
+    picks up mid-stream is sent to the endpoint it had (issue 27).
     """
+    if desired is not None and installed is None and replay is not None and replay.endpoint_count:
+        return _replay_group(desired, replay, present_unknown)
     if desired is None:
         if installed is None and not present_unknown:
             return GroupPlan((), None, "none")
@@ -353,7 +360,7 @@ def plan_group(
         total = sum([len(w) for w in all_buckets])
         return GroupPlan(
             tuple(group_mod_chunks(_MODIFY, group_id, all_buckets, method, total=total)),
-            InstalledGroup(group_id, ids, wanted, method, total),
+            InstalledGroup(group_id, ids, _in_order(wanted, ordered), method, total),
             "modify",
         )
     old_ids = installed.ids
@@ -367,7 +374,9 @@ def plan_group(
         old_total = sum([_bucket_len(s) for s in old_buckets.values()])
     removed_bytes = sum([_bucket_len(old_buckets[k]) for k in removed])
     total = old_total - removed_bytes + inserted_bytes
-    result = InstalledGroup(group_id, ids, wanted, method, total)
+    # The switch's order: what stays, then INSERT_BUCKET(LAST)'s, appended.
+    switch_order = [k for k in old_buckets if k not in removed_set and k in wanted] + inserted
+    result = InstalledGroup(group_id, ids, _in_order(wanted, switch_order), method, total)
     incremental: list[of.EncodedGroupMod] = [
         _group_mod(_REMOVE, group_id, (), None, old_ids[k]) for k in removed
     ]
@@ -382,8 +391,38 @@ def plan_group(
     all_buckets = _wires(ids, wanted, ordered)
     return GroupPlan(
         tuple(group_mod_chunks(_MODIFY, group_id, all_buckets, method, total=total)),
-        result,
+        InstalledGroup(group_id, ids, _in_order(wanted, ordered), method, total),
         "modify",
+    )
+
+
+def _in_order(
+    wanted: dict[Hashable, BucketSpec], order: Sequence[Hashable]
+) -> dict[Hashable, BucketSpec]:
+    """``wanted`` in the switch's bucket order (an ``InstalledGroup``'s ``buckets`` are)."""
+    if len(order) == len(wanted) and all(
+        a is b or a == b for a, b in zip(order, wanted, strict=True)
+    ):
+        return wanted
+    return {k: wanted[k] for k in order}
+
+
+def _replay_group(desired: GroupSpec, replay: InstalledGroup, present_unknown: bool) -> GroupPlan:
+    """``plan_group`` with ``replay``: written whole (ADD, or ADD_OR_MOD), every endpoint the
+    group had keeping its bucket id and place; new endpoints get the lowest free ids, after
+    them (as INSERT_BUCKET would have appended them)."""
+    group_id, _, method = desired
+    ids, wanted = _assign_ids(desired, replay)
+    order = [k for k in replay.buckets if k in wanted]
+    kept = set(order)
+    order += [k for k in sorted(wanted, key=ids.__getitem__) if k not in kept]
+    wires = _wires(ids, wanted, order)
+    total = sum([len(w) for w in wires])
+    command = _ADD_OR_MOD if present_unknown else _ADD
+    return GroupPlan(
+        tuple(group_mod_chunks(command, group_id, wires, method, total=total)),
+        InstalledGroup(group_id, ids, _in_order(wanted, order), method, total),
+        "add",
     )
 
 

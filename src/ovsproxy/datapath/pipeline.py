@@ -24,7 +24,10 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              connection) and a TCP SYN without ACK
                              (INVALID_SYN: on to Forwarding, NATed like its entry);
                              established/related -> Forwarding
-                             (skip Service selection); new -> SessionAffinity
+                             (skip Service selection); new -> SessionAffinity; standalone,
+                             MID_STREAM: a new TCP segment without SYN or RST (conntrack
+                             picking a connection up mid-stream, after a vswitchd restart)
+                             first probes L3Forwarding (PROBE: does it go to a local pod?)
      12    SessionAffinity   learned flows (ClientIP affinity): client+Service -> the endpoint
                              it used last (reg3/xxreg3, reg4), idle timeout = the affinity
                              timeout (refreshed by each new connection); miss: "to select"
@@ -38,8 +41,16 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              learn it" -> learn + EndpointDNAT, and one flow per endpoint
                              accepting a learned choice that is still valid -> EndpointDNAT
                              (a stale one falls to LOW: the group picks and learns anew);
-                             standalone, COMMIT: a new non-Service connection that did not
-                             come from a local pod -> ct(commit, zone=Z, table=Forwarding)
+                             standalone, MID_STREAM: per TCP endpoint (IP, port), a probed
+                             segment from it to a local pod (TO_LOCAL_POD): with exactly one
+                             frontend for that endpoint -> ct(commit, zone=Z,
+                             nat(src=frontend), ct_mark, table=Forwarding) (the translation
+                             re-created from the server's side), with more -> drop (the
+                             client's next packet picks it up through the group);
+                             standalone, COMMIT: a new non-Service connection (from a pod,
+                             the gateway or the node) -> ct(commit, zone=Z, table=Forwarding);
+                             from a local pod's port and address (POD_COMMIT) with
+                             nat(src=that address): NAT keeps its reply tuple unique
      14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
                              Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
      20    L3Forwarding      (standalone only) local pod IP -> set eth_dst to the pod MAC,
@@ -47,11 +58,12 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              after DNAT) -> ct(commit, zone=H, nat(src=virtual Service IP))
                              and out the port it came in on (HAIRPIN_SNAT, HAIRPIN_OUT); sent
                              to the virtual MAC by the node (see below): HOST_SNAT_OUT,
-                             TO_NODE, HOST_SNAT; a new non-Service connection of a local pod
-                             -> ct(commit, zone=Z) and NORMAL (COMMIT); other -> NORMAL
+                             TO_NODE, HOST_SNAT; the mid-stream probe: to a local pod ->
+                             mark TO_LOCAL_POD (LOCAL_POD_PROBE), any other -> nothing
+                             (PROBE_END); other -> NORMAL
 
 Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT (and the commits of non-Service
-connections crossing the gateway), H = 0xfff1 / 0xffe7 for hairpin SNAT, S = 0xfff2 / 0xffe8
+connections), H = 0xfff1 / 0xffe7 for hairpin SNAT, S = 0xfff2 / 0xffe8
 for host SNAT. The virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC
 aa:bb:cc:dd:ee:ff) is the next hop of the node's Service routes and of the capture's policy
 route, and the hairpin SNAT source. NodePort traffic arrives DNATed by the node's capture table
@@ -88,8 +100,9 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
                                      virtual MAC, out the port it came in on (the gateway) ->
                                      node kernel forwards it (its source is not the node's own)
                                      -> endpoint's node. The reply is addressed to the host-SNAT
-                                     IP, which the other nodes route to this node and this node
-                                     resolves to the virtual MAC on the gateway: ConntrackZone
+                                     IP, which the other nodes route to this node (it is in its
+                                     pod CIDR) and this node resolves to the virtual MAC on the
+                                     gateway (the agent's neighbour entry): ConntrackZone
                                      un-SNATs it (zone S), un-DNATs it (zone Z) -> L3Forwarding:
                                      to the virtual MAC, +rpl, Service ct_mark -> TO_NODE: back
                                      out the gateway to the node's MAC.
@@ -113,15 +126,31 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
                                      zone H, then un-DNATed in zone Z. With endpoints also on
                                      other nodes, the group picks per connection: the hairpin
                                      path for itself, the rows above for the others.
-    local pod       (no Service)     pod to pod on this node: not committed (such an entry would
-                                     share its reply with a DNATed connection of the same
-                                     5-tuple after NAT); to anything off-node: COMMIT in
-                                     L3Forwarding (FROM_POD, new, no Service ct_mark) and NORMAL.
+    local pod       (no Service)     ServiceLB COMMIT, then L3Forwarding: a local pod, or NORMAL
+                                     (off-node). Pod to pod on this node too: after a vswitchd
+                                     restart only a lost entry's packets are new, which is how
+                                     MID_STREAM tells a Service connection's (a DNATed connection
+                                     whose reply tuple such an entry holds gets another source
+                                     port from conntrack's NAT).
 
-Without ``--host-snat-ip`` (``PipelineConfig.host_snat_ips``) for a family, the node's own
-connections to Services of that family reach local endpoints only; those DNATed to an endpoint
-on another node are not sent anywhere (without the SNAT the endpoint would answer the node's
-own address directly, past OVS, and the reply would never be un-DNATed).
+After an ovs-vswitchd restart (conntrack empty, the agent replays every flow and group with the
+same bucket ids, weights and order): a client's next segment is new, the group's hash picks the
+endpoint it had, EndpointDNAT commits afresh; an endpoint's segment to a local pod is new and
+MID_STREAM re-creates its translation (or drops it). A segment of either side arriving from
+the gateway on the endpoint's node is a plain connection there (COMMIT).
+
+The host-SNAT address of a family (``PipelineConfig.host_snat_ips``) is chosen by the agent
+at start (``agent.hostsnat``): ``--host-snat-ip`` when given, else the reserved address of the
+node's pod CIDR, the one just below its last (``model.hostsnat``; 10.244.1.254 in
+10.244.1.0/24), the pod CIDR being the gateway's connected prefix. The agent also installs its
+permanent neighbour entry to VIRTUAL_MAC on the gateway (``routes.hostsnat``), and for
+captured traffic makes the gateway's IPv4 rp_filter loose when it is strict (the replies
+above leave OVS through the gateway with the virtual NodePort IP or an external address as
+source; ``routes.rpfilter``). Without an address for a family (none derivable, or a local pod
+has it: reported in /status and ``ovsproxy_unserved_paths``), the node's own and captured
+connections to Services of that family reach local endpoints only; those DNATed to an
+endpoint on another node are not sent anywhere (without the SNAT the endpoint would answer
+the node's own address directly, past OVS, and the reply would never be un-DNATed).
 
 Integrated mode — another controller (a CNI) manages the bridge: ovsproxy owns only the five
 tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends packets there
@@ -133,6 +162,8 @@ Registers (Antrea's layout)::
 
     reg0 bit 0    standalone: the packet came from a local pod's port (FROM_POD)
     reg0 bit 1    standalone: its source is one of the node's IPs (FROM_NODE)
+    reg0 bit 2    standalone: a mid-stream TCP segment probing L3Forwarding (PROBE)
+    reg0 bit 3    standalone: the probe found a local pod as its destination (TO_LOCAL_POD)
     reg3          endpoint IPv4 address
     xxreg3        endpoint IPv6 address (= reg12..reg15)
     reg4[0..15]   endpoint port
@@ -197,9 +228,10 @@ NODE_CAPTURE_ROUTE_TABLE: int = node.NODE_CAPTURE_ROUTE_TABLE
 
 
 # Host SNAT (standalone): a connection the node itself sent to a Service and that was DNATed to
-# an endpoint on another node is SNATed to the node's host-SNAT address (``--host-snat-ip``, one
-# per family: an address of the node's pod CIDR that no pod uses, which the node's gateway
-# resolves to VIRTUAL_MAC), so the endpoint's reply is routed back to this node and into OVS.
+# an endpoint on another node is SNATed to the node's host-SNAT address (one per family: the
+# reserved address of the node's pod CIDR, ``model.hostsnat``, or ``--host-snat-ip``; the agent
+# makes the gateway resolve it to VIRTUAL_MAC), so the endpoint's reply is routed back to this
+# node and into OVS.
 HOST_SNAT_CT_ZONE_V4 = 0xFFF2
 HOST_SNAT_CT_ZONE_V6 = 0xFFE8
 
@@ -254,6 +286,14 @@ FROM_POD = 0x1
 # endpoints (kube-proxy's), not held to this node's.
 FROM_NODE_REG = FROM_POD_REG
 FROM_NODE = 0x2
+# Standalone, after an ovs-vswitchd restart (see PRIORITY_MID_STREAM): ConntrackState marks a
+# new TCP segment without SYN (a connection conntrack picked up mid-stream) PROBE and resubmits
+# it to L3Forwarding, which only answers whether its destination is a local pod (TO_LOCAL_POD);
+# ServiceLB then re-creates (or drops) the translation of one that an endpoint sent.
+PROBE_REG = FROM_POD_REG
+PROBE = 0x4
+TO_LOCAL_POD_REG = FROM_POD_REG
+TO_LOCAL_POD = 0x8
 
 
 class Selection(enum.IntEnum):
@@ -275,6 +315,10 @@ def endpoint_ip_reg(family: IPFamily) -> str:
 
 
 # -- priorities ---------------------------------------------------------------------------
+# L3Forwarding, standalone: a PROBE packet to a local pod marks TO_LOCAL_POD; any other PROBE
+# packet ends there (the probe forwards nothing).
+PRIORITY_LOCAL_POD_PROBE = 230
+PRIORITY_PROBE_END = 225
 PRIORITY_HAIRPIN_SNAT = 220
 # ConntrackState: a TCP RST conntrack calls invalid is not dropped (see datapath.stale_reset:
 # after a vswitchd restart, the RST that ends an endpoint's TIME_WAIT for a reused 4-tuple).
@@ -298,7 +342,23 @@ PRIORITY_SHORT_CIRCUIT = 192  # ServiceLB: in-cluster clients of eTP Local exter
 PRIORITY_LOW = 190
 PRIORITY_SPOOFED = 185
 PRIORITY_HOST_SNAT = PRIORITY_LOW
+# ConntrackState (standalone): a new TCP segment without SYN or RST is probed (PROBE, above)
+# before Service selection; ServiceLB: such a segment from an endpoint's address and TCP port
+# to a local pod is a Service connection's whose entry the switch lost (a vswitchd restart).
+# When exactly one frontend maps to that endpoint, ct(commit, nat(src=frontend)) re-creates
+# the translation from the server's side (the entry's reply direction is then the client's
+# packet to the frontend); otherwise it is dropped and the client's next packet recovers it
+# (the group picks the same endpoint). Between COMMIT and the frontends' LOW.
+PRIORITY_MID_STREAM = 100
 PRIORITY_COMMIT = 1
+# ServiceLB (standalone): a local pod's new connection that is no Service connection is
+# committed with a source NAT to the pod's own address (one flow per pod address): conntrack's
+# NAT then keeps its reply tuple unique (as Linux's NAT does, by an implicit source-port
+# remap), moving its source port when a Service connection of the same pod, DNATed to the
+# same endpoint and port, still holds that reply tuple. Without it the endpoint's SYN-ACK met
+# the Service connection's closed entry and was dropped as stale: a 1 s retransmission for
+# every such reuse (docs/DESIGN.md, "Reused 4-tuples"). Above COMMIT, below MID_STREAM.
+PRIORITY_POD_COMMIT = 2
 PRIORITY_MISS = 0
 
 # -- cookies ------------------------------------------------------------------------------

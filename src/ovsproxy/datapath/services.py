@@ -11,11 +11,9 @@ generic constructors encode, several times cheaper (bench ``encode``).
 
 from __future__ import annotations
 
-import functools
 import ipaddress
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.datapath import EncodedFlow
@@ -56,9 +54,31 @@ def _ip_value(ip: IPAddress) -> int:
     return int(ip)
 
 
+# A bucket's actions as bytes: the endpoint address goes in.
+_BucketWire = Callable[[int], bytes]
+_DnatTemplates = dict[int, templates.EndpointDnatFlows]
+_FrontendTemplates = dict[int, templates.FrontendFlows]
+
+
+class Encoders:
+    """A pipeline context's flow and bucket encoders (the codec's fast constructors), each
+    built on first use: EndpointDNAT and ServiceLB templates by protocol (then IP version),
+    bucket action encoders by (port, affinity, IP version). Bounded by the protocols and
+    ports in use; a new ``Context`` starts with none."""
+
+    __slots__ = ("buckets", "by_protocol", "mid_stream")
+
+    def __init__(self) -> None:
+        self.by_protocol: dict[Protocol, tuple[_DnatTemplates, _FrontendTemplates]] = {}
+        self.buckets: dict[tuple[int, bool, int], _BucketWire] = {}
+        # mid-stream flow encoders by (IP version, re-create); None: not templatable
+        self.mid_stream: dict[tuple[int, bool], _MidStreamWire | None] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class Context:
-    """Everything the flow builders need besides the Service itself."""
+    """Everything the flow builders need besides the Service itself (and, in ``encoders``,
+    what they build it with)."""
 
     tables: pl.Tables
     generation: int
@@ -70,6 +90,7 @@ class Context:
     host_snat: tuple[IPAddress, ...] = ()
     # Standalone: the node's own IPs; packets from them are marked "from the node" (in-cluster).
     node_ips: tuple[IPAddress, ...] = ()
+    encoders: Encoders = field(default_factory=Encoders, compare=False, repr=False)
 
     def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
         return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)
@@ -264,6 +285,29 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(eth_type=eth_type(family), ct_state=(of.CT_TRK, of.CT_TRK | of.CT_NEW)),
             _apply(of.Resubmit(t.forwarding)),
         )
+        if ctx.standalone:
+            # A new TCP segment without SYN or RST: a connection conntrack picks up mid-stream
+            # (its entry went with a vswitchd restart). Probe L3Forwarding for whether it goes
+            # to a local pod, then select as usual: ServiceLB re-creates the translation of
+            # one an endpoint sent (PRIORITY_MID_STREAM, mid_stream_flow).
+            probe = of.SetField(pl.PROBE_REG, pl.PROBE, pl.PROBE)
+            add(
+                t.conntrack_state,
+                pl.PRIORITY_MID_STREAM,
+                of.Match(
+                    eth_type=eth_type(family),
+                    ip_proto=IPPROTO_TCP,
+                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
+                    tcp_flags=(0, TCP_SYN | TCP_RST),
+                ),
+                _apply(
+                    probe,
+                    of.Resubmit(t.forwarding),
+                    of.SetField(pl.PROBE_REG, 0, pl.PROBE),
+                    of.Resubmit(t.session_affinity),
+                    of.Resubmit(t.service_lb),
+                ),
+            )
     # The hand-off to forwarding is a resubmit, never a goto_table: in integrated mode the
     # CNI's next table may come before ours (goto_table only goes forward).
     add(t.conntrack_zone, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
@@ -282,17 +326,18 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
         _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
     )
     if ctx.standalone:
-        # A new connection that is not to a Service and crosses the gateway is committed: its
-        # replies are then established, not invalid (a SYN-ACK conntrack never saw the SYN of
-        # is +inv). Here those that came in from the gateway (from other nodes, the far end of
-        # a Service connection DNATed there, or the node itself); L3Forwarding commits those of
-        # local pods leaving through it. Pod-to-pod on this bridge is not committed: such an
-        # entry would share its reply with a DNATed connection of the same 5-tuple after NAT.
+        # A new connection that is not to a Service is committed: its replies are then
+        # established, not invalid (a SYN-ACK conntrack never saw the SYN of is +inv), and,
+        # after a vswitchd restart, a mid-stream segment of it is told from one of a Service
+        # connection whose entry was lost (only those are new: PRIORITY_MID_STREAM). Pod to
+        # pod on this bridge too: a direct connection to an endpoint's port would otherwise
+        # be new in every packet. (A Service connection whose translated tuple an entry of
+        # such a direct connection holds gets another source port from conntrack's NAT.)
         for family in IPFamily:
             add(
                 t.service_lb,
                 pl.PRIORITY_COMMIT,
-                of.Match(eth_type=eth_type(family), **{pl.FROM_POD_REG: (0, pl.FROM_POD)}),
+                of.Match(eth_type=eth_type(family)),
                 _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
             )
     # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
@@ -301,18 +346,14 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
     if ctx.standalone:
         flows.extend(_to_node_flows(ctx, ck))
-        for family in IPFamily:
-            add(
-                t.forwarding,
-                pl.PRIORITY_COMMIT,
-                of.Match(
-                    eth_type=eth_type(family),
-                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
-                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
-                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
-                ),
-                _apply(of.CT(commit=True, zone=pl.ct_zone(family)), of.Output(of.OFPP_NORMAL)),
-            )
+        # The mid-stream probe (PRIORITY_MID_STREAM) forwards nothing: a local pod's flow
+        # marks TO_LOCAL_POD (pod_forwarding_flows), every other probe ends here.
+        add(
+            t.forwarding,
+            pl.PRIORITY_PROBE_END,
+            of.Match(**{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
+            (),
+        )
         add(t.forwarding, pl.PRIORITY_MISS, of.Match(), _apply(of.Output(of.OFPP_NORMAL)))
     return flows
 
@@ -402,7 +443,8 @@ def pod_forwarding_flows(
 
     Hairpin: a pod whose Service connection was DNATed to itself (source = destination) is
     SNATed to the virtual Service IP, so its reply comes back through OVS to be un-NATed, and
-    is sent back out the port it came in on."""
+    is sent back out the port it came in on. The pod's own new connections that are no
+    Service connections are committed with a source NAT to itself (PRIORITY_POD_COMMIT)."""
     ck = ctx.cookie(pl.Category.FORWARDING)
     t = ctx.tables
     flows = []
@@ -436,6 +478,33 @@ def pod_forwarding_flows(
                     cookie=ck,
                 )
             )
+        flows.append(
+            of.FlowMod(
+                table_id=t.forwarding,
+                priority=pl.PRIORITY_LOCAL_POD_PROBE,
+                match=of.Match(**to_pod, **{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
+                instructions=_apply(
+                    of.SetField(pl.TO_LOCAL_POD_REG, pl.TO_LOCAL_POD, pl.TO_LOCAL_POD)
+                ),
+                cookie=ck,
+            )
+        )
+        flows.append(
+            of.FlowMod(
+                table_id=t.service_lb,
+                priority=pl.PRIORITY_POD_COMMIT,
+                match=of.Match(in_port=ofport, eth_type=eth_type(family), **{src: ip}),
+                instructions=_apply(
+                    of.CT(
+                        commit=True,
+                        zone=pl.ct_zone(family),
+                        table=t.forwarding,
+                        nat=of.NAT(src=True, ip_min=ip),
+                    )
+                ),
+                cookie=ck,
+            )
+        )
         flows.append(
             of.FlowMod(
                 table_id=t.forwarding,
@@ -496,14 +565,6 @@ def endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
     return address << 17 | port << 1 | (type(ip) is not _IPV4)
 
 
-# A bucket's actions as bytes, by (port, affinity, IP version): the endpoint address goes in;
-# per pipeline (Tables), the tables of the last lookup remembered by identity (hashing the
-# Tables dataclass is done in Python). Bounded by the pipelines x ports in use.
-_BucketWire = Callable[[int], bytes]
-_bucket_wires: dict[pl.Tables, dict[tuple[int, bool, int], _BucketWire]] = {}
-_last_bucket_wires: list[Any] = [None, None]  # tables, its makers
-
-
 def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
     state = pl.Selection.TO_LEARN if affinity else pl.Selection.SELECTED
     return (
@@ -512,17 +573,6 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
         ),
         of.Resubmit(tables.service_lb if affinity else tables.endpoint_dnat),
     )
-
-
-def _bucket_wire_makers(tables: pl.Tables) -> dict[tuple[int, bool, int], _BucketWire]:
-    last = _last_bucket_wires
-    if last[0] is not tables:
-        makers = _bucket_wires.get(tables)
-        if makers is None:
-            makers = _bucket_wires[tables] = {}
-        last[:] = (tables, makers)
-    current: dict[tuple[int, bool, int], _BucketWire] = last[1]
-    return current
 
 
 def _new_bucket_wire(
@@ -538,30 +588,29 @@ def _new_bucket_wire(
     return make
 
 
-def endpoint_bucket_wire(ip: IPAddress, port: int, affinity: bool, tables: pl.Tables) -> bytes:
+def endpoint_bucket_wire(ip: IPAddress, port: int, affinity: bool, ctx: Context) -> bytes:
     """A bucket's actions, encoded: endpoint address into reg3/xxreg3, port and selection
     state into reg4 (one masked set_field), then on to EndpointDNAT (or back to ServiceLB to
     learn affinity)."""
     version = 4 if type(ip) is _IPV4 else 6
-    makers = _bucket_wire_makers(tables)
+    makers = ctx.encoders.buckets
     make = makers.get((port, affinity, version))
     if make is None:
-        make = _new_bucket_wire(makers, port, affinity, version, tables)
+        make = _new_bucket_wire(makers, port, affinity, version, ctx.tables)
     return make(ip._ip)  # type: ignore[union-attr]
 
 
 def endpoint_bucket_actions(
-    ip: IPAddress, port: int, affinity: bool, tables: pl.Tables
+    ip: IPAddress, port: int, affinity: bool, ctx: Context
 ) -> tuple[of.Action, ...]:
     """``endpoint_bucket_wire`` as values."""
-    wire = endpoint_bucket_wire(ip, port, affinity, tables)
+    wire = endpoint_bucket_wire(ip, port, affinity, ctx)
     return decode_actions(wire, 0, len(wire))
 
 
 _CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
 
 
-@functools.lru_cache(maxsize=64)
 def _dnat_template(ctx: Context, version: int, protocol: Protocol) -> templates.EndpointDnatFlows:
     """The EndpointDNAT flows of one family and protocol (the codec's fast constructor)."""
     family = IPFamily(version)
@@ -580,7 +629,6 @@ def _dnat_template(ctx: Context, version: int, protocol: Protocol) -> templates.
     )
 
 
-@functools.lru_cache(maxsize=64)
 def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templates.FrontendFlows:
     """ServiceLB's group (or reject/drop) flows of one family and protocol."""
     family = IPFamily(version)
@@ -595,24 +643,16 @@ def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templa
     )
 
 
-# The templates of the last (context, protocol), remembered by identity (the lru_caches hash
-# the Context dataclass in Python), by IP version: EndpointDNAT and ServiceLB templates.
-_last_templates: list[Any] = [None, None, None, None]
-_DnatTemplates = dict[int, templates.EndpointDnatFlows]
-
-
-def _templates(
-    ctx: Context, protocol: Protocol
-) -> tuple[_DnatTemplates, dict[int, templates.FrontendFlows]]:
-    last = _last_templates
-    if last[0] is not ctx or last[1] is not protocol:
-        last[:] = (
-            ctx,
-            protocol,
+def _templates(ctx: Context, protocol: Protocol) -> tuple[_DnatTemplates, _FrontendTemplates]:
+    """The context's EndpointDNAT and ServiceLB templates of a protocol, by IP version."""
+    by_protocol = ctx.encoders.by_protocol
+    found = by_protocol.get(protocol)
+    if found is None:
+        found = by_protocol[protocol] = (
             {v: _dnat_template(ctx, v, protocol) for v in (4, 6)},
             {v: _frontend_template(ctx, v, protocol) for v in (4, 6)},
         )
-    return last[2], last[3]
+    return found
 
 
 # EndpointDNAT flows are not cached: the datapath keeps what it was given as its encoding
@@ -621,6 +661,129 @@ def _templates(
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
     return _templates(ctx, protocol)[0][ip.version].flow(int(ip), port)
+
+
+def mid_stream_flow(
+    ctx: Context, ip: IPAddress, port: int, frontends: Iterable[tuple[IPAddress, int]]
+) -> of.FlowMod:
+    """ServiceLB (standalone): a TCP segment without SYN, new to conntrack, from the endpoint
+    ``ip:port`` to a local pod (the probe's TO_LOCAL_POD) is a Service connection whose entry
+    the switch lost, seen from the server's side. With exactly one frontend (address, port)
+    mapping to this endpoint, ``ct(commit, nat(src=frontend))`` re-creates the translation the
+    client's socket expects (the entry's reply direction is its next packet to the frontend,
+    un-NATed to the endpoint); with more than one it is dropped: the client's next packet
+    picks the connection up through the group (the same endpoint: the same bucket ids)."""
+    family = IPFamily.of(ip)
+    unique = sorted(set(frontends), key=lambda f: (f[0].version, int(f[0]), f[1]))
+    match = of.Match(
+        **{
+            "eth_type": eth_type(family),
+            "ip_proto": IPPROTO_TCP,
+            _src_field(family): ip,
+            "tcp_src": port,
+            pl.TO_LOCAL_POD_REG: (pl.TO_LOCAL_POD, pl.TO_LOCAL_POD),
+        }
+    )
+    instructions: tuple[of.Instruction, ...] = ()
+    if len(unique) == 1:
+        frontend, frontend_port = unique[0]
+        instructions = _apply(
+            of.CT(
+                commit=True,
+                zone=pl.ct_zone(family),
+                table=ctx.tables.forwarding,
+                nat=of.NAT(src=True, ip_min=frontend, port_min=frontend_port),
+                actions=(_CT_MARK_SERVICE,),
+            )
+        )
+    return of.FlowMod(
+        table_id=ctx.tables.service_lb,
+        priority=pl.PRIORITY_MID_STREAM,
+        match=match,
+        instructions=instructions,
+        cookie=ctx.cookie(pl.Category.ENDPOINT),
+    )
+
+
+# mid_stream_flow's encoding for many endpoints (one flow per TCP endpoint in a full sync):
+# the flow of sample values, encoded once by the generic constructors, with the endpoint's
+# and the frontend's address and port written at their places (the places of sample values
+# that occur once in it; checked against a second generic encoding, else generic for good).
+_SAMPLES = {
+    4: (
+        (
+            ipaddress.ip_address("10.241.226.211"),
+            0xB7C5,
+            ipaddress.ip_address("10.193.178.163"),
+            0x9D8E,
+        ),
+        (ipaddress.ip_address("10.17.34.51"), 0x1357, ipaddress.ip_address("10.68.85.102"), 0x2468),
+    ),
+    6: (
+        (
+            ipaddress.ip_address("fd5b:a7c3:91e2:d4f6:08b1:3c5e:7a9d:2f64"),
+            0xB7C5,
+            ipaddress.ip_address("fd3e:c1a9:57d2:e8b4:6f03:9a1c:d5e7:4b28"),
+            0x9D8E,
+        ),
+        (ipaddress.ip_address("fd00::1"), 0x1357, ipaddress.ip_address("fd00::2"), 0x2468),
+    ),
+}
+_MidStreamWire = Callable[[IPAddress, int, IPAddress, int], bytes]
+
+
+def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> _MidStreamWire | None:
+    """A fast ``mid_stream_flow(...).wire`` for one family and kind (None: not templatable)."""
+
+    def generic(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+        fronts = [(frontend, frontend_port)] * (1 if recreate else 2)
+        if not recreate:  # two frontends: the drop
+            fronts[1] = (frontend, frontend_port + 1 if frontend_port < 0xFFFF else 1)
+        return mid_stream_flow(ctx, ip, port, fronts).wire
+
+    sample, check = _SAMPLES[version]
+    proto = generic(*sample)
+    values = [(sample[0].packed, 0), (sample[1].to_bytes(2, "big"), 1)]
+    if recreate:
+        values += [(sample[2].packed, 2), (sample[3].to_bytes(2, "big"), 3)]
+    places: list[tuple[int, int, int]] = []
+    for raw, which in values:
+        at = proto.find(raw)
+        if at < 0 or proto.find(raw, at + 1) >= 0:
+            return None
+        places.append((at, at + len(raw), which))
+
+    def fast(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+        wire = bytearray(proto)
+        args = (
+            ip.packed,
+            port.to_bytes(2, "big"),
+            frontend.packed,
+            frontend_port.to_bytes(2, "big"),
+        )
+        for start, end, which in places:
+            wire[start:end] = args[which]
+        return bytes(wire)
+
+    if fast(*check) != generic(*check):
+        return None
+    return fast
+
+
+def mid_stream_wire(
+    ctx: Context, ip: IPAddress, port: int, frontends: Collection[tuple[IPAddress, int]]
+) -> bytes:
+    """``mid_stream_flow(ctx, ip, port, frontends).wire``, several times cheaper."""
+    recreate = len(frontends) == 1
+    made = ctx.encoders.mid_stream
+    key = (ip.version, recreate)
+    if key not in made:
+        made[key] = _mid_stream_wire(ctx, ip.version, recreate)
+    fast = made[key]
+    if fast is None:
+        return mid_stream_flow(ctx, ip, port, frontends).wire
+    frontend, frontend_port = next(iter(frontends)) if recreate else (ip, 1)
+    return fast(ip, port, frontend, frontend_port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:
@@ -798,7 +961,7 @@ def frontend_objects(
     svc_cookie = ctx.cookie(pl.Category.SERVICE)
     affinity = port.session_affinity
     dnat_templates, frontend_templates = _templates(ctx, port.protocol)
-    makers = _bucket_wire_makers(t)
+    makers = ctx.encoders.buckets
     ipv4 = _IPV4
     # The EndpointDNAT flows of the port's endpoints, each once.
     dnat: dict[EndpointKey, EncodedFlow] = {}

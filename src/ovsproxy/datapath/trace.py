@@ -437,6 +437,11 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             zname = zones.get(int(zone.group(1)), "") if zone else ""
             return f"conntrack lookup in the {zname} zone (un-NATs replies)".replace("  ", " ")
     if t == tables.conntrack_state:
+        if prio == pl.PRIORITY_MID_STREAM:
+            return (
+                "a TCP segment new to conntrack without SYN (picked up mid-stream): probes "
+                "for a local pod, then Service selection"
+            )
         if prio == pl.PRIORITY_INVALID_RST:
             return "an invalid TCP RST: to the agent (flushes the stale entry), then forwarded"
         if prio == pl.PRIORITY_INVALID_SYN:
@@ -457,6 +462,16 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             return "learned affinity: the endpoint this client used last"
         return "no learned affinity: endpoint to select"
     if t == tables.service_lb:
+        if prio == pl.PRIORITY_MID_STREAM:
+            if any(x.startswith("ct(commit") for x in texts):
+                return (
+                    "mid-stream from an endpoint to a local pod: its Service translation "
+                    "re-created (SNAT to the one frontend)"
+                )
+            return (
+                "mid-stream from an endpoint of several frontends: dropped (the client's "
+                "next packet picks the connection up)"
+            )
         if cat == pl.Category.SERVICE:
             if any(x.startswith("learn(") for x in texts):
                 return "ClientIP affinity: this choice is learned (not by a trace), EndpointDNAT"
@@ -469,6 +484,11 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             if "drop" in texts:
                 return "Service frontend with no endpoint for this node's traffic: dropped"
             return "Service frontend"
+        if prio == pl.PRIORITY_POD_COMMIT:
+            return (
+                "not a Service: a local pod's, committed with its reply tuple kept unique "
+                "(source NAT to itself)"
+            )
         if prio == pl.PRIORITY_COMMIT:
             return "not a Service: committed to conntrack"
         return "no Service frontend matched"
@@ -478,6 +498,10 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
                 return f"DNAT to the endpoint {m.group('to')}"
         return "no endpoint flow"
     if t == tables.forwarding and mode == pl.Mode.STANDALONE:
+        if prio == pl.PRIORITY_LOCAL_POD_PROBE:
+            return "mid-stream probe: to a local pod (TO_LOCAL_POD)"
+        if prio == pl.PRIORITY_PROBE_END:
+            return "mid-stream probe: not to a local pod (the probe forwards nothing)"
         if prio == pl.PRIORITY_HAIRPIN_SNAT:
             return "hairpin: SNAT to the virtual Service IP"
         if prio == pl.PRIORITY_HAIRPIN_OUT:
@@ -490,8 +514,6 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             return "the node's own Service connection to another node: host SNAT"
         if cat == pl.Category.FORWARDING:
             return "to a local pod"
-        if prio == pl.PRIORITY_COMMIT:
-            return "a local pod's new connection off-node: committed, NORMAL"
         return "not a local pod: NORMAL (toward the gateway)"
     return ""
 
@@ -546,8 +568,13 @@ def explain(
                     last_exit = exit_
                 if action.text.startswith("controller(") and cat == pl.Category.SERVICE:
                     verdict = "rejected"
-                if action.text == "drop" and not any(
-                    t.startswith("ct(") for t in texts[: texts.index("drop")]
+                probe_end = step.table == tables.forwarding and step.priority == (
+                    pl.PRIORITY_PROBE_END
+                )
+                if (
+                    action.text == "drop"
+                    and not probe_end  # the mid-stream probe's end: the packet goes on
+                    and not any(t.startswith("ct(") for t in texts[: texts.index("drop")])
                 ):
                     drop_step = ex
             if step.priority is None:

@@ -4,6 +4,8 @@
   example manifests (``ovsproxy run`` with no flags, ``ovsproxy demo``).
 * ``cluster`` — the multi-node lab: nodes with their own OVS and agent on an underlay network
   (``ovsproxy lab up|status|down``, ``ovsproxy demo --nodes N``, tests/lab).
+* ``evidence`` — what the rig saw when a request failed (its 5-tuple's conntrack entries,
+  counter deltas, drop flows, the agents' state), for the tests, the demo and the benches.
 
 The lab sits at the ovs layer: it builds on ``ovsproxy.ovs`` and runs agents as processes.
 """

@@ -14,10 +14,11 @@
 Every node is a :class:`~ovsproxy.ovs.sandbox.Sandbox` (its namespace, daemons, pods). The lab's
 minimal "CNI" gives node N the pod CIDRs 10.244.N.0/24 and fd00:10:244:N::/64 (gateway .1 /
 ::1), attaches pods with the OVS Interface external_ids a CNI writes, routes the other nodes'
-pod CIDRs via their node IPs (inside the node namespaces only), and reserves the host-SNAT
-address .254 / ::fffe of each node's pod CIDR (a permanent neighbour to the virtual MAC on
-gw0; see datapath/pipeline.py). Every agent reads the same input: the lab's manifests
-directory, or whatever source arguments the caller gives (the fake Kubernetes API in tests).
+pod CIDRs via their node IPs (inside the node namespaces only), and nothing else: the agents
+are started without per-node flags but their names, zones and node IPs, and set up the rest
+themselves (host-SNAT addresses and their neighbour entries; see datapath/pipeline.py). Every
+agent reads the same input: the lab's manifests directory, or whatever source arguments the
+caller gives (the fake Kubernetes API in tests).
 
 Everything is recorded in ``/run/ovsproxy/labs/<name>.json`` before it is created (as the
 sandbox records itself): ``down()`` removes it, and a record whose owner process is gone (or, for
@@ -55,7 +56,6 @@ from ovsproxy.ovs.sandbox import Pod, Sandbox, SandboxRecord
 log = logging.getLogger(__name__)
 
 LAB_REGISTRY = Path(os.environ.get("OVSPROXY_LAB_REGISTRY", "/run/ovsproxy/labs"))
-VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"  # datapath.pipeline.VIRTUAL_MAC (the lab may not import it)
 UNDERLAY_V4 = ipaddress.ip_network("192.168.50.0/24")
 UNDERLAY_V6 = ipaddress.ip_network("fd00:192:168:50::/64")
 EXTERNAL_HOST = 100  # the external client's host number on the underlay
@@ -79,11 +79,6 @@ def pod_cidrs(index: int) -> tuple[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 def _host(network: ipaddress.IPv4Network | ipaddress.IPv6Network, n: int) -> str:
     return f"{network[n]}/{network.prefixlen}"
-
-
-def _host_snat(index: int) -> tuple[ipaddress.IPv4Address, ipaddress.IPv6Address]:
-    v4, v6 = pod_cidrs(index)
-    return v4[254], v6[0xFFFE]
 
 
 def _free_port() -> int:
@@ -185,7 +180,6 @@ class LabNode:
     sandbox: Sandbox
     node_ips: tuple[IPAddress, ...]
     pod_cidrs: tuple[ipaddress.IPv4Network, ipaddress.IPv6Network]
-    host_snat_ips: tuple[IPAddress, ...]
     metrics_port: int = 0
     agent: subprocess.Popen[bytes] | None = None
 
@@ -351,15 +345,6 @@ class Lab:
         for key in ("net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"):
             sb._run(["sysctl", "-qw", key], netns=ns)
         self._uplink(ns, index)
-        snat = _host_snat(index)
-        for ip in snat:
-            sb._run(
-                [
-                    *("ip", "neigh", "replace", str(ip), "lladdr", VIRTUAL_MAC),
-                    *("dev", sandbox.gateway, "nud", "permanent"),
-                ],
-                netns=ns,
-            )
         zone = f"zone-{(index - 1) % self.zones + 1}"
         return LabNode(
             name=f"node-{index}",
@@ -368,7 +353,6 @@ class Lab:
             sandbox=sandbox,
             node_ips=(UNDERLAY_V4[index], UNDERLAY_V6[index]),
             pod_cidrs=(v4, v6),
-            host_snat_ips=snat,
         )
 
     def _routes(self, node: LabNode) -> None:
@@ -468,8 +452,6 @@ class Lab:
         ]
         for cidr in SERVICE_CIDRS:
             cmd += ["--service-cidr", cidr]
-        for ip in node.host_snat_ips:
-            cmd += ["--host-snat-ip", str(ip)]
         for ip in node.node_ips:
             cmd += ["--node-ip", str(ip)]
         return cmd + list(self.agent_args)
@@ -625,7 +607,6 @@ class Lab:
                     "node_ips": [str(ip) for ip in node.node_ips],
                     "pod_cidrs": [str(c) for c in node.pod_cidrs],
                     "gateway": node.sandbox.gateway,
-                    "host_snat_ips": [str(ip) for ip in node.host_snat_ips],
                     "ovsdb": node.sandbox.ovsdb,
                     "openflow": node.sandbox.openflow,
                     "agent": {

@@ -165,12 +165,6 @@ def addresses(*texts: str) -> tuple[IPAddress, ...]:
     return tuple(ipaddress.ip_address(t) for t in texts)
 
 
-def ips_of(
-    values: Sequence[ipaddress.IPv4Interface | ipaddress.IPv6Interface | None],
-) -> tuple[IPAddress, ...]:
-    return tuple(v.ip for v in values if v is not None)
-
-
 def endpoint_text(ip: IPAddress, port: int) -> str:
     """An endpoint as the agent's status names it: ``10.0.0.1:80``, ``[fd00::1]:80``."""
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"

@@ -65,6 +65,19 @@ class NotAPod:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class UnservedPath:
+    """A packet path this node cannot serve, and why (the log, /status and
+    ``ovsproxy_unserved_paths``): e.g. no host-SNAT address, a strict reverse-path filter."""
+
+    path: str
+    family: IPFamily
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path} (IPv{int(self.family)}): {self.reason}"
+
+
 # The node's virtual Service IP (Antrea's choice, kept so the pipeline and host look familiar):
 # an address nobody owns, resolved by a permanent neighbour entry to a MAC nobody owns, reached
 # through a host route on the gateway. It is the next hop of the Service routes (OVS matches the

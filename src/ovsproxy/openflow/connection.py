@@ -1,10 +1,12 @@
 """The asyncio driver of an OpenFlow 1.5 connection to Open vSwitch.
 
 One ``Channel`` owns one connection (``unix:PATH`` or ``tcp:HOST:PORT``) and keeps it up. The
-protocol — handshake, xid matching, multipart reassembly, bundle error attribution and the
-keepalive decisions — is the sans-I/O ``openflow.session.Session``; this module only moves
-bytes, runs the session's timer, turns its events into futures and reconnects with capped
-backoff.
+protocol — handshake, xid matching, multipart reassembly, the bundle sequence (OPEN, CLOSE,
+COMMIT or DISCARD) with its error attribution, and the keepalive decisions — is the sans-I/O
+``openflow.session.Session``; this module only moves bytes, runs the session's timer, turns
+its events into futures (one per request, one per bundle commit) and reconnects with capped
+backoff (a unix socket is watched meanwhile: a restarted switch is tried within
+``SOCKET_POLL``).
 
 Readiness: after (re)connecting, the ``on_connected`` hook runs (the datapath replays its
 state from it) before anything else may be sent. Until the hook has finished, requests from
@@ -25,6 +27,7 @@ import contextvars
 import errno
 import functools
 import logging
+import os
 import socket
 import time
 from collections import deque
@@ -68,6 +71,19 @@ _HOOK_SESSION: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 _WRITE_CHUNK = 256 * 1024  # bundle adds are written in chunks of about this size
 _DRAIN_EVERY = 256 * 1024  # and the loop given a turn (and flow control) this often
 _RETRY_LOG_EVERY = 30.0  # while the endpoint stays unreachable, a reminder this often
+# Between attempts, a unix endpoint's socket file is checked this often for a new one (a
+# restarted switch): reconnection follows within this, whatever the backoff has grown to.
+SOCKET_POLL = 0.1
+
+
+def _socket_identity(path: str) -> tuple[int, int] | None:
+    """(inode, change time) of the socket file, None while there is none. A killed switch
+    leaves its socket behind; the restarted one unlinks it and binds a new one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
 
 
 @dataclass(frozen=True)
@@ -160,6 +176,7 @@ class _Connection(asyncio.Protocol):
         loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.futures: dict[int, asyncio.Future[Any]] = {}
+        self.bundle_futures: dict[int, asyncio.Future[None]] = {}  # by bundle id
         self.closed: asyncio.Future[ChannelError] = loop.create_future()
         self.handshake: asyncio.Future[int] = loop.create_future()
         # Retrieved even when nobody waits any more (e.g. closing during the handshake).
@@ -199,7 +216,8 @@ class _Connection(asyncio.Protocol):
             self._timer = None
         events = self.session.connection_lost(time.monotonic(), exc)
         self.channel._on_events(self, events)
-        for future in self.futures.values():  # anything the session did not know of
+        # anything the session did not know of
+        for future in [*self.futures.values(), *self.bundle_futures.values()]:
             if not future.done():
                 future.set_exception(ConnectionLost(f"{self.channel.endpoint}: connection lost"))
         if not self.closed.done():
@@ -296,6 +314,14 @@ class _Connection(asyncio.Protocol):
         self.flush()
         return future
 
+    def bundle_future(self, bundle_id: int) -> asyncio.Future[None]:
+        """The outcome of committing bundle ``bundle_id`` (``BundleCommitted`` or
+        ``BundleFailed`` from the session)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.bundle_futures[bundle_id] = future
+        future.add_done_callback(lambda _: self.bundle_futures.pop(bundle_id, None))
+        return future
+
     def _future(self, xid: int) -> asyncio.Future[Any]:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.futures[xid] = future
@@ -308,11 +334,6 @@ class _Connection(asyncio.Protocol):
 
 
 # -- bundles ------------------------------------------------------------------------------------
-
-
-def _retrieved(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 class Bundle:
@@ -339,10 +360,6 @@ class Bundle:
         # written yet: a small bundle goes out as one write, OPEN, adds and CLOSE (each write
         # wakes the switch, and on a busy machine each wake-up costs a scheduling delay).
         self._state = session.open_bundle(flags)
-        self._open_future = conn._future(self._state.open_xid)
-        # Only a commit awaits the OPEN's reply: a bundle discarded (or abandoned) when its
-        # connection is lost must not leave an exception nobody retrieved.
-        self._open_future.add_done_callback(_retrieved)
         self._since_drain = 0
 
     @property
@@ -354,7 +371,7 @@ class Bundle:
         return self._state.flags
 
     @property
-    def state(self) -> str:
+    def state(self) -> ses.BundleStatus:
         return self._state.state
 
     @property
@@ -393,13 +410,6 @@ class Bundle:
         buffered = transport.get_write_buffer_size() if transport is not None else 0
         return buffered + self._session.pending_output
 
-    def add_encoded(self, inner: bytes, msg: of.Message | None = None) -> int:
-        """Adds an already-encoded message (its xid is rewritten to the bundle add's)."""
-        xid = self._session.bundle_add_encoded(self._state, inner, msg)
-        if self._session.pending_output >= _WRITE_CHUNK:
-            self._since_drain += self.conn.flush()
-        return xid
-
     async def add_all(self, messages: Iterable[of.Message]) -> None:
         """Adds every message, draining the transport as it goes (OVS works meanwhile)."""
         for msg in messages:
@@ -413,61 +423,31 @@ class Bundle:
         self._since_drain = 0
         await self.conn.drain()
 
-    def _control(self, ctrl: of.BundleCtrlType) -> asyncio.Future[Any]:
-        xid = self._session.bundle_control(self._state, ctrl)
-        future = self.conn._future(xid)
-        future.add_done_callback(_retrieved)  # CLOSE's, when the OPEN's reply failed first
-        self.conn.flush()
-        return future
-
     async def commit(self, timeout: float | None = None) -> None:
-        """Closes and commits. Raises ``BundleError`` (after discarding) if anything failed."""
-        state = self._state
-        if state.state != "open":
-            raise state.not_open()
-        state.state = "committing"
+        """Closes and commits (the session runs CLOSE -> COMMIT, or DISCARD when anything
+        failed). Raises ``BundleError`` (the switch then holds nothing from it) if anything
+        failed, ``ConnectionLost`` if the connection closed first."""
         channel = self.channel
         timeout = channel.bundle_timeout if timeout is None else timeout
-        ended = "failed"
+        # Queued behind what is buffered and written with it (one write).
+        self._session.commit_bundle(self._state)
+        outcome = self.conn.bundle_future(self._state.bundle_id)
+        self.conn.flush()
+        self._since_drain = 0
         try:
-            # CLOSE's reply comes after every add was processed, so every add error is in.
-            # Queued behind what is buffered and written with it (one write).
-            close = self._control(of.BundleCtrlType.CLOSE_REQUEST)
-            self._since_drain = 0
-            try:
-                await channel._await(self._open_future, timeout, "bundle open")
-                await channel._await(close, timeout, "bundle close")
-            except OpenFlowError as exc:
-                await self._discard_quietly()
-                raise state.failure(exc, "open/close") from None
-            if state.errors:
-                await self._discard_quietly()
-                raise state.failure(None, "add")
-            commit = self._control(of.BundleCtrlType.COMMIT_REQUEST)
-            try:
-                await channel._await(commit, timeout, "bundle commit")
-            except OpenFlowError as exc:
-                # Open vSwitch has already discarded the bundle (it always does at commit).
-                raise state.failure(exc, "commit") from None
-            ended = "committed"
+            await channel._await(outcome, timeout, f"the commit of bundle {self.bundle_id:#x}")
         finally:
-            if state.state != "lost":
-                self._session.end_bundle(state, ended)
+            outcome.cancel()  # (no-op once done) nothing waits for it any more
+            self._give_up()  # after a timeout or a cancellation (no-op once it has ended)
 
     async def discard(self) -> None:
-        state = self._state
-        if state.state in ("committed", "discarded"):
-            return
-        state.state = "discarding"
-        try:
-            await self._discard_quietly()
-        finally:
-            self._session.end_bundle(state, "discarded")
+        """Throws the bundle away (nothing from it is applied); no-op once it has ended."""
+        self._give_up()
 
-    async def _discard_quietly(self) -> None:
-        with contextlib.suppress(ChannelError, OpenFlowError, TimeoutError):
-            future = self._control(of.BundleCtrlType.DISCARD_REQUEST)
-            await self.channel._await(future, self.channel.request_timeout, "bundle discard")
+    def _give_up(self) -> None:
+        self._session.discard_bundle(self._state)
+        with contextlib.suppress(ChannelError):
+            self.conn.flush()
 
     async def __aenter__(self) -> Bundle:
         return self
@@ -593,6 +573,10 @@ class Channel:
     async def _run(self) -> None:
         backoff = self.backoff_min
         while not self._closing:
+            # The socket as this attempt finds it: a later one is a new switch (_wait_retry).
+            socket_identity = (
+                _socket_identity(self.endpoint.path) if self.endpoint.kind == "unix" else None
+            )
             try:
                 conn = await self._connect()
                 backoff = self.backoff_min
@@ -615,8 +599,27 @@ class Channel:
                 self._set_not_ready()
             if self._closing:
                 break
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.backoff_max)
+            if await self._wait_retry(backoff, socket_identity):
+                backoff = self.backoff_min  # a new switch: retry briskly again
+            else:
+                backoff = min(backoff * 2, self.backoff_max)
+
+    async def _wait_retry(self, delay: float, seen: tuple[int, int] | None) -> bool:
+        """Sleep ``delay`` before the next attempt. A unix socket is watched meanwhile: a
+        restarted ovs-vswitchd creates its bridge's socket anew, and the attempt is made
+        within SOCKET_POLL of that, not after a backoff that has grown while it was away.
+        True when the wait ended for a new socket."""
+        if self.endpoint.kind != "unix":
+            await asyncio.sleep(delay)
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + delay
+        while (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(left, SOCKET_POLL))
+            now = _socket_identity(self.endpoint.path)
+            if now is not None and now != seen:
+                return True
+        return False
 
     def _log_failure(self, exc: Exception, backoff: float) -> None:
         """One warning when attempts start failing or the reason changes, then a reminder
@@ -858,6 +861,14 @@ class Channel:
                     future = futures.get(xid)
                     if future is not None and not future.done():
                         future.set_exception(error)
+                case ses.BundleCommitted(bundle_id):
+                    outcome = conn.bundle_futures.get(bundle_id)
+                    if outcome is not None and not outcome.done():
+                        outcome.set_result(None)
+                case ses.BundleFailed(bundle_id, error):
+                    outcome = conn.bundle_futures.get(bundle_id)
+                    if outcome is not None and not outcome.done():
+                        outcome.set_exception(error)
                 case ses.PacketInReceived(message):
                     self._on_packet_in(message)
                 case ses.Ready(datapath_id):

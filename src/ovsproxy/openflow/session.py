@@ -8,8 +8,11 @@
   packet-in configuration, FEATURES (the datapath id) and a BARRIER, then ``Ready``;
 * xid bookkeeping: each request's reply (or ``OFPT_ERROR``) is matched to it by xid,
   multipart replies are reassembled, replies nobody waits for are dropped;
-* bundles: the messages added to a bundle are remembered by xid, so an error for any of them
-  (at add time or at commit) names the message that failed;
+* bundles: OPEN (pipelined), the adds, then on ``commit_bundle`` CLOSE; once the OPEN and
+  CLOSE replies are in (so is every add's error), COMMIT, or DISCARD when anything failed.
+  The outcome is one event, ``BundleCommitted`` or ``BundleFailed`` (a ``BundleError`` naming
+  the failed messages: the adds are remembered by xid). ``BundleStatus`` says where each
+  bundle stands;
 * keepalive as decisions: ``poll(now)`` sends an echo when the line has been quiet for
   ``echo_interval`` and reports the peer dead when nothing came back for ``echo_timeout``;
   the handshake's steps each have ``connect_timeout``. ``next_deadline()`` says when to poll;
@@ -51,18 +54,6 @@ _ERROR = int(of.MsgType.ERROR)
 _KEEPALIVE_DATA = b"ovsproxy"
 _ADD_HEADER = of.BUNDLE_ADD_HEADER_LEN
 _encode_bundle_add = of.encode_bundle_add
-# A BUNDLE_ADD: outer header, bundle id and flags, inner header, then the inner body.
-_ADD_STRUCTS: dict[int, struct.Struct] = {}
-
-
-def _add_struct(body_size: int) -> struct.Struct:
-    found = _ADD_STRUCTS.get(body_size)
-    if found is None:
-        found = struct.Struct(f"!BBHII2xHBBHI{body_size}s")
-        if len(_ADD_STRUCTS) < 1024:
-            _ADD_STRUCTS[body_size] = found
-    return found
-
 
 _VERSION = int(of.OFP_VERSION)
 _BUNDLE_ADD = int(of.MsgType.BUNDLE_ADD_MESSAGE)
@@ -152,6 +143,23 @@ class Closed:
     error: ConnectionLost
 
 
+@dataclass(frozen=True, slots=True)
+class BundleCommitted:
+    """The switch committed bundle ``bundle_id``: everything in it is installed."""
+
+    bundle_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BundleFailed:
+    """Bundle ``bundle_id`` will never be committed: ``error`` is a ``BundleError`` (refused at
+    OPEN, at an add, at CLOSE or at COMMIT; the switch holds nothing from it), or a
+    ``ConnectionLost`` when its connection closed while it was being committed."""
+
+    bundle_id: int
+    error: Exception
+
+
 Event = (
     Ready
     | HandshakeFailed
@@ -161,6 +169,8 @@ Event = (
     | UnsolicitedError
     | MustClose
     | Closed
+    | BundleCommitted
+    | BundleFailed
 )
 
 
@@ -218,18 +228,46 @@ class BundleMessages(Mapping[int, of.Message]):
         return len(self.single) + self._in_runs
 
 
+class BundleStatus(enum.StrEnum):
+    """Where a bundle stands. ``OPEN`` (messages may be added) -> ``CLOSING`` (CLOSE sent;
+    waiting for the OPEN and CLOSE replies) -> ``COMMITTING`` (COMMIT sent) -> ``COMMITTED``;
+    or, when anything failed, ``DISCARDING`` (DISCARD sent) -> ``FAILED`` (also a refused
+    COMMIT: the switch discards it itself). ``DISCARDED``: thrown away by the caller; ``LOST``:
+    its connection closed first. A ``str`` (its value), so a bundle's ``state`` reads as text.
+    """
+
+    OPEN = "open"
+    CLOSING = "closing"
+    COMMITTING = "committing"
+    DISCARDING = "discarding"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    DISCARDED = "discarded"
+    LOST = "lost"
+
+
+_ENDED = frozenset(
+    (BundleStatus.COMMITTED, BundleStatus.FAILED, BundleStatus.DISCARDED, BundleStatus.LOST)
+)
+_OPEN = BundleStatus.OPEN
+_OPEN_REQUEST = of.BundleCtrlType.OPEN_REQUEST
+_CLOSE_REQUEST = of.BundleCtrlType.CLOSE_REQUEST
+_COMMIT_REQUEST = of.BundleCtrlType.COMMIT_REQUEST
+_DISCARD_REQUEST = of.BundleCtrlType.DISCARD_REQUEST
+
+
 class BundleState:
     """One bundle's bookkeeping: its messages by xid (to name failures), the errors the
-    switch reported for them, and per-kind tallies counted when it commits.
-
-    ``state``: open -> committing -> committed | failed; discarding -> discarded; lost when
-    the connection closes under it (``lost`` then says how).
+    switch reported for them, the replies to its OPEN and CLOSE, and per-kind tallies
+    counted when it commits. ``state``: a ``BundleStatus``, changed only by the ``Session``.
     """
 
     __slots__ = (
         "_inner",
+        "answered",
         "bundle_id",
         "errors",
+        "failure_error",
         "flags",
         "lost",
         "messages",
@@ -242,19 +280,24 @@ class BundleState:
         self.flags = flags
         self.messages = BundleMessages()
         self.errors: list[OpenFlowError] = []
-        self.state = "open"
+        self.state = BundleStatus.OPEN
         self.open_xid = 0
+        # OPEN_REQUEST/CLOSE_REQUEST -> None (answered) or the switch's error for it
+        self.answered: dict[of.BundleCtrlType, OpenFlowError | None] = {}
+        self.failure_error: BundleError | None = None  # why it is being discarded
         self.lost: ConnectionLost | None = None
         self._inner: dict[int, list[int]] = {}  # msg_type -> [messages, bytes]
+
+    @property
+    def ended(self) -> bool:
+        return self.state in _ENDED
 
     def not_open(self) -> ChannelError:
         """Why nothing more can be added to (or committed from) this bundle: for a bundle
         whose connection closed, a ``ConnectionLost`` that says how the connection ended."""
         if self.lost is not None:
-            return ConnectionLost(
-                f"bundle {self.bundle_id:#x} was lost with its connection: {self.lost}"
-            )
-        return ChannelError(f"bundle {self.bundle_id:#x} is {self.state}")
+            return _lost_with(self.bundle_id, self.lost)
+        return ChannelError(f"bundle {self.bundle_id:#x} is {self.state.value}")
 
     def failure(self, error: OpenFlowError | None, stage: str) -> BundleError:
         """The ``BundleError`` for this bundle: the messages that failed, or ``error`` (the
@@ -266,6 +309,10 @@ class BundleState:
         msg = self.messages.get(xid)
         text = of.to_text(msg) if msg is not None else None
         self.errors.append(OpenFlowError(error, xid, text, msg))
+
+
+def _lost_with(bundle_id: int, lost: ConnectionLost) -> ConnectionLost:
+    return ConnectionLost(f"bundle {bundle_id:#x} was lost with its connection: {lost}")
 
 
 @dataclass(slots=True)
@@ -316,8 +363,14 @@ class Session:
         self._others_out_bytes = 0
         self._last_xid = 0  # xids are 1..2**32-1, then wrap
         self._bundle_ids = itertools.count(1)
+        # A BUNDLE_ADD's layout per inner body size (outer header, bundle id and flags, inner
+        # header, then the body): the bodies of a run are mostly of a few sizes.
+        self._add_structs: dict[int, struct.Struct] = {}
         self._pending: dict[int, _Pending] = {}
-        self._bundles: dict[int, BundleState] = {}
+        self._bundles: dict[int, BundleState] = {}  # not ended yet, by bundle id
+        # xid of an OPEN/CLOSE/COMMIT/DISCARD -> its bundle and what it asked (answered here,
+        # never as a Reply; late answers for a bundle that ended are absorbed)
+        self._controls: dict[int, tuple[BundleState, of.BundleCtrlType]] = {}
         self._handshake_xid = 0
         self._handshake_reported = False
         self._echo_xid = 0
@@ -409,9 +462,12 @@ class Session:
         events.extend(RequestFailed(xid, lost) for xid in self._pending)
         self._pending.clear()
         for bundle in self._bundles.values():
-            bundle.state = "lost"
+            if bundle.state is not BundleStatus.OPEN:  # its committer waits for the outcome
+                events.append(BundleFailed(bundle.bundle_id, _lost_with(bundle.bundle_id, lost)))
+            bundle.state = BundleStatus.LOST
             bundle.lost = lost
         self._bundles.clear()
+        self._controls.clear()
         self._out.clear()
         self.pending_output = self._adds_out = self._others_out_bytes = 0
         if handshaking:
@@ -522,19 +578,23 @@ class Session:
     # -- bundles --------------------------------------------------------------------------
 
     def open_bundle(self, flags: int) -> BundleState:
-        """Queues a bundle OPEN (pipelined: its reply is ``Reply(bundle.open_xid)``)."""
+        """Queues a bundle OPEN (pipelined: adds follow at once, its reply is checked when
+        the bundle is committed)."""
         self._check_open()
         bundle = BundleState(next(self._bundle_ids) & 0xFFFFFFFF, int(flags))
-        bundle.open_xid = self.request(
-            of.BundleCtrl(bundle.bundle_id, of.BundleCtrlType.OPEN_REQUEST, bundle.flags)
-        )
+        bundle.open_xid = self._control(bundle, _OPEN_REQUEST)
         self._bundles[bundle.bundle_id] = bundle
         return bundle
+
+    def _control(self, bundle: BundleState, ctrl: of.BundleCtrlType) -> int:
+        xid = self._write(of.BundleCtrl(bundle.bundle_id, ctrl, bundle.flags))
+        self._controls[xid] = (bundle, ctrl)
+        return xid
 
     def bundle_add(self, bundle: BundleState, msg: of.Message) -> int:
         """Queues a FLOW_MOD, GROUP_MOD or PACKET_OUT into the bundle; returns its xid."""
         # The hot path of a full sync (one call per message): kept inline.
-        if bundle.state != "open":
+        if bundle.state is not _OPEN:
             raise bundle.not_open()
         xid = self._next_xid()
         data = _encode_bundle_add(bundle.bundle_id, msg, xid, bundle.flags)
@@ -551,13 +611,21 @@ class Session:
         self._adds_out += 1
         return xid
 
+    def _add_struct(self, body_size: int) -> struct.Struct:
+        found = self._add_structs.get(body_size)
+        if found is None:
+            found = struct.Struct(f"!BBHII2xHBBHI{body_size}s")
+            if len(self._add_structs) < 1024:
+                self._add_structs[body_size] = found
+        return found
+
     def bundle_add_bodies(self, bundle: BundleState, msg_type: int, bodies: Sequence[bytes]) -> int:
         """Queues one message per body (the encoding of a ``msg_type`` message without its
         header: ``FlowMod.wire``, ``GroupMod.wire``) into the bundle, with consecutive xids;
         returns the first. The bundle keeps ``bodies`` (not copied: do not change it) and
         names a failing one as ``EncodedFlowMod``/``EncodedGroupMod`` (other types: decoded).
         The bulk path of a full sync: one loop, no object per message but its headers."""
-        if bundle.state != "open":
+        if bundle.state is not _OPEN:
             raise bundle.not_open()
         count = len(bodies)
         if not count:
@@ -579,7 +647,7 @@ class Session:
         for body in bodies:
             if len(body) != size:
                 size = len(body)
-                pack_into = _add_struct(size).pack_into
+                pack_into = self._add_struct(size).pack_into
             pack_into(
                 data,
                 at,
@@ -609,38 +677,90 @@ class Session:
         self._adds_out += count
         return first
 
-    def bundle_add_encoded(
-        self, bundle: BundleState, inner: bytes, msg: of.Message | None = None
-    ) -> int:
-        """Queues an already-encoded message into the bundle (its xid is rewritten)."""
-        if bundle.state != "open":
+    def commit_bundle(self, bundle: BundleState) -> None:
+        """Queues the bundle's CLOSE; the rest of the sequence runs on the switch's replies
+        (COMMIT once OPEN and CLOSE succeeded and no add failed, else DISCARD) and ends in
+        one ``BundleCommitted`` or ``BundleFailed``. CLOSE's reply comes after every add was
+        processed, so every add error is in by then."""
+        if bundle.state is not BundleStatus.OPEN:
             raise bundle.not_open()
-        xid = self._next_xid()
-        data = of.bundle_add(bundle.bundle_id, inner, xid, bundle.flags)
-        bundle.messages.single[xid] = msg if msg is not None else of.decode(inner)
-        size = len(data)
-        row = bundle._inner.setdefault(inner[1], [0, 0])
-        row[0] += 1
-        row[1] += size - _ADD_HEADER
-        self._out.append(data)
-        self.pending_output += size
-        self._adds_out += 1
-        return xid
+        self._check_open()
+        self._control(bundle, _CLOSE_REQUEST)
+        bundle.state = BundleStatus.CLOSING
+        self._advance(bundle)
 
-    def bundle_control(self, bundle: BundleState, ctrl: of.BundleCtrlType) -> int:
-        """Queues a CLOSE, COMMIT or DISCARD request for the bundle; returns its xid. The
-        CLOSE reply comes after every add was processed, so every add error is in by then
-        (in ``bundle.errors``)."""
-        return self.request(of.BundleCtrl(bundle.bundle_id, ctrl, bundle.flags))
+    def discard_bundle(self, bundle: BundleState) -> None:
+        """The caller gives the bundle up (an error while adding, a commit that timed out or
+        was cancelled): no event will come for it. Unless its COMMIT is out, a DISCARD is
+        queued (the switch then holds nothing from it) and it ends ``DISCARDED``; one whose
+        COMMIT is out ends ``FAILED`` (whether the switch committed it is unknown). Ended
+        bundles are left as they are."""
+        if bundle.ended:
+            return
+        if bundle.state in (BundleStatus.COMMITTING, BundleStatus.DISCARDING):
+            self._end(bundle, BundleStatus.FAILED)
+            return
+        if self.is_open:
+            self._control(bundle, _DISCARD_REQUEST)
+        self._end(bundle, BundleStatus.DISCARDED)
 
-    def end_bundle(self, bundle: BundleState, state: str) -> None:
-        """The bundle is finished (``committed``, ``failed``, ``discarded``); a committed
-        bundle's messages are counted as ``bundled`` by their kind."""
+    def _advance(self, bundle: BundleState) -> None:
+        """A CLOSING bundle's next step, once its OPEN and CLOSE replies say enough."""
+        answered = bundle.answered
+        if _OPEN_REQUEST not in answered:
+            return  # waiting for the OPEN's reply
+        refused = answered[_OPEN_REQUEST]
+        if refused is None:  # opened: wait for the CLOSE's reply
+            if _CLOSE_REQUEST not in answered:
+                return
+            refused = answered[_CLOSE_REQUEST]
+        if refused is not None:
+            self._fail(bundle, bundle.failure(refused, "open/close"))
+        elif bundle.errors:
+            self._fail(bundle, bundle.failure(None, "add"))
+        else:
+            self._control(bundle, _COMMIT_REQUEST)
+            bundle.state = BundleStatus.COMMITTING
+
+    def _fail(self, bundle: BundleState, error: BundleError) -> None:
+        """Discard the bundle on the switch; ``BundleFailed`` comes with DISCARD's answer."""
+        bundle.failure_error = error
+        self._control(bundle, _DISCARD_REQUEST)
+        bundle.state = BundleStatus.DISCARDING
+
+    def _end(self, bundle: BundleState, state: BundleStatus) -> None:
+        """The bundle is finished; a committed bundle's messages are counted as ``bundled``
+        by their kind."""
         bundle.state = state
         self._bundles.pop(bundle.bundle_id, None)
-        if state == "committed":
+        if state is BundleStatus.COMMITTED:
             for msg_type, (messages, size) in bundle._inner.items():
                 self.counters.count_bundled(of.message_kind(msg_type), size, messages)
+
+    def _on_bundle_answer(self, xid: int, error: of.Error | None, events: list[Event]) -> None:
+        """A reply (``error`` None) or an error for one of a bundle's OPEN, CLOSE, COMMIT or
+        DISCARD requests."""
+        bundle, ctrl = self._controls.pop(xid)
+        if bundle.ended:
+            return  # given up, or decided already (e.g. a CLOSE after a refused OPEN)
+        failed = None
+        if error is not None:
+            failed = OpenFlowError(error, xid, f"bundle {bundle.bundle_id:#x} {ctrl.name}")
+        if ctrl is _OPEN_REQUEST or ctrl is _CLOSE_REQUEST:
+            bundle.answered[ctrl] = failed
+            if bundle.state is BundleStatus.CLOSING:
+                self._advance(bundle)
+        elif ctrl is _COMMIT_REQUEST:
+            if failed is None:
+                self._end(bundle, BundleStatus.COMMITTED)
+                events.append(BundleCommitted(bundle.bundle_id))
+            else:  # Open vSwitch has discarded the bundle (it always does at commit)
+                self._end(bundle, BundleStatus.FAILED)
+                events.append(BundleFailed(bundle.bundle_id, bundle.failure(failed, "commit")))
+        elif bundle.state is BundleStatus.DISCARDING and bundle.failure_error is not None:
+            # DISCARD answered, refused or not: either way the switch holds nothing of it.
+            self._end(bundle, BundleStatus.FAILED)
+            events.append(BundleFailed(bundle.bundle_id, bundle.failure_error))
 
     # -- input ----------------------------------------------------------------------------
 
@@ -706,6 +826,9 @@ class Session:
             return
         if self.phase in _HANDSHAKE and xid == self._handshake_xid:
             self._on_handshake_reply(msg, now, events)
+            return
+        if xid in self._controls:
+            self._on_bundle_answer(xid, None, events)
             return
         pending = self._pending.get(xid)
         if pending is None or not pending.wants_reply:
@@ -778,6 +901,9 @@ class Session:
                     OpenFlowError(error, xid, f"handshake ({self.phase.value})"), events
                 )
                 return
+        if xid in self._controls:
+            self._on_bundle_answer(xid, error, events)
+            return
         pending = self._pending.pop(xid, None)
         if pending is not None:
             text = of.to_text(pending.request) if pending.request is not None else None

@@ -4,6 +4,12 @@ Run inside the pod's network namespace: ``python -m ovsproxy.ovs.podserver --nam
 --http 8080 --udp 5353``. Every socket listens on IPv4 and IPv6 at once. The HTTP answer's body
 is the pod name; the header ``X-Served-Port`` names the port that answered, so tests can check a
 Service port's targetPort mapping. A UDP datagram is answered with ``<name>:<port>``.
+
+Sized for the tests' parallelism: a thread per connection (a slow client holds only its own
+thread; the accepting thread never waits on one) and a listen backlog of ``LISTEN_BACKLOG``
+(socketserver's default, 5, overflows with a few parallel clients: the kernel then drops the
+handshake's last ACK and the client's connection waits for a retransmission). The namespace's
+``net.core.somaxconn`` caps any backlog, so it is raised to the backlog when lower.
 """
 
 from __future__ import annotations
@@ -17,11 +23,26 @@ import sys
 import threading
 from pathlib import Path
 
+LISTEN_BACKLOG = 1024
+SOMAXCONN = Path("/proc/sys/net/core/somaxconn")  # this network namespace's
+
+
+def ensure_somaxconn(backlog: int = LISTEN_BACKLOG, path: Path = SOMAXCONN) -> int:
+    """The namespace's listen-backlog cap, raised to ``backlog`` when lower; returns it."""
+    current = int(path.read_text())
+    if current < backlog:
+        path.write_text(f"{backlog}\n")
+        current = int(path.read_text())
+    if current < backlog:
+        raise RuntimeError(f"net.core.somaxconn is {current} < the backlog {backlog}")
+    return current
+
 
 class DualStackHTTPServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     address_family = socket.AF_INET6
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = LISTEN_BACKLOG
 
     def server_bind(self) -> None:
         self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -69,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     threads = []
+    if args.http:
+        ensure_somaxconn()
     for port in args.http:
         server = DualStackHTTPServer(("::", port), _handler(args.name, port))
         threads.append(threading.Thread(target=server.serve_forever, daemon=True))

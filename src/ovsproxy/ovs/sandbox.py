@@ -733,14 +733,3 @@ class Sandbox:
         if self.record is not None:
             self.record.pids.pop(f"pod-{pod.name}", None)
             self.record.save()
-
-    def remove_pod(self, name: str) -> None:
-        pod = self.pods.pop(name)
-        self._stop_pod_server(pod)
-        with OVSDB(self.ovsdb) as db:
-            db.del_port(self.bridge, pod.interface)
-        _delete_netns(pod.netns)
-        _run(["ip", "link", "del", pod.interface], netns=self.netns, check=False)
-        if self.record is not None and pod.netns in self.record.pod_netns:
-            self.record.pod_netns.remove(pod.netns)
-            self.record.save()

@@ -9,6 +9,13 @@ sends one HTTP/1.0 request from each bound source port in turn and prints ``{por
 error kind}``: the server closes first, so the endpoint holds each 4-tuple in TIME_WAIT (the
 TIME_WAIT collision tests reuse those 4-tuples).
 
+Every failed request is reported with its 5-tuple (``proto``, ``src``, ``source_port``, ``dst``,
+``dport``), its phase and timing (``failed_requests``), so the rig can look that connection up
+(``ovsproxy.lab.evidence``). The default TCP timeout, 2.5 s, leaves room for one retransmitted
+SYN (Linux resends it after 1 s); a request that needed a retransmission (its connect took
+>= 0.9 s, or the kernel's TCP_INFO counts a retransmitted segment) is counted in
+``retransmitted`` and listed in ``retransmitted_requests``: not a failure, not hidden.
+
 From Python, :func:`run_in_netns` runs it in a namespace and returns the parsed result.
 """
 
@@ -20,14 +27,23 @@ import errno
 import http.client
 import json
 import socket
+import struct
 import subprocess
 import sys
 import time
 import urllib.parse
-from typing import Any
+from typing import Any, NamedTuple
+
+# Time for one TCP retransmission: a lost SYN is sent again after 1 s (the initial RTO).
+TCP_TIMEOUT_S = 2.5
+# A connect this slow waited for a retransmitted SYN (or SYN-ACK): counted, not a failure.
+RETRANSMITTED_CONNECT_S = 0.9
+_TCP_INFO_LEN = 104  # struct tcp_info up to tcpi_total_retrans (linux/tcp.h)
 
 
 def _error_kind(exc: BaseException) -> str:
+    if isinstance(exc, RequestFailed):
+        exc = exc.cause
     if isinstance(exc, ConnectionRefusedError):
         return "refused"
     if isinstance(exc, TimeoutError | socket.timeout):
@@ -44,17 +60,66 @@ def _error_kind(exc: BaseException) -> str:
 
 class RequestFailed(Exception):
     """A request that failed, with where it was: ``phase`` ("connect" or "response"), the
-    client's source port (0 before it had one) and the CLOCK_MONOTONIC time it started."""
+    client's source port (0 before it had one) and the CLOCK_MONOTONIC time it started;
+    ``source`` is the client's address (empty before it had one), ``tcp`` its socket's
+    TCP_INFO at the failure (state, retransmissions; empty for UDP)."""
 
-    def __init__(self, cause: BaseException, phase: str, source_port: int, started: float):
+    def __init__(
+        self,
+        cause: BaseException,
+        phase: str,
+        source_port: int,
+        started: float,
+        *,
+        source: str = "",
+        tcp: dict[str, int] | None = None,
+    ):
         super().__init__(f"{phase}: {cause!r}")
         self.cause, self.phase, self.source_port, self.started = cause, phase, source_port, started
+        self.source, self.tcp = source, tcp or {}
 
 
-def http_once(url: str, timeout: float, source_port: int = 0) -> tuple[str, str, str]:
-    """One request on a new connection: (pod name, served port, client address seen).
-    ``source_port`` binds the client's port (a known 5-tuple, e.g. to compare with a trace).
-    Failures raise :class:`RequestFailed`, its cause the socket's error."""
+class Answer(NamedTuple):
+    """One answered request: the pod's name, the port that served, the client address the
+    pod saw, how long the connect took and the connection's retransmitted segments."""
+
+    pod: str
+    served_port: str
+    client: str
+    connect_s: float = 0.0
+    total_retrans: int = 0
+
+    @property
+    def retransmitted(self) -> bool:
+        return self.connect_s >= RETRANSMITTED_CONNECT_S or self.total_retrans > 0
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int]:
+    """The kernel's view of a TCP socket (``getsockopt(TCP_INFO)``): its state, the
+    retransmissions of the segment in flight and the connection's total; empty if unreadable."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except OSError:
+        return {}
+    if len(raw) < _TCP_INFO_LEN:
+        return {}
+    state, _ca, retransmits, _probes, backoff = struct.unpack_from("5B", raw)
+    (total,) = struct.unpack_from("I", raw, 100)
+    return {"state": state, "retransmits": retransmits, "backoff": backoff, "total_retrans": total}
+
+
+def _bound(sock: socket.socket, fallback: int) -> tuple[str, int]:
+    try:
+        name = sock.getsockname()
+    except OSError:
+        return "", fallback
+    return str(name[0]), int(name[1]) or fallback
+
+
+def http_once(url: str, timeout: float, source_port: int = 0) -> Answer:
+    """One request on a new connection. ``source_port`` binds the client's port (a known
+    5-tuple, e.g. to compare with a trace). Failures raise :class:`RequestFailed`, its cause
+    the socket's error."""
     parts = urllib.parse.urlsplit(url)
     host, port = parts.hostname or "", parts.port or 80
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -70,18 +135,54 @@ def http_once(url: str, timeout: float, source_port: int = 0) -> tuple[str, str,
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(("", source_port))
             sock.connect((host, port))
+            connect_s = time.monotonic() - started
             conn.sock = sock
             phase = "response"
-            return _exchange(conn, parts.path or "/")
+            pod, served, client = _exchange(conn, parts.path or "/")
+            retrans = tcp_info(sock).get("total_retrans", 0)
+            return Answer(pod, served, client, connect_s, retrans)
         except Exception as exc:
-            try:
-                bound = int(sock.getsockname()[1])
-            except OSError:
-                bound = source_port
-            raise RequestFailed(exc, phase, bound, started) from exc
+            address, bound = _bound(sock, source_port)
+            raise RequestFailed(
+                exc, phase, bound, started, source=address, tcp=tcp_info(sock)
+            ) from exc
     finally:
         conn.close()
         sock.close()
+
+
+def udp_once(sock: socket.socket, timeout: float, started: float | None = None) -> str:
+    """One datagram on a connected UDP socket and its answer (``<pod>:<port>``); failures
+    raise :class:`RequestFailed` with the socket's source address and port."""
+    started = time.monotonic() if started is None else started
+    try:
+        sock.settimeout(timeout)
+        sock.send(b"ping")
+        return sock.recv(2048).decode()
+    except Exception as exc:
+        address, bound = _bound(sock, 0)
+        raise RequestFailed(exc, "response", bound, started, source=address) from exc
+
+
+def failure_record(exc: RequestFailed, proto: str, dst: str, dport: int) -> dict[str, Any]:
+    """A failed request as the client reports it: kind, 5-tuple, phase and timing
+    (``t``: CLOCK_MONOTONIC start, ``wall``: the same as Unix time)."""
+    now = time.monotonic()
+    record: dict[str, Any] = {
+        "kind": _error_kind(exc.cause),
+        "phase": exc.phase,
+        "proto": proto,
+        "src": exc.source.removeprefix("::ffff:"),
+        "source_port": exc.source_port,
+        "dst": dst,
+        "dport": dport,
+        "t": round(exc.started, 4),
+        "wall": round(time.time() - (now - exc.started), 4),
+        "took_s": round(now - exc.started, 4),
+    }
+    if exc.tcp:
+        record["tcp_info"] = exc.tcp
+    return record
 
 
 def _exchange(conn: http.client.HTTPConnection, path: str) -> tuple[str, str, str]:
@@ -98,16 +199,19 @@ def http_load(
     *,
     count: int = 0,
     duration: float = 0.0,
-    timeout: float = 2.0,
+    timeout: float = TCP_TIMEOUT_S,
     interval: float = 0.0,
     source_port: int = 0,
 ) -> dict[str, Any]:
+    parts = urllib.parse.urlsplit(url)
+    dst, dport = parts.hostname or "", parts.port or 80
     counts: collections.Counter[str] = collections.Counter()
     ports: collections.Counter[str] = collections.Counter()
     seen_as: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
     failure_times: list[float] = []
-    failed_requests: list[dict[str, Any]] = []  # each failure: kind, phase, port, start time
+    failed_requests: list[dict[str, Any]] = []  # each failure: kind, 5-tuple, phase, timing
+    retransmitted: list[dict[str, Any]] = []
     latencies: list[float] = []
     started = time.monotonic()
     sent = 0
@@ -115,27 +219,26 @@ def http_load(
         sent += 1
         t0 = time.monotonic()
         try:
-            name, port, client = http_once(url, timeout, source_port)
-            counts[name] += 1
-            ports[port] += 1
-            seen_as[client.removeprefix("::ffff:")] += 1
+            answer = http_once(url, timeout, source_port)
+            counts[answer.pod] += 1
+            ports[answer.served_port] += 1
+            seen_as[answer.client.removeprefix("::ffff:")] += 1
             latencies.append(time.monotonic() - t0)
+            if answer.retransmitted:
+                retransmitted.append(
+                    {
+                        "t": round(t0, 4),
+                        "connect_s": round(answer.connect_s, 4),
+                        "total_retrans": answer.total_retrans,
+                        "took_s": round(latencies[-1], 4),
+                    }
+                )
         except RequestFailed as exc:
-            kind = _error_kind(exc.cause)
-            failures[kind] += 1
+            failures[_error_kind(exc.cause)] += 1
             failure_times.append(round(time.monotonic() - started, 3))
             latencies.append(time.monotonic() - t0)
             if len(failed_requests) < 50:
-                failed_requests.append(
-                    {
-                        "kind": kind,
-                        "phase": exc.phase,
-                        "source_port": exc.source_port,
-                        "t": round(exc.started, 4),
-                        "wall": round(time.time() - (time.monotonic() - exc.started), 4),
-                        "took_s": round(time.monotonic() - exc.started, 4),
-                    }
-                )
+                failed_requests.append(failure_record(exc, "tcp", dst, dport))
         if interval:
             time.sleep(interval)
     return {
@@ -148,10 +251,23 @@ def http_load(
         "failures": dict(failures),
         "failure_times": failure_times[:50],
         "failed_requests": failed_requests,
+        "retransmitted": len(retransmitted),
+        "retransmitted_requests": retransmitted[:50],
         "started": round(started, 4),
         "max_latency_s": round(max(latencies, default=0.0), 4),
         "elapsed_s": round(time.monotonic() - started, 3),
     }
+
+
+def udp_socket(host: str, port: int, source_port: int = 0) -> socket.socket:
+    """A UDP socket connected to ``host``:``port`` (bound to ``source_port`` when given)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    if source_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", source_port))
+    sock.connect((host, port))
+    return sock
 
 
 def udp_load(
@@ -168,26 +284,22 @@ def udp_load(
     conntrack entry (a 5-tuple), as one long-lived socket would."""
     counts: collections.Counter[str] = collections.Counter()
     failures: collections.Counter[str] = collections.Counter()
+    failed_requests: list[dict[str, Any]] = []
     answers: list[str] = []
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = None
     for _ in range(count):
         if sock is None or new_socket:
             if sock is not None:
                 sock.close()
-            sock = socket.socket(family, socket.SOCK_DGRAM)
-            if source_port:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("", source_port))
-            sock.settimeout(timeout)
-            sock.connect((host, port))
+            sock = udp_socket(host, port, source_port)
         try:
-            sock.send(b"ping")
-            answer = sock.recv(2048).decode()
+            answer = udp_once(sock, timeout)
             counts[answer.split(":")[0]] += 1
             answers.append(answer)
-        except Exception as exc:
-            failures[_error_kind(exc)] += 1
+        except RequestFailed as exc:
+            failures[_error_kind(exc.cause)] += 1
+            if len(failed_requests) < 50:
+                failed_requests.append(failure_record(exc, "udp", host, port))
             answers.append("")
         if interval:
             time.sleep(interval)
@@ -197,6 +309,7 @@ def udp_load(
         "counts": dict(counts),
         "failed": sum(failures.values()),
         "failures": dict(failures),
+        "failed_requests": failed_requests,
         "answers": answers,
     }
 
@@ -247,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     http_p.add_argument("url")
     http_p.add_argument("--count", type=int, default=0)
     http_p.add_argument("--duration", type=float, default=0.0)
-    http_p.add_argument("--timeout", type=float, default=2.0)
+    http_p.add_argument("--timeout", type=float, default=TCP_TIMEOUT_S)
     http_p.add_argument("--interval", type=float, default=0.0)
     http_p.add_argument("--source-port", type=int, default=0)
     udp_p = sub.add_parser("udp")

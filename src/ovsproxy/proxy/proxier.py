@@ -56,6 +56,8 @@ from ovsproxy.model.problems import PortConflict
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
 from ovsproxy.proxy.claims import ClaimResolver
+from ovsproxy.proxy.mid_stream import Contribution, MidStreamIndex
+from ovsproxy.proxy.mid_stream import contribution as mid_stream_contribution
 from ovsproxy.proxy.tracker import ChangeTracker
 
 log = logging.getLogger(__name__)
@@ -478,6 +480,9 @@ class Proxier:
             node_ips=config.node_ips if config.mode == pl.Mode.STANDALONE else (),
         )
         self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
+        # Standalone: the frontends of every TCP endpoint, for the mid-stream flows that
+        # re-create a Service connection's translation after a vswitchd restart.
+        self.mid_stream = MidStreamIndex() if self.ctx.standalone else None
         # What each Service port is being programmed to (staged; ahead of the switch while a
         # commit is in flight) ...
         self.services: dict[ServicePortName, InstalledService] = {}
@@ -684,9 +689,19 @@ class Proxier:
             self._endpoint_total -= len(previous.endpoints)
             self._after_change(previous, None)
 
+    def _mid_stream_contribution(self, installed: InstalledService | None) -> Contribution:
+        if installed is None or installed.state.port.protocol != Protocol.TCP:
+            return {}
+        return mid_stream_contribution(installed.frontend_endpoints())
+
     def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
-        pairs that went away, and deletes of learned affinity flows that no longer apply."""
+        pairs that went away, and deletes of learned affinity flows that no longer apply;
+        update the frontends per TCP endpoint (the mid-stream flows, standalone)."""
+        if self.mid_stream is not None:
+            self.mid_stream.update(
+                self._mid_stream_contribution(old), self._mid_stream_contribution(new)
+            )
         if new is not None and self.conntrack is not None and self.conntrack.pending:
             self.conntrack.restored(_udp_pairs_back(old, new))
         if old is None:
@@ -886,6 +901,8 @@ class Proxier:
         never holds back the others."""
         set_aside: set[ServicePortName] = set()
         for _ in range(MAX_ISOLATION_ROUNDS):
+            if self.mid_stream is not None:
+                self.mid_stream.stage(self.datapath, self.ctx)
             try:
                 commit = await self.datapath.commit()
                 break

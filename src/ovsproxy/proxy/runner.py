@@ -67,9 +67,6 @@ class SyncRunner:
         self._full_requested |= full
         self._wake.set()
 
-    def request_threadsafe(self, loop: asyncio.AbstractEventLoop, *, full: bool = False) -> None:
-        loop.call_soon_threadsafe(lambda: self.request(full=full))
-
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()

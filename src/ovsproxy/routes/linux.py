@@ -170,19 +170,20 @@ class LinuxRouteBackend:
     async def remove_next_hop(
         self, gateway: str, family: IPFamily, *, neighbours: bool = True
     ) -> list[str]:
-        """Undo ``ensure_next_hop`` (``ovsproxy cleanup``): the next hop's host route when it
-        carries our protocol, and with ``neighbours`` every permanent neighbour entry on the
-        gateway that resolves to the virtual MAC (the next hop's, a host-SNAT address's).
-        Returns what was removed; a missing gateway took them all with it."""
+        """Undo ``ensure_next_hop`` (``ovsproxy cleanup``): our on-link host routes on the
+        gateway (the next hop's; a host-SNAT address's, ``routes.hostsnat``), and with
+        ``neighbours`` every permanent neighbour entry on the gateway that resolves to the
+        virtual MAC (the next hop's, a host-SNAT address's). Returns what was removed; a
+        missing gateway took them all with it."""
         try:
             index = await self._index(gateway, refresh=True)
         except GatewayNotFoundError:
             return []
         removed = []
-        host = ipaddress.ip_network(VIRTUAL_NEXT_HOP[family])
         for msg in await self._dump_routes(index, family):
+            host = self._dst(msg, family)
             if (
-                self._dst(msg, family) == host
+                host.prefixlen == host.max_prefixlen
                 and msg.get("gateway") is None
                 and msg["proto"] == self.protocol
             ):
@@ -218,6 +219,8 @@ class LinuxRouteBackend:
             gw = msg.get("gateway")
             if dst == host and gw is None:
                 continue  # the next hop's own host route, managed by ensure_next_hop
+            if gw is None and msg["proto"] == self.protocol and dst.prefixlen == dst.max_prefixlen:
+                continue  # our on-link host route of a host-SNAT address (routes.hostsnat)
             routes.append(
                 KernelRoute(
                     dst=dst,

@@ -111,19 +111,34 @@ def parse_ip(text: object) -> IPAddress | None:
     """
     if not isinstance(text, str):
         return None
-    ip = _PARSED_IPS.get(text, _MISSING)
-    if ip is _MISSING:
-        ip = parse_ip_text(text)
-        if len(_PARSED_IPS) >= _PARSED_IPS_MAX:
-            _PARSED_IPS.clear()  # no eviction order to keep: a miss must stay cheap
-        _PARSED_IPS[text] = ip
-    return ip  # type: ignore[return-value]
+    return parse_ip_text(text)
 
 
-# Endpoint addresses repeat across ports and updates; a first list parses each once, so the
-# memo's misses must cost little (a plain dict, cleared when full, not an LRU).
-_PARSED_IPS: dict[str, IPAddress | None] = {}
-_PARSED_IPS_MAX = 1 << 17
+class ParsedIPs:
+    """``parse_ip`` with a memo, held by whoever converts many objects (a manifest source, a
+    codec): endpoint addresses repeat across ports and updates, so a first list parses each
+    once. Its misses must cost little: a plain dict, cleared when full, not an LRU."""
+
+    __slots__ = ("_parsed",)
+
+    MAX = 1 << 17
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, IPAddress | None] = {}
+
+    def __call__(self, text: object) -> IPAddress | None:
+        if not isinstance(text, str):
+            return None
+        parsed = self._parsed
+        ip = parsed.get(text, _MISSING)
+        if ip is _MISSING:
+            ip = parse_ip_text(text)
+            if len(parsed) >= self.MAX:
+                parsed.clear()  # no eviction order to keep: a miss must stay cheap
+            parsed[text] = ip
+        return ip  # type: ignore[return-value]
+
+
 _MISSING = object()
 
 
@@ -178,11 +193,14 @@ def parse_ip_text(text: str) -> IPAddress | None:
 
 
 class _Checker:
-    """Collects the validation errors of one object."""
+    """Collects the validation errors of one object (``ip``: how it parses addresses)."""
 
-    __slots__ = ("errors", "kind", "location", "name", "namespace")
+    __slots__ = ("errors", "ip", "kind", "location", "name", "namespace")
 
-    def __init__(self, kind: str, location: SourceLocation | None) -> None:
+    def __init__(
+        self, kind: str, location: SourceLocation | None, ips: ParsedIPs | None = None
+    ) -> None:
+        self.ip: Callable[[object], IPAddress | None] = ips if ips is not None else parse_ip
         self.kind = kind
         self.namespace = ""
         self.name = ""
@@ -342,13 +360,14 @@ def convert_service(
     *,
     location: SourceLocation | None = None,
     service_proxy_name: str | None = None,
+    ips: ParsedIPs | None = None,
 ) -> Service:
     """A v1 Service into a ``Service`` with one ``ServicePort`` per port.
 
     Raises ``InvalidObjectError`` with every bad field. An ignored Service (see
     ``service_ignored_reason``) converts to one with no ports after its metadata is checked.
     """
-    check = _Checker("Service", location)
+    check = _Checker("Service", location, ips)
     meta = check.metadata(obj, DNS1035_LABEL)
     created = _creation_time(check, meta)
     if service_ignored_reason(obj, service_proxy_name) is not None:
@@ -492,7 +511,7 @@ def _cluster_ips(check: _Checker, spec: Mapping[str, Any]) -> tuple[IPAddress, .
         return ()
     ips: list[IPAddress] = []
     for text, path in zip(raw, paths, strict=True):
-        ip = parse_ip(text)
+        ip = check.ip(text)
         if ip is None:
             check.error(path, text, "not a valid IP address")
         else:
@@ -508,7 +527,7 @@ def _cluster_ips(check: _Checker, spec: Mapping[str, Any]) -> tuple[IPAddress, .
         path = ("spec", "ipFamilies", index)
         if family is None:
             check.error(path, family_name, "must be IPv4 or IPv6")
-        elif index < len(raw) and (ip := parse_ip(raw[index])) is not None and ip.version != family:
+        elif index < len(raw) and (ip := check.ip(raw[index])) is not None and ip.version != family:
             check.error(
                 path, family_name, f"family mismatch: ClusterIP {raw[index]} is IPv{ip.version}"
             )
@@ -534,7 +553,7 @@ def _ip_list(
 ) -> tuple[IPAddress, ...]:
     out: list[IPAddress] = []
     for index, text in enumerate(check.sequence(parent, key, path)):
-        ip = parse_ip(text)
+        ip = check.ip(text)
         if ip is None:
             check.error((*path, key, index), text, "not a valid IP address")
         elif ip not in out:
@@ -592,7 +611,7 @@ def _load_balancer_ips(check: _Checker, obj: Mapping[str, Any]) -> tuple[IPAddre
         text = ingress.get("ip")
         if text is None:
             continue  # a hostname-only ingress has no address to program
-        ip = parse_ip(text)
+        ip = check.ip(text)
         if ip is None:
             check.error((*path, "ip"), text, "not a valid IP address")
         elif mode != "Proxy" and ip not in out:
@@ -621,14 +640,17 @@ _HAS_LETTER = re.compile("[a-z]")
 
 
 def convert_endpoint_slice(
-    obj: Mapping[str, Any], *, location: SourceLocation | None = None
+    obj: Mapping[str, Any],
+    *,
+    location: SourceLocation | None = None,
+    ips: ParsedIPs | None = None,
 ) -> EndpointSlice:
     """A discovery.k8s.io/v1 EndpointSlice into an ``EndpointSlice`` of per-port endpoints.
 
     Raises ``InvalidObjectError`` with every bad field. An FQDN slice converts to one
     without ports (nothing to program).
     """
-    check = _Checker("EndpointSlice", location)
+    check = _Checker("EndpointSlice", location, ips)
     meta = check.metadata(obj, DNS_SUBDOMAIN)
     labels = meta.get("labels") or {}
     service = labels.get(SERVICE_NAME_LABEL)
@@ -665,7 +687,7 @@ def convert_endpoint_slice(
     # Each endpoint without its port: (ip, ready, serving, terminating, node, zone, hints).
     bases: list[tuple[Any, ...]] = []
     for index, raw in enumerate(check.sequence(obj, "endpoints", ())):
-        base = _plain_endpoint(raw, family)
+        base = _plain_endpoint(raw, family, check.ip)
         if base is not None:
             bases.append(base)
             continue
@@ -681,7 +703,7 @@ def convert_endpoint_slice(
             continue
         # kube-proxy uses the first address only; the API requires exactly one.
         text = addresses[0]
-        ip = parse_ip(text)
+        ip = check.ip(text)
         if ip is None:
             check.error((*path, "addresses", 0), text, "not a valid IP address")
             continue
@@ -715,7 +737,9 @@ def convert_endpoint_slice(
 NO_NAMES: frozenset[str] = frozenset()
 
 
-def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | None:
+def _plain_endpoint(
+    raw: object, family: IPFamily | None, parse: Callable[[object], IPAddress | None]
+) -> tuple[Any, ...] | None:
     """The endpoint's base tuple (as the checked loop of ``convert_endpoint_slice`` makes
     it) when it is plainly valid: plain dicts, an address of the slice's family, booleans
     and strings where they belong, no hints. None for anything else, which the checked
@@ -726,7 +750,7 @@ def _plain_endpoint(raw: object, family: IPFamily | None) -> tuple[Any, ...] | N
     addresses = raw.get("addresses")
     if type(addresses) is not list or not addresses:
         return None
-    ip = parse_ip(addresses[0])
+    ip = parse(addresses[0])
     if ip is None or family is None or ip.version != family:
         return None
     conditions = raw.get("conditions")

@@ -54,6 +54,7 @@ from ovsproxy.sources.convert import (
     SERVICE_NAME_LABEL,
     SERVICE_PROXY_NAME_LABEL,
     TRIGGER_TIME_ANNOTATION,
+    ParsedIPs,
     convert_endpoint_slice,
     convert_service,
     parse_ip_text,
@@ -212,18 +213,26 @@ decode_event: Callable[[bytes | str], WatchEvent] = msgspec.json.Decoder(WatchEv
 
 # -- shared checks -----------------------------------------------------------------------------
 
-_VALID_NAMESPACES: set[str] = set()  # checked once each: a cluster has few
 
+class Namespaces:
+    """The namespaces a codec has found valid, each checked once (a cluster has few)."""
 
-def _namespace(namespace: str) -> str:
-    if namespace in _VALID_NAMESPACES:
-        return intern(namespace)
-    if not (convert.DNS_LABEL.match(namespace) and len(namespace) <= 63):
-        raise Irregular
-    namespace = intern(namespace)
-    if len(_VALID_NAMESPACES) < 4096:
-        _VALID_NAMESPACES.add(namespace)
-    return namespace
+    __slots__ = ("_valid",)
+
+    def __init__(self) -> None:
+        self._valid: set[str] = set()
+
+    def check(self, namespace: str) -> str:
+        """``namespace``, interned; raises ``Irregular`` for an invalid one."""
+        valid = self._valid
+        if namespace in valid:
+            return intern(namespace)
+        if not (convert.DNS_LABEL.match(namespace) and len(namespace) <= 63):
+            raise Irregular
+        namespace = intern(namespace)
+        if len(valid) < 4096:
+            valid.add(namespace)
+        return namespace
 
 
 def _choice(value: str | None, choices: Mapping[str, Any], default: Any) -> Any:
@@ -276,13 +285,15 @@ def _ignored(obj: ServiceObject, labels: Mapping[str, str], proxy_name: str | No
     return spec.cluster_ip == "None" or bool(spec.cluster_ips and spec.cluster_ips[0] == "None")
 
 
-def service_value(obj: ServiceObject, service_proxy_name: str | None = None) -> Service:
+def service_value(
+    obj: ServiceObject, service_proxy_name: str | None, namespaces: Namespaces
+) -> Service:
     """``convert.convert_service`` for a decoded ``ServiceObject``; raises ``Irregular`` for
     anything that is not plainly valid."""
     meta = obj.metadata
     if meta is None:
         raise Irregular
-    namespace = _namespace(meta.namespace)
+    namespace = namespaces.check(meta.namespace)
     name = meta.name
     if not (convert.DNS1035_LABEL.match(name) and len(name) <= 253):
         raise Irregular
@@ -459,13 +470,13 @@ def _load_balancer_ips(status: ServiceStatus | None) -> tuple[IPAddress, ...]:
 _NO_NAMES = convert.NO_NAMES
 
 
-def slice_value(obj: SliceObject) -> EndpointSlice:
+def slice_value(obj: SliceObject, namespaces: Namespaces) -> EndpointSlice:
     """``convert.convert_endpoint_slice`` for a decoded ``SliceObject``; raises ``Irregular``
     for anything that is not plainly valid."""
     meta = obj.metadata
     if meta is None:
         raise Irregular
-    namespace = _namespace(meta.namespace)
+    namespace = namespaces.check(meta.namespace)
     name = meta.name
     if not (len(name) <= 253 and convert.DNS_SUBDOMAIN.match(name)):
         raise Irregular
@@ -756,9 +767,11 @@ class TypedCodec(Generic[_Model]):
 def dict_service_codec(
     service_proxy_name: str | None = None,
 ) -> DictCodec[Service | InvalidObjectError]:
+    ips = ParsedIPs()
+
     def convert_object(obj: Obj) -> Service | InvalidObjectError:
         try:
-            return convert_service(obj, service_proxy_name=service_proxy_name)
+            return convert_service(obj, service_proxy_name=service_proxy_name, ips=ips)
         except InvalidObjectError as exc:
             return exc
 
@@ -766,9 +779,11 @@ def dict_service_codec(
 
 
 def dict_endpoint_slice_codec() -> DictCodec[EndpointSlice | InvalidObjectError]:
+    ips = ParsedIPs()
+
     def convert_object(obj: Obj) -> EndpointSlice | InvalidObjectError:
         try:
-            return convert_endpoint_slice(obj)
+            return convert_endpoint_slice(obj, ips=ips)
         except InvalidObjectError as exc:
             return exc
 
@@ -776,18 +791,20 @@ def dict_endpoint_slice_codec() -> DictCodec[EndpointSlice | InvalidObjectError]
 
 
 def service_codec(service_proxy_name: str | None = None) -> Codec[Service | InvalidObjectError]:
+    namespaces = Namespaces()
     return TypedCodec(
         decode_service_list,
         decode_service,
-        lambda obj: service_value(obj, service_proxy_name),
+        lambda obj: service_value(obj, service_proxy_name, namespaces),
         dict_service_codec(service_proxy_name),
     )
 
 
 def endpoint_slice_codec() -> Codec[EndpointSlice | InvalidObjectError]:
+    namespaces = Namespaces()
     return TypedCodec(
         decode_slice_list,
         decode_slice,
-        slice_value,
+        lambda obj: slice_value(obj, namespaces),
         dict_endpoint_slice_codec(),
     )

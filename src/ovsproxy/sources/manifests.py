@@ -45,6 +45,7 @@ from ovsproxy.model.problems import (
 )
 from ovsproxy.sources import fastyaml
 from ovsproxy.sources.convert import (
+    ParsedIPs,
     check_service_proxy_name,
     convert_endpoint_slice,
     convert_service,
@@ -93,25 +94,34 @@ class ParsedManifest:
 
 
 def parse_manifest(
-    data: bytes | str, path: str, *, service_proxy_name: str | None = None
+    data: bytes | str,
+    path: str,
+    *,
+    service_proxy_name: str | None = None,
+    ips: ParsedIPs | None = None,
 ) -> ParsedManifest:
-    """Parse and validate one file's content (pure: no file system access). Services are
-    ignored as a proxy named ``service_proxy_name`` ignores them (``service_ignored_reason``).
+    """Parse and validate one file's content (no file system access). Services are
+    ignored as a proxy named ``service_proxy_name`` ignores them (``service_ignored_reason``);
+    ``ips``: the caller's address memo, kept across files (else one for this file).
 
     Files the fast path (``fastyaml``) vouches for and that have no problem are read with
     it; everything else, and every file with a problem, with PyYAML: the result is the same,
     and the problems are PyYAML's, with the line of each bad field."""
     raw = data.encode() if isinstance(data, str) else data
+    ips = ips if ips is not None else ParsedIPs()
     documents = fastyaml.documents(raw)
     if documents is not None:
-        parsed = _parse_documents(documents, path, service_proxy_name)
+        parsed = _parse_documents(documents, path, service_proxy_name, ips)
         if parsed is not None:
             return parsed
-    return _parse_with_pyyaml(data, path, service_proxy_name)
+    return _parse_with_pyyaml(data, path, service_proxy_name, ips)
 
 
 def _parse_documents(
-    documents: list[fastyaml.FastDocument], path: str, service_proxy_name: str | None
+    documents: list[fastyaml.FastDocument],
+    path: str,
+    service_proxy_name: str | None,
+    ips: ParsedIPs,
 ) -> ParsedManifest | None:
     """The fast path's documents as a ``ParsedManifest``, or None when anything is wrong
     (PyYAML then says where, field by field)."""
@@ -134,11 +144,17 @@ def _parse_documents(
                 )
                 item_where = SourceLocation(path, line, document.number, item=index)
                 other += _add_object(
-                    item, None, item_where, objects, problems, service_proxy_name=service_proxy_name
+                    item,
+                    None,
+                    item_where,
+                    objects,
+                    problems,
+                    service_proxy_name=service_proxy_name,
+                    ips=ips,
                 )
         else:
             other += _add_object(
-                obj, None, where, objects, problems, service_proxy_name=service_proxy_name
+                obj, None, where, objects, problems, service_proxy_name=service_proxy_name, ips=ips
             )
         if problems:
             return None
@@ -149,8 +165,9 @@ def _parse_documents(
 
 
 def _parse_with_pyyaml(
-    data: bytes | str, path: str, service_proxy_name: str | None
+    data: bytes | str, path: str, service_proxy_name: str | None, ips: ParsedIPs | None = None
 ) -> ParsedManifest:
+    ips = ips if ips is not None else ParsedIPs()
     objects: list[ManifestObject] = []
     problems: list[Problem] = []
     other = 0
@@ -188,10 +205,17 @@ def _parse_with_pyyaml(
                         objects,
                         problems,
                         service_proxy_name=service_proxy_name,
+                        ips=ips,
                     )
             else:
                 other += _add_object(
-                    obj, node, where, objects, problems, service_proxy_name=service_proxy_name
+                    obj,
+                    node,
+                    where,
+                    objects,
+                    problems,
+                    service_proxy_name=service_proxy_name,
+                    ips=ips,
                 )
     except yaml.YAMLError as exc:
         # Where the parser stopped, and what it was in the middle of (often the real typo).
@@ -222,7 +246,8 @@ def _add_object(
     objects: list[ManifestObject],
     problems: list[Problem],
     *,
-    service_proxy_name: str | None = None,
+    service_proxy_name: str | None,
+    ips: ParsedIPs,
 ) -> int:
     """Convert one object into ``objects``; returns 1 for an object of another kind."""
     kind = obj.get("kind") if isinstance(obj, dict) else None
@@ -238,9 +263,11 @@ def _add_object(
     try:
         # Both through _CONVERTERS: the cold-start bench times conversion there.
         if kind == "Service":
-            value = _CONVERTERS[kind](obj, location=where, service_proxy_name=service_proxy_name)
+            value = _CONVERTERS[kind](
+                obj, location=where, service_proxy_name=service_proxy_name, ips=ips
+            )
         else:
-            value = _CONVERTERS[kind](obj, location=where)
+            value = _CONVERTERS[kind](obj, location=where, ips=ips)
     except InvalidObjectError as exc:
         errors.extend(exc.errors)
     if api_version != _API_VERSIONS[kind]:
@@ -405,6 +432,7 @@ class ManifestSource:
         self._task: asyncio.Task[None] | None = None
         self.scans = 0
         self.parses = 0
+        self._ips = ParsedIPs()  # endpoint addresses repeat across files and rescans
 
     async def __aenter__(self) -> ManifestSource:
         await self.start()
@@ -434,10 +462,6 @@ class ManifestSource:
             found.extend(state.parsed.problems)
         found.extend(self._duplicates.values())
         return found
-
-    @property
-    def object_count(self) -> int:
-        return len(self._current)
 
     async def _poll(self) -> None:
         while True:
@@ -490,7 +514,9 @@ class ManifestSource:
             if state is not None and state.digest == digest:
                 updates.append(_FileUpdate(path, signature, digest))  # touched, not changed
             else:
-                parsed = parse_manifest(data, str(path), service_proxy_name=self.service_proxy_name)
+                parsed = parse_manifest(
+                    data, str(path), service_proxy_name=self.service_proxy_name, ips=self._ips
+                )
                 updates.append(_FileUpdate(path, signature, digest, parsed))
         listed = set(files)
         updates.extend(_FileUpdate(path, None) for path in self._files if path not in listed)

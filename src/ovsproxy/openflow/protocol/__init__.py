@@ -46,7 +46,7 @@ from .actions import (
     SetField,
     format_actions,
 )
-from .bundles import BundleAdd, BundleCtrl, bundle_add, encode_bundle_add
+from .bundles import BundleAdd, BundleCtrl, encode_bundle_add
 from .constants import (
     BUNDLE_ADD_HEADER_LEN,
     CT_DNAT,
@@ -148,7 +148,6 @@ __all__ = [
     "BarrierReply",
     "BarrierRequest",
     "Bucket",
-    "bundle_add",
     "BUNDLE_ADD_HEADER_LEN",
     "BundleAdd",
     "BundleCtrl",

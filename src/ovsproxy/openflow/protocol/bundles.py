@@ -9,10 +9,6 @@ from .errors import MessageTooLarge, OpenFlowEncodeError
 from .message import Message
 from .switch import Hello
 
-_HEADER = struct.Struct("!BBHI")
-_U32 = struct.Struct("!I")
-
-
 _BUNDLE_CTRL = struct.Struct("!IHH")
 _BUNDLE_ADD_HEADERS = struct.Struct("!BBHII2xHBBHI")  # outer header, bundle part, inner header
 _pack_bundle_add_headers = _BUNDLE_ADD_HEADERS.pack
@@ -139,26 +135,3 @@ def encode_bundle_add(
 # (plain ints, bound once: this runs for every message of a full sync)
 _VERSION = int(c.OFP_VERSION)
 _BUNDLE_ADD_TYPE = int(c.MsgType.BUNDLE_ADD_MESSAGE)
-
-
-def bundle_add(
-    bundle_id: int,
-    inner: bytes,
-    xid: int,
-    flags: int = c.BundleFlags.ATOMIC | c.BundleFlags.ORDERED,
-) -> bytes:
-    """Wraps an already-encoded message in a BUNDLE_ADD without re-encoding it.
-
-    The inner xid is rewritten to ``xid`` if it differs (Open vSwitch requires equality).
-    """
-    total = 16 + len(inner)
-    if len(inner) < 8:
-        raise OpenFlowEncodeError("bundle_add: inner message shorter than a header")
-    if total > c.OFP_MAX_MESSAGE_LEN:
-        raise MessageTooLarge("message in a bundle", len(inner), c.MAX_BUNDLED_MESSAGE_LEN)
-    head = _HEADER.pack(c.OFP_VERSION, c.MsgType.BUNDLE_ADD_MESSAGE, total, xid) + struct.pack(
-        "!I2xH", bundle_id, flags
-    )
-    if _U32.unpack_from(inner, 4)[0] != xid:
-        return b"".join((head, inner[:4], _U32.pack(xid), inner[8:]))
-    return head + inner

@@ -524,16 +524,23 @@ def set_field_exact_wire(field: str, after: bytes = b"") -> Callable[[int], byte
 
 _BUCKET_HEAD = struct.Struct("!HHI")
 _WEIGHT_PROP = struct.Struct("!HHH2x")
-_WEIGHTS: dict[int | None, bytes] = {}  # by weight: None (no weight) is never stored
+_DEFAULT_WEIGHT = _WEIGHT_PROP.pack(c.OFPGBPT_WEIGHT, 8, 100)  # every service bucket's
+
+
+def _weight_prop(weight: object) -> bytes | None:
+    """A bucket's weight property, or None for a weight out of range (or not an int)."""
+    if weight == 100 and type(weight) is int:
+        return _DEFAULT_WEIGHT
+    if type(weight) is not int or not 0 <= weight <= 0xFFFF:
+        return None
+    return _WEIGHT_PROP.pack(c.OFPGBPT_WEIGHT, 8, weight)
 
 
 def bucket(bucket_id: int, actions: tuple[Action, ...], weight: int | None = 100) -> Bucket:
     """``Bucket(bucket_id, actions, weight)`` without watch port or group."""
-    prop = _WEIGHTS.get(weight)
+    prop = _weight_prop(weight)
     if prop is None:
-        if type(weight) is not int or not 0 <= weight <= 0xFFFF:
-            return Bucket(bucket_id, actions, weight)
-        prop = _WEIGHTS[weight] = _WEIGHT_PROP.pack(c.OFPGBPT_WEIGHT, 8, weight)
+        return Bucket(bucket_id, actions, weight)
     if type(actions) is not tuple or not 0 <= bucket_id <= c.OFPG_BUCKET_MAX:
         return Bucket(bucket_id, actions, weight)
     for action in actions:
@@ -563,11 +570,9 @@ BUCKET_OVERHEAD = 16
 def bucket_wire(bucket_id: int, actions: bytes, weight: int = 100) -> bytes:
     """``Bucket(bucket_id, actions, weight).wire`` from the actions' encoding (what a group
     keeps per endpoint: see ``datapath.groups.BucketSpec``)."""
-    prop = _WEIGHTS.get(weight)
+    prop = _DEFAULT_WEIGHT if weight == 100 and type(weight) is int else _weight_prop(weight)
     if prop is None:
-        if type(weight) is not int or not 0 <= weight <= 0xFFFF:
-            raise OpenFlowEncodeError(f"bucket weight {weight!r} is out of range")
-        prop = _WEIGHTS[weight] = _WEIGHT_PROP.pack(c.OFPGBPT_WEIGHT, 8, weight)
+        raise OpenFlowEncodeError(f"bucket weight {weight!r} is out of range")
     if not 0 <= bucket_id <= c.OFPG_BUCKET_MAX:
         raise OpenFlowEncodeError(f"bucket id {bucket_id} is out of range")
     size = len(actions)
@@ -620,12 +625,12 @@ def numbered_buckets(specs: Iterable[Sequence[Any]], first_id: int = 0) -> list[
     result: list[Bucket] = []
     append = result.append
     bucket_id = first_id
-    weights = _WEIGHTS
+    default_weight = _DEFAULT_WEIGHT
     pack_head = _BUCKET_HEAD.pack
     action_type = Action
     max_id = c.OFPG_BUCKET_MAX
     for _, actions, weight in specs:
-        prop = weights.get(weight)
+        prop = default_weight if weight == 100 and type(weight) is int else _weight_prop(weight)
         if prop is not None and type(actions) is tuple and bucket_id <= max_id:
             if len(actions) == 3:  # an endpoint's bucket: one join, no intermediate body
                 a, b, d = actions

@@ -9,12 +9,13 @@ import json
 from urllib.request import urlopen
 
 import pytest
-from bench import kubeapi
+from support import cluster
+from support.k8s_fake import FakeKubeApi
 
+from bench import kubeapi
 from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.sources.convert import PROXY_LABEL_SELECTOR
 from ovsproxy.sources.kubernetes import KubernetesSource
-from tests.k8s_fake import FakeKubeApi
 
 
 def _get(url: str) -> dict:
@@ -35,7 +36,7 @@ async def test_serving_api_pages_one_snapshot_like_the_api_server(selected: bool
     api = kubeapi.ServingKubeApi()
     await api.start()
     try:
-        _, slices = kubeapi.cluster_objects(1_200, 2)
+        _, slices = cluster.cluster_objects(1_200, 2)
         api.load("endpointslices", slices)
         version = str(api.resource_version)
         query = f"&labelSelector={PROXY_LABEL_SELECTOR}" if selected else ""
@@ -53,7 +54,7 @@ async def test_serving_api_pages_one_snapshot_like_the_api_server(selected: bool
 
 async def test_the_fake_counts_remaining_items_only_without_a_selector() -> None:
     async with FakeKubeApi() as api:
-        for obj in kubeapi.cluster_objects(7, 1)[1]:
+        for obj in cluster.cluster_objects(7, 1)[1]:
             api.apply("endpointslices", obj)
         url = f"{api.url}/apis/discovery.k8s.io/v1/endpointslices?limit=5"
         plain = await asyncio.to_thread(_get, url)
@@ -67,7 +68,7 @@ async def test_the_informer_reads_the_bench_cluster_whole(tmp_path) -> None:
     api = kubeapi.ServingKubeApi()
     await api.start()
     try:
-        services, slices = kubeapi.cluster_objects(1_100, 3)
+        services, slices = cluster.cluster_objects(1_100, 3)
         api.load("services", services)
         api.load("endpointslices", slices)
         tracker = ChangeTracker()

@@ -1,6 +1,6 @@
 """TEST DOUBLE of what the Kubernetes control plane does to Services, for the conformance tests.
 
-The agents read the fake API server (tests/k8s_fake, real HTTP list/watch) and nothing else.
+The agents read the fake API server (support/k8s_fake, real HTTP list/watch) and nothing else.
 This module writes into it what kube-apiserver and the EndpointSlice controller would, so the
 tests can say "create a NodePort Service", "pod2 starts", "pod1 is deleted" as upstream's e2e
 tests do:
@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from ovsproxy.lab.cluster import SERVICE_CIDRS
 from ovsproxy.model import IPAddress, IPFamily
-from tests.k8s_fake import FakeKubeApi
+from support.k8s_fake import FakeKubeApi
 
 Obj = dict[str, Any]
 T = TypeVar("T")

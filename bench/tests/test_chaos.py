@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from bench.scenarios import chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
@@ -38,8 +39,8 @@ def test_chaos_minute_meets_every_goal(tmp_path: Path) -> None:
         if goal is not ovsdb:
             assert goal["met"], (goal, shown)
     if not ovsdb["met"]:
-        # Every other goal was met (asserted above). See README "Chaos": with the userspace
-        # datapath, ovs-vswitchd forwards nothing while it has no OVSDB connection.
+        # Every other goal was met (asserted above). See docs/operations.md, "Chaos": with the
+        # userspace datapath, ovs-vswitchd forwards nothing while it has no OVSDB connection.
         pytest.xfail(f"{ovsdb}: {OVSDB_STALL}")
 
 

@@ -6,7 +6,6 @@ import random
 import struct
 
 from bench.scenarios import fuzz
-
 from ovsproxy.openflow import protocol as of
 
 
