@@ -13,7 +13,10 @@ OVS conntrack; and in the node's and every pod's namespace
 the links, addresses, routes, rules, permanent neighbours, nftables ruleset, kernel conntrack
 and the TCP sockets that are not listening (a TIME_WAIT from one test would meet the next
 test's reuse of a 5-tuple). Kernel-made details that a vswitchd restart renews (link-local
-addresses and the ``proto kernel`` routes derived from addresses) are left out.
+addresses and the ``proto kernel`` routes derived from addresses) are left out, and so are
+sysctls and neighbour entries that are not permanent: a module whose tests set a sysctl in a
+pod, or depend on what a pod's kernel remembers of a vswitchd restart, keeps a fresh sandbox
+per test (tests/e2e/test_restart_time_wait.py).
 """
 
 from __future__ import annotations

@@ -18,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.lab import build_lab
 from ovsproxy.model import IPFamily
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
 from tests.e2e.harness import AgentProcess
 
-pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
+pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
 SERVICES = "\n---\n".join(
     f"""apiVersion: v1
@@ -46,10 +47,8 @@ PORTS = ",".join(str(41000 + 2 * i) for i in range(12))
 
 
 @pytest.fixture
-def node(
-    example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path
-) -> Iterator[tuple[Sandbox, Pod, AgentProcess]]:
-    pods = example_pods
+def node(sandbox: Sandbox, tmp_path: Path) -> Iterator[tuple[Sandbox, Pod, AgentProcess]]:
+    pods = build_lab(sandbox)
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "tw.yaml").write_text(SERVICES)

@@ -733,3 +733,18 @@ class Sandbox:
         if self.record is not None:
             self.record.pids.pop(f"pod-{pod.name}", None)
             self.record.save()
+
+    def remove_pod(self, name: str) -> None:
+        """Take pod ``name`` away again: its server, its OVSDB port, its namespace and veth
+        (a test's pod on a sandbox its module shares, tests/shared_sandbox.py)."""
+        pod = self.pods.pop(name)
+        self._stop_pod_server(pod)
+        with OVSDB(self.ovsdb) as db:
+            db.del_port(self.bridge, pod.interface)
+        gone = _delete_netns(pod.netns)
+        _run(["ip", "link", "del", pod.interface], netns=self.netns, check=False)
+        # A namespace that could not be deleted stays in the record: the next start's sweep
+        # is to find it.
+        if gone and self.record is not None and pod.netns in self.record.pod_netns:
+            self.record.pod_netns.remove(pod.netns)
+            self.record.save()
