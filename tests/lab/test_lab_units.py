@@ -162,13 +162,14 @@ def test_lab_addressing_and_bad_arguments() -> None:
 
 
 def test_lab_imports_only_the_ovs_layer_and_the_model() -> None:
-    """The lab sits at the ovs layer: agents are processes, never imported."""
+    """The lab sits at the ovs layer: agents are processes, never imported. (Below it: the
+    model, and netns, the bottom layer's namespace helper the evidence reads counters with.)"""
     import ast
     from pathlib import Path
 
     import ovsproxy.lab
 
-    allowed = ("ovsproxy.lab", "ovsproxy.ovs", "ovsproxy.model")
+    allowed = ("ovsproxy.lab", "ovsproxy.ovs", "ovsproxy.model", "ovsproxy.netns")
     for path in Path(ovsproxy.lab.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
