@@ -8,7 +8,6 @@ node-1 also runs web-1b; client-N is a client pod on node N. Every test writes i
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -223,45 +222,4 @@ def test_udp_flush_with_remote_endpoints(lab: Lab) -> None:
             assert out["failed"] == 0 and out["counts"] == {left: 10}, out
             install(lab, svc)
     finally:
-        remove_service(lab.manifests, svc)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_a_direct_connection_reusing_a_service_connections_port(lab: Lab, family: int) -> None:
-    """A pod reaches an endpoint through a Service, then directly, from the same source port
-    (Linux hands a port out per destination): after DNAT both have the same 4-tuple at the
-    endpoint, so the direct connection's entry on the client's node would share its reply
-    tuple with the Service connection's closed one, which took the endpoint's SYN-ACK (dropped
-    as stale: a 1 s retransmission). The direct connection is committed with a source NAT to
-    the pod itself (pipeline.PRIORITY_POD_COMMIT): conntrack moves it to a free source port."""
-    svc = service(lab, "direct-reuse", 80, ("web-2",), ports=TCP)
-    install(lab, svc)
-    netns = client_pod(lab.nodes["node-1"])
-    vip = str(svc.cluster_ips[family])
-    (pod_ip,) = [str(ip) for ip in lab.pod("web-2").ips if ip.version == (4, 6)[family]]
-    ports = ",".join(str(43000 + 100 * family + 2 * i) for i in range(12))
-    # Without TCP timestamps the endpoint's TIME_WAIT takes a new SYN only when its sequence
-    # number happens to be higher: about half the reused 4-tuples would collide.
-    sysctl = ("ip", "netns", "exec", netns, "sysctl", "-qw")
-    subprocess.run([*sysctl, "net.ipv4.tcp_timestamps=0"], check=True)
-    try:
-        via_service = run_in_netns(netns, "bound", vip, "80", "--source-ports", ports)
-        assert all(isinstance(v, float) for v in via_service.values()), via_service
-        direct = run_in_netns(netns, "bound", pod_ip, str(HTTP_PORT), "--source-ports", ports)
-        slow = {p: v for p, v in direct.items() if not isinstance(v, float) or v >= 0.9}
-        assert not slow, (slow, direct)
-        # On the client's node, each direct connection got a reply tuple of its own: its
-        # source port moved where the Service connection's entry still holds the 4-tuple.
-        zone = 0xFFF0 if family == 0 else 0xFFE6
-        dump = lab.nodes["node-1"].sandbox.appctl("dpctl/dump-conntrack", f"zone={zone}")
-        for port in ports.split(","):
-            mine = [
-                line
-                for line in dump.splitlines()
-                if f"sport={port}," in line and f"dst={pod_ip}," in line.split("reply=")[0]
-            ]
-            assert len(mine) == 1, (port, mine)
-            assert f"dport={port})" not in mine[0].split("reply=")[1], mine[0]
-    finally:
-        subprocess.run([*sysctl, "net.ipv4.tcp_timestamps=1"], check=True)
         remove_service(lab.manifests, svc)

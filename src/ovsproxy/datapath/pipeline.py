@@ -48,9 +48,7 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              re-created from the server's side), with more -> drop (the
                              client's next packet picks it up through the group);
                              standalone, COMMIT: a new non-Service connection (from a pod,
-                             the gateway or the node) -> ct(commit, zone=Z, table=Forwarding);
-                             from a local pod's port and address (POD_COMMIT) with
-                             nat(src=that address): NAT keeps its reply tuple unique
+                             the gateway or the node) -> ct(commit, zone=Z, table=Forwarding)
      14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
                              Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
      20    L3Forwarding      (standalone only) local pod IP -> set eth_dst to the pod MAC,
@@ -351,14 +349,6 @@ PRIORITY_HOST_SNAT = PRIORITY_LOW
 # (the group picks the same endpoint). Between COMMIT and the frontends' LOW.
 PRIORITY_MID_STREAM = 100
 PRIORITY_COMMIT = 1
-# ServiceLB (standalone): a local pod's new connection that is no Service connection is
-# committed with a source NAT to the pod's own address (one flow per pod address): conntrack's
-# NAT then keeps its reply tuple unique (as Linux's NAT does, by an implicit source-port
-# remap), moving its source port when a Service connection of the same pod, DNATed to the
-# same endpoint and port, still holds that reply tuple. Without it the endpoint's SYN-ACK met
-# the Service connection's closed entry and was dropped as stale: a 1 s retransmission for
-# every such reuse (docs/DESIGN.md, "Reused 4-tuples"). Above COMMIT, below MID_STREAM.
-PRIORITY_POD_COMMIT = 2
 PRIORITY_MISS = 0
 
 # -- cookies ------------------------------------------------------------------------------

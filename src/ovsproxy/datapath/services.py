@@ -443,8 +443,7 @@ def pod_forwarding_flows(
 
     Hairpin: a pod whose Service connection was DNATed to itself (source = destination) is
     SNATed to the virtual Service IP, so its reply comes back through OVS to be un-NATed, and
-    is sent back out the port it came in on. The pod's own new connections that are no
-    Service connections are committed with a source NAT to itself (PRIORITY_POD_COMMIT)."""
+    is sent back out the port it came in on."""
     ck = ctx.cookie(pl.Category.FORWARDING)
     t = ctx.tables
     flows = []
@@ -485,22 +484,6 @@ def pod_forwarding_flows(
                 match=of.Match(**to_pod, **{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
                 instructions=_apply(
                     of.SetField(pl.TO_LOCAL_POD_REG, pl.TO_LOCAL_POD, pl.TO_LOCAL_POD)
-                ),
-                cookie=ck,
-            )
-        )
-        flows.append(
-            of.FlowMod(
-                table_id=t.service_lb,
-                priority=pl.PRIORITY_POD_COMMIT,
-                match=of.Match(in_port=ofport, eth_type=eth_type(family), **{src: ip}),
-                instructions=_apply(
-                    of.CT(
-                        commit=True,
-                        zone=pl.ct_zone(family),
-                        table=t.forwarding,
-                        nat=of.NAT(src=True, ip_min=ip),
-                    )
                 ),
                 cookie=ck,
             )

@@ -484,11 +484,6 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             if "drop" in texts:
                 return "Service frontend with no endpoint for this node's traffic: dropped"
             return "Service frontend"
-        if prio == pl.PRIORITY_POD_COMMIT:
-            return (
-                "not a Service: a local pod's, committed with its reply tuple kept unique "
-                "(source NAT to itself)"
-            )
         if prio == pl.PRIORITY_COMMIT:
             return "not a Service: committed to conntrack"
         return "no Service frontend matched"
