@@ -123,12 +123,15 @@ class World:
         *,
         interval: float = 0.0,
         new_socket: bool = False,
+        source_port: int = 0,
     ) -> dict:
         args = ["udp", host, str(port), "--count", str(count), "--timeout", str(timeout)]
         if interval:
             args += ["--interval", str(interval)]
         if new_socket:
             args.append("--new-socket")
+        if source_port:
+            args += ["--source-port", str(source_port)]
         return await asyncio.to_thread(probe, self.rig, client.netns, *args, explain=timeout >= 1)
 
     def learned_flows(self) -> list[str]:

@@ -101,4 +101,34 @@ async def test_without_a_flush_the_udp_client_stays_on_the_removed_endpoint(worl
     await world.sync()
     result = await talk
     assert set(result["counts"]) == {"old"}, result
-    assert world.semantics.conntrack.stats.requests == 1
+    stats = world.semantics.conntrack.stats
+    # The new frontend's untranslated entries, then the removed pair: asked for, not sent.
+    assert stats.requests == 2 and stats.messages == 0, stats
+    assert stats.recent == [f"UDP 10.96.0.40:53 -> {old.ipv4.ip}:5353 (zone 65520)"], stats
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flushed", "control"])
+async def test_a_udp_client_that_sent_before_the_frontend_existed_reaches_it(
+    world: World, flush: bool
+) -> None:
+    """A datagram to an address that is not yet a frontend is committed as a plain
+    connection. From the same source port after the Service port appears: without the flush
+    of the frontend's untranslated entries, conntrack's second datagram of that tuple is
+    "new" (the group picks) but not NATed, later ones are established; every one is lost."""
+    if not flush:
+        world.semantics.conntrack.stats.mode = "unsupported"
+    client = world.pod("client")
+    dns = world.pod("dns", udp_ports=(5353,))
+    await world.sync()  # the pipeline, no Service yet
+    before = await world.udp(client, "10.96.0.42", 53, count=1, timeout=0.3, source_port=40053)
+    assert before["failed"] == 1, before  # no Service yet
+    world.service("dns", ["10.96.0.42"], 53, protocol=Protocol.UDP)
+    world.endpoints("dns", [endpoint(dns, 5353)], Protocol.UDP)
+    await world.sync()
+    after = await world.udp(client, "10.96.0.42", 53, count=3, source_port=40053)
+    stats = world.semantics.conntrack.stats
+    if flush:
+        assert after["counts"] == {"dns": 3}, after
+        assert "UDP 10.96.0.42:53 -> itself (untranslated) (zone 65520)" in stats.recent
+    else:
+        assert after["failed"] == 3, after

@@ -1,10 +1,15 @@
-"""Flushing the conntrack entries of removed UDP endpoints (OVS userspace datapath included).
+"""Flushing the conntrack entries of removed UDP endpoints and of new UDP frontends (OVS
+userspace datapath included).
 
 A UDP "connection" lives as long as datagrams flow, so a client that keeps its socket would keep
 sending into an endpoint that left the Service. As kube-proxy does (``conntrack -D --orig-dst
 <service IP> --dst-nat <endpoint IP> -p udp``), after the commit that removed an endpoint the
 proxier flushes the entries of that (frontend, endpoint) pair; the client's next datagram is a
 new connection and picks a live endpoint.
+
+The same flush, with the frontend itself as the "endpoint", clears a new UDP frontend of
+the plain entries committed before it was one (``FlushFilter.untranslated``; the proxier's
+``_udp_frontends_new`` says why a client would otherwise stay lost).
 
 One flush is not enough. Open vSwitch applies the commit to its cached datapath flows only when
 its revalidators re-translate them (right after a flow-table change, then every
@@ -73,6 +78,12 @@ class FlushFilter:
     endpoint: IPAddress | None = None
     endpoint_port: int = 0
 
+    @classmethod
+    def untranslated(cls, protocol: Protocol, frontend: IPAddress, port: int) -> FlushFilter:
+        """The entries of ``frontend:port`` that no Service translated (their reply comes
+        from the frontend itself): plain connections committed before it was a frontend."""
+        return cls(protocol, frontend, port, frontend, port)
+
     @property
     def family(self) -> IPFamily:
         return IPFamily.of(self.frontend)
@@ -100,7 +111,12 @@ class FlushFilter:
         return not self.endpoint_port or entry.reply_sport == self.endpoint_port
 
     def __str__(self) -> str:
-        target = "*" if self.endpoint is None else f"{self.endpoint}:{self.endpoint_port}"
+        if self.endpoint == self.frontend and self.endpoint_port == self.port:
+            target = "itself (untranslated)"
+        elif self.endpoint is None:
+            target = "*"
+        else:
+            target = f"{self.endpoint}:{self.endpoint_port}"
         return f"{self.protocol} {self.frontend}:{self.port} -> {target} (zone {self.zone})"
 
 

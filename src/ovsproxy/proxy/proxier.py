@@ -21,6 +21,8 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
 * UDP: after the commit that removed an endpoint from a frontend (or the frontend), the
   conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
   revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
+  After the commit that adds a UDP frontend, its untranslated entries (plain connections
+  committed before it was one) are flushed the same way (``_udp_frontends_new``).
 
 * two Services claiming one nodePort, healthCheckNodePort or address:port: the newer's port
   is refused before anything is staged (``proxy.claims``), and served once the claim is free.
@@ -424,6 +426,32 @@ def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list
     return back
 
 
+def _udp_frontends_new(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
+    """The untranslated-entry filters of the frontends of a UDP port that ``new`` has and
+    ``old`` had not.
+
+    Before its Service port existed, a datagram to a frontend was committed as a plain
+    connection (ServiceLB COMMIT) and forwarded as it was. A client that sends again from the
+    same source port (one socket; or a new socket given the same ephemeral port) would meet
+    that entry: its next datagram, conntrack's second of the tuple, is still "new", so the
+    group picks an endpoint, but conntrack does not NAT a connection it already has; later
+    ones are established and skip the Service altogether. Every datagram of the 5-tuple is
+    lost while the client keeps it alive (kube-proxy flushes UDP entries of Service IPs that
+    gain endpoints for the same reason). Only entries whose reply comes from the frontend
+    itself go: nothing that a Service translated."""
+    port = new.state.port
+    if port.protocol != Protocol.UDP:
+        return []
+    before = set()
+    if old is not None and old.state.port.protocol == port.protocol:
+        before = set(old.frontend_endpoints())
+    return [
+        FlushFilter.untranslated(port.protocol, ip, l4_port)
+        for ip, l4_port in new.frontend_endpoints()
+        if (ip, l4_port) not in before
+    ]
+
+
 class Proxier:
     """Builds and commits the datapath state of every Service port.
 
@@ -704,6 +732,8 @@ class Proxier:
             )
         if new is not None and self.conntrack is not None and self.conntrack.pending:
             self.conntrack.restored(_udp_pairs_back(old, new))
+        if new is not None:
+            self._flushes.update(dict.fromkeys(_udp_frontends_new(old, new)))
         if old is None:
             return
         old_port = old.state.port
