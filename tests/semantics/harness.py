@@ -104,11 +104,19 @@ class World:
         return self.sandbox.add_pod(name, **kw)
 
     async def http(
-        self, client: Pod, url: str, count: int = 20, timeout: float = TCP_TIMEOUT_S
+        self,
+        client: Pod,
+        url: str,
+        count: int = 20,
+        timeout: float = TCP_TIMEOUT_S,
+        *,
+        source_port: int = 0,
     ) -> dict:
         """Lost requests come with their evidence (``ovsproxy.lab.evidence``) unless the
         timeout is shorter than one retransmission (no answer expected, or timing measured)."""
-        args = ("http", url, "--count", str(count), "--timeout", str(timeout))
+        args: tuple[str, ...] = ("http", url, "--count", str(count), "--timeout", str(timeout))
+        if source_port:
+            args += ("--source-port", str(source_port))
         return await asyncio.to_thread(
             probe, self.rig, client.netns, *args, explain=timeout >= TCP_TIMEOUT_S
         )

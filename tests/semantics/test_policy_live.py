@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from ovsproxy.model import Protocol, TrafficPolicy
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 from tests.semantics.harness import NODE, World, endpoint
 
 pytestmark = [pytest.mark.ovs, pytest.mark.shared_sandbox]
@@ -132,3 +133,29 @@ async def test_a_udp_client_that_sent_before_the_frontend_existed_reaches_it(
         assert "UDP 10.96.0.42:53 -> itself (untranslated) (zone 65520)" in stats.recent
     else:
         assert after["failed"] == 3, after
+
+
+@pytest.mark.parametrize("flush", [True, False], ids=["flushed", "control"])
+async def test_a_tcp_connect_begun_before_the_frontend_existed_completes(
+    world: World, flush: bool
+) -> None:
+    """The SYN of a connect() that began before the Service port existed was committed as a
+    plain connection (SYN_SENT); the retransmitted SYN, or a new socket on the same source
+    port, is then established in conntrack and never translated. With the flush it is new."""
+    if not flush:
+        world.semantics.conntrack.stats.mode = "unsupported"
+    client = world.pod("client")
+    web = world.pod("web", http_ports=(8080,))
+    await world.sync()
+    url = "http://10.96.0.43:80/"
+    before = await world.http(client, url, count=1, timeout=0.3, source_port=40080)
+    assert before["failures"] == {"timeout": 1}, before
+    world.service("web", ["10.96.0.43"], 80)
+    world.endpoints("web", [endpoint(web, 8080)])
+    await world.sync()
+    timeout = TCP_TIMEOUT_S if flush else 1.5
+    after = await world.http(client, url, count=1, timeout=timeout, source_port=40080)
+    if flush:
+        assert after["counts"] == {"web": 1}, after
+    else:
+        assert after["failures"] == {"timeout": 1}, after

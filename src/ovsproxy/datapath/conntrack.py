@@ -1,5 +1,5 @@
-"""Flushing the conntrack entries of removed UDP endpoints and of new UDP frontends (OVS
-userspace datapath included).
+"""Flushing the conntrack entries of removed UDP endpoints and the untranslated entries of new
+frontends (OVS userspace datapath included).
 
 A UDP "connection" lives as long as datagrams flow, so a client that keeps its socket would keep
 sending into an endpoint that left the Service. As kube-proxy does (``conntrack -D --orig-dst
@@ -7,9 +7,9 @@ sending into an endpoint that left the Service. As kube-proxy does (``conntrack 
 proxier flushes the entries of that (frontend, endpoint) pair; the client's next datagram is a
 new connection and picks a live endpoint.
 
-The same flush, with the frontend itself as the "endpoint", clears a new UDP frontend of
-the plain entries committed before it was one (``FlushFilter.untranslated``; the proxier's
-``_udp_frontends_new`` says why a client would otherwise stay lost).
+The same flush, with the frontend itself as the "endpoint", clears a new frontend (any
+protocol) of the plain entries committed before it was one (``FlushFilter.untranslated``; the
+proxier's ``_frontends_new`` says why a client would otherwise stay lost).
 
 One flush is not enough. Open vSwitch applies the commit to its cached datapath flows only when
 its revalidators re-translate them (right after a flow-table change, then every

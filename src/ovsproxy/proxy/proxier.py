@@ -21,8 +21,8 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
 * UDP: after the commit that removed an endpoint from a frontend (or the frontend), the
   conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
   revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
-  After the commit that adds a UDP frontend, its untranslated entries (plain connections
-  committed before it was one) are flushed the same way (``_udp_frontends_new``).
+* any protocol: after the commit that adds a frontend, its untranslated entries (plain
+  connections committed before it was one) are flushed the same way (``_frontends_new``).
 
 * two Services claiming one nodePort, healthCheckNodePort or address:port: the newer's port
   is refused before anything is staged (``proxy.claims``), and served once the claim is free.
@@ -426,22 +426,19 @@ def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list
     return back
 
 
-def _udp_frontends_new(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
-    """The untranslated-entry filters of the frontends of a UDP port that ``new`` has and
-    ``old`` had not.
+def _frontends_new(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
+    """The untranslated-entry filters of the frontends ``new`` has and ``old`` had not.
 
-    Before its Service port existed, a datagram to a frontend was committed as a plain
-    connection (ServiceLB COMMIT) and forwarded as it was. A client that sends again from the
-    same source port (one socket; or a new socket given the same ephemeral port) would meet
-    that entry: its next datagram, conntrack's second of the tuple, is still "new", so the
-    group picks an endpoint, but conntrack does not NAT a connection it already has; later
-    ones are established and skip the Service altogether. Every datagram of the 5-tuple is
-    lost while the client keeps it alive (kube-proxy flushes UDP entries of Service IPs that
-    gain endpoints for the same reason). Only entries whose reply comes from the frontend
-    itself go: nothing that a Service translated."""
+    Before its Service port existed, a packet to a frontend was committed as a plain
+    connection (ServiceLB COMMIT) and forwarded as it was. A client that sends again on the
+    same 5-tuple meets that entry. UDP (one socket, or a new one given the same ephemeral
+    port): the second datagram of the tuple is still "new", so the group picks an endpoint,
+    but conntrack does not NAT a connection it already has; later ones are established and
+    skip the Service. TCP: the SYN that connect() retransmits is established (SYN_SENT) and
+    never translated either; each retransmission keeps the entry alive, so the connect waits
+    about a minute. Only entries whose reply comes from the frontend itself go: nothing a
+    Service translated. (kube-proxy flushes UDP entries of Service IPs that gain endpoints.)"""
     port = new.state.port
-    if port.protocol != Protocol.UDP:
-        return []
     before = set()
     if old is not None and old.state.port.protocol == port.protocol:
         before = set(old.frontend_endpoints())
@@ -733,7 +730,7 @@ class Proxier:
         if new is not None and self.conntrack is not None and self.conntrack.pending:
             self.conntrack.restored(_udp_pairs_back(old, new))
         if new is not None:
-            self._flushes.update(dict.fromkeys(_udp_frontends_new(old, new)))
+            self._flushes.update(dict.fromkeys(_frontends_new(old, new)))
         if old is None:
             return
         old_port = old.state.port
