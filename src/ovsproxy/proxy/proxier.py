@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
@@ -51,13 +51,13 @@ from ovsproxy.model import (
     ServicePort,
     ServicePortName,
     ServiceState,
-    TrafficPolicy,
 )
 from ovsproxy.model.node import PodPort
 from ovsproxy.model.problems import PortConflict
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
 from ovsproxy.proxy.claims import ClaimResolver
+from ovsproxy.proxy.group_ids import CLUSTER_IPS, EXTERNAL, IN_CLUSTER, GroupIDs, GroupKey
 from ovsproxy.proxy.mid_stream import Contribution, MidStreamIndex
 from ovsproxy.proxy.mid_stream import contribution as mid_stream_contribution
 from ovsproxy.proxy.tracker import ChangeTracker
@@ -70,53 +70,10 @@ MAX_ISOLATION_ROUNDS = 4
 PIPELINE_OWNER = ("pipeline",)
 
 
-# role: "" (ClusterIPs), "external" (external/LB IPs and the NodePort, when their endpoints
-# differ), "in-cluster" (the cluster endpoints for the short-circuit, when neither has them)
-GroupKey = tuple[ServicePortName, IPFamily, str]
-EXTERNAL = "external"
-IN_CLUSTER = "in-cluster"
-
-
-class GroupIDAllocator:
-    """Stable group ids per (Service port, family, role); freed ids are reused lowest first."""
-
-    def __init__(self, first: int, last: int) -> None:
-        self.first, self.last = first, last
-        self._ids: dict[GroupKey, int] = {}
-        self._free: list[int] = []
-        self._next = first
-
-    def get(self, name: ServicePortName, family: IPFamily, role: str = "") -> int:
-        key = (name, family, role)
-        gid = self._ids.get(key)
-        if gid is None:
-            if self._free:
-                self._free.sort(reverse=True)
-                gid = self._free.pop()
-            else:
-                if self._next > self.last:
-                    raise RuntimeError(f"group ids {self.first}..{self.last} are used up")
-                gid = self._next
-                self._next += 1
-            self._ids[key] = gid
-        return gid
-
-    def release(
-        self, name: ServicePortName, family: IPFamily | None = None, role: str | None = None
-    ) -> None:
-        for each in [family] if family is not None else list(IPFamily):
-            for r in [role] if role is not None else ["", EXTERNAL, IN_CLUSTER]:
-                gid = self._ids.pop((name, each, r), None)
-                if gid is not None:
-                    self._free.append(gid)
-
-    def ids_of(self, name: ServicePortName, role: str = "") -> dict[IPFamily, int]:
-        return {f: gid for f in IPFamily if (gid := self._ids.get((name, f, role))) is not None}
-
-
 # -- endpoint selection (pure) ------------------------------------------------------------
 FORWARD, REJECT, DROP = "forward", "reject", "drop"
 MAX_EXCLUDED = 32  # endpoints listed with the reason they are not used, per family
+NO_ENDPOINTS = "no usable endpoints"  # (the reason to reject when the port has none at all)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +168,23 @@ def select_endpoints(
 ) -> FamilySelection:
     """kube-proxy's choice for one family of a Service port (see the module docstring)."""
     port = state.port
+    cluster_ips = port.cluster_ips
     # The tracker keeps only endpoints of the port's families: single-stack needs no filter.
-    candidates = state.endpoints if len(port.families) == 1 else state.endpoints_of(family)
+    single_stack = len(cluster_ips) == 1 or len(port.families) == 1
+    candidates = state.endpoints if single_stack else state.endpoints_of(family)
+    if not port.externally_accessible and not port.internal_policy_local:
+        # Most ports: only ClusterIP traffic, which uses the cluster set. With every endpoint
+        # ready and none hinted, categorisation keeps them all (no topology, no terminating
+        # fallback, nothing excluded), so it is skipped.
+        for ep in candidates:
+            if not ep.ready or ep.hint_zones or ep.hint_nodes:
+                break
+        else:
+            if len(cluster_ips) != 1 or cluster_ips[0].version != family:
+                cluster_ips = port.cluster_ips_of(family)
+            if candidates:
+                return FamilySelection(family, cluster_ips, candidates, FORWARD, "", "", False)
+            return FamilySelection(family, cluster_ips, (), REJECT, NO_ENDPOINTS, "", False)
     cats = categorize_endpoints(candidates, port, node_name, zone)
     internal = cats.local if port.internal_policy_local else cats.cluster
     internal = internal if internal is not None else cats.all_reachable
@@ -238,7 +210,7 @@ def select_endpoints(
 
     def decide(used: tuple[Endpoint, ...], policy: str) -> tuple[str, str]:
         if not cats.has_any:
-            return REJECT, "no usable endpoint" + ("" if candidates else "s")
+            return REJECT, NO_ENDPOINTS if not candidates else "no usable endpoint"
         if not used:
             return DROP, f"{policy} Local: no usable endpoint on this node"
         return FORWARD, ""
@@ -278,35 +250,76 @@ def select_endpoints(
     )
 
 
+class GroupUse(NamedTuple):
+    """One select group a family of a Service port needs, and what uses it."""
+
+    role: str  # its key in ``GroupIDs`` (with the family)
+    frontends: tuple[IPAddress, ...]  # matched with the Service's port
+    endpoints: tuple[Endpoint, ...]
+    rejects: bool  # without endpoints its frontends reject (else drop)
+    node_port_frontends: tuple[IPAddress, ...] = ()  # matched with the nodePort
+    group_only: bool = False  # no frontends: another group's short-circuit
+    # externalTrafficPolicy Local: the group of the in-cluster clients (kube-proxy's
+    # short-circuit), by role; None: no short-circuit
+    in_cluster_role: str | None = None
+    in_cluster_endpoints: tuple[Endpoint, ...] = ()
+    in_cluster_rejects: bool = False
+
+
+def group_uses(sel: FamilySelection) -> tuple[GroupUse, ...]:
+    """The groups one family of a Service port needs (in ``group_ids.ROLES`` order): one for
+    all its frontends while the external ones use the ClusterIPs' endpoints, else the
+    ClusterIPs', the short-circuit's (unless it is the ClusterIPs') and the external one."""
+    rejects = sel.action == REJECT
+    node_ips = sel.node_ip_frontends  # local pods to this node's IP:nodePort: in-cluster clients
+    if not sel.external_differs:
+        frontends = sel.frontends + sel.external_frontends
+        node_ports = sel.node_port_frontends + node_ips
+        if not frontends and not node_ports:
+            return ()
+        return (GroupUse(CLUSTER_IPS, frontends, sel.endpoints, rejects, node_ports),)
+    uses: list[GroupUse] = []
+    in_cluster = sel.in_cluster_endpoints
+    shared = in_cluster is not None and bool(sel.frontends) and in_cluster == sel.endpoints
+    if sel.frontends:
+        uses.append(
+            GroupUse(CLUSTER_IPS, sel.frontends, sel.endpoints, rejects, node_ips if shared else ())
+        )
+    in_cluster_role = None
+    if shared:
+        in_cluster_role = CLUSTER_IPS  # the ClusterIPs' group has the same endpoints
+    elif in_cluster is not None:
+        in_cluster_role = IN_CLUSTER
+        uses.append(GroupUse(IN_CLUSTER, (), in_cluster, rejects, node_ips, group_only=True))
+    external_node_ports = sel.node_port_frontends
+    if in_cluster is None:
+        external_node_ports += node_ips  # eTP Cluster: the external set is the cluster's
+    uses.append(
+        GroupUse(
+            EXTERNAL,
+            sel.external_frontends,
+            sel.external_endpoints,
+            sel.external_action == REJECT,
+            external_node_ports,
+            in_cluster_role=in_cluster_role,
+            in_cluster_endpoints=in_cluster or (),
+            in_cluster_rejects=rejects,
+        )
+    )
+    return tuple(uses)
+
+
 _FAMILIES = tuple(IPFamily)  # (iterating the enum class itself is slow: a full sync does it)
-_BY_VERSION = {int(f): f for f in IPFamily}
+_ONE_FAMILY = {int(f): (f,) for f in IPFamily}
 
 
-def plain_selection(state: ServiceState) -> FamilySelection | None:
-    """``select_endpoints`` for the common case, decided without categorising: a port of
-    one family with ClusterIPs only (no NodePort, external or load-balancer IP: nothing
-    external reaches it, so only internalTrafficPolicy counts, and it is Cluster) whose
-    endpoints are all ready and carry no topology hints. Every endpoint is used then, or,
-    with none, the ClusterIPs reject. None: not that case (``select_endpoints`` decides).
-    The answer equals ``select_endpoints``' for the port's family (tests compare them)."""
-    port = state.port
+def frontend_families(port: ServicePort) -> tuple[IPFamily, ...]:
+    """The families a Service port has frontends in (ClusterIPs, external or LB IPs)."""
     cluster_ips = port.cluster_ips
-    if (
-        len(cluster_ips) != 1
-        or port.node_port
-        or port.external_ips
-        or port.load_balancer_ips
-        or port.internal_traffic_policy is not TrafficPolicy.CLUSTER
-    ):
-        return None
-    endpoints = state.endpoints
-    for ep in endpoints:
-        if not ep.ready or ep.hint_zones or ep.hint_nodes:
-            return None
-    family = _BY_VERSION[cluster_ips[0].version]
-    if endpoints:
-        return FamilySelection(family, cluster_ips, endpoints, FORWARD, "", "", False)
-    return FamilySelection(family, cluster_ips, (), REJECT, "no usable endpoints", "", False)
+    if not port.external_ips and not port.load_balancer_ips and len(cluster_ips) == 1:
+        return _ONE_FAMILY[cluster_ips[0].version]  # (most ports)
+    versions = {ip.version for ip in (*cluster_ips, *port.external_ips, *port.load_balancer_ips)}
+    return tuple(f for f in _FAMILIES if f in versions)
 
 
 def _unique_endpoints(sets: list[tuple[Endpoint, ...]]) -> tuple[Endpoint, ...]:
@@ -504,7 +517,7 @@ class Proxier:
             host_snat=config.host_snat_ips,
             node_ips=config.node_ips if config.mode == pl.Mode.STANDALONE else (),
         )
-        self.groups = GroupIDAllocator(config.group_id_min, config.group_id_max)
+        self.groups = GroupIDs(config.group_id_min, config.group_id_max)
         # Standalone: the frontends of every TCP endpoint, for the mid-stream flows that
         # re-create a Service connection's translation after a vswitchd restart.
         self.mid_stream = MidStreamIndex() if self.ctx.standalone else None
@@ -546,110 +559,69 @@ class Proxier:
 
     # -- one Service port -------------------------------------------------------------------
     def _stage_service(self, state: ServiceState) -> None:
-        plain = plain_selection(state)
-        if plain is not None:
-            self._stage_plain(state, plain)
-            return
         port = state.port
-        families = [f for f in IPFamily if svc.service_frontend_ips(port, f)]
+        name = port.name
+        families = frontend_families(port)
         if not families:  # nothing to program (e.g. a port with no ClusterIP)
-            self._remove_service(port.name)
+            self._remove_service(name)
             return
-        selections = {
-            f: select_endpoints(
+        selections: dict[IPFamily, FamilySelection] = {}
+        uses: list[tuple[IPFamily, GroupUse]] = []
+        wanted: list[GroupKey] = []
+        used_sets: list[tuple[Endpoint, ...]] = []  # the endpoints of every set, in order
+        rejecting = False  # some frontends reject: no endpoint is usable
+        node_port_ips = self.node_port_ips if self.ctx.standalone else ()
+        for f in families:
+            sel = selections[f] = select_endpoints(
                 state,
                 f,
                 self.node_name,
                 self.zone,
                 node_ports=self.node_ports,
                 short_circuit=self.ctx.standalone,
-                node_port_ips=self.node_port_ips if self.ctx.standalone else (),
+                node_port_ips=node_port_ips,
             )
-            for f in families
-        }
+            for use in group_uses(sel):
+                uses.append((f, use))
+                wanted.append((f, use.role))
+            for used in (sel.endpoints, sel.external_endpoints, sel.in_cluster_endpoints):
+                if used:
+                    used_sets.append(used)
+            rejecting = rejecting or sel.action == REJECT
+            rejecting = rejecting or (sel.external_action == REJECT and sel.has_external)
+        ids = self.groups.assign(name, wanted)
+        reject = self._reject_action
         sets: list[svc.FrontendSet] = []
         group_ids: dict[IPFamily, int] = {}
         external_ids: dict[IPFamily, int] = {}
-        used_sets: list[tuple[Endpoint, ...]] = []  # the endpoints of every set, in order
-        for family in IPFamily:
-            sel = selections.get(family)
-            if sel is None:  # a family the Service no longer has: its groups go
-                self.groups.release(port.name, family)
-                continue
-            reject = self._reject_action if sel.action == REJECT else ()
-            frontends = sel.frontends
-            node_port_frontends: tuple[IPAddress, ...] = ()
-            in_cluster = sel.in_cluster_endpoints
-            # Local pods to this node's IP:nodePort: the in-cluster endpoints' set.
-            node_ips = sel.node_ip_frontends
-            if not sel.external_differs:
-                frontends += sel.external_frontends
-                node_port_frontends = sel.node_port_frontends + node_ips
-                self.groups.release(port.name, family, EXTERNAL)
-            elif in_cluster is not None and in_cluster == sel.endpoints and frontends:
-                node_port_frontends = node_ips
-            if frontends or node_port_frontends:
-                gid = group_ids[family] = self.groups.get(port.name, family)
-                sets.append(
-                    svc.FrontendSet(
-                        frontends,
-                        gid,
-                        sel.endpoints,
-                        reject,
-                        node_port_frontends=node_port_frontends,
-                    )
+        for f, use in uses:
+            gid = ids[f, use.role]
+            if use.role == CLUSTER_IPS:
+                group_ids[f] = gid
+            elif use.role == EXTERNAL:
+                external_ids[f] = gid
+            in_cluster = use.in_cluster_role
+            sets.append(
+                svc.FrontendSet(
+                    use.frontends,
+                    gid,
+                    use.endpoints,
+                    reject if use.rejects else (),
+                    use.node_port_frontends,
+                    0 if in_cluster is None else ids[f, in_cluster],
+                    use.in_cluster_endpoints,
+                    reject if use.in_cluster_rejects else (),
+                    use.group_only,
                 )
-            else:
-                self.groups.release(port.name, family, "")
-            in_cluster_gid = 0
-            if sel.external_differs and in_cluster is not None:
-                if frontends and in_cluster == sel.endpoints:
-                    in_cluster_gid = group_ids[family]  # the ClusterIPs' group: the same set
-                    self.groups.release(port.name, family, IN_CLUSTER)
-                else:
-                    in_cluster_gid = self.groups.get(port.name, family, IN_CLUSTER)
-                    sets.append(
-                        svc.FrontendSet(
-                            (),
-                            in_cluster_gid,
-                            in_cluster,
-                            reject,
-                            node_port_frontends=node_ips,
-                            group_only=True,
-                        )
-                    )
-            else:
-                self.groups.release(port.name, family, IN_CLUSTER)
-            external_node_ports = sel.node_port_frontends
-            if sel.external_differs and in_cluster is None:
-                external_node_ports += node_ips  # eTP Cluster: the external set is the cluster's
-            if sel.external_differs:
-                gid = external_ids[family] = self.groups.get(port.name, family, EXTERNAL)
-                ext_reject = self._reject_action if sel.external_action == REJECT else ()
-                sets.append(
-                    svc.FrontendSet(
-                        sel.external_frontends,
-                        gid,
-                        sel.external_endpoints,
-                        ext_reject,
-                        node_port_frontends=external_node_ports,
-                        in_cluster_group=in_cluster_gid,
-                        in_cluster_endpoints=in_cluster or (),
-                        in_cluster_empty_actions=reject,
-                    )
-                )
-            used_sets.extend(e for e in (sel.endpoints, sel.external_endpoints, in_cluster) if e)
+            )
         objects = self._objects_for(port, sets)
-        self.datapath.stage(port.name, objects.groups, objects.staged)
-        previous = self.services.get(port.name)
+        self.datapath.stage(name, objects.groups, objects.staged)
+        previous = self.services.get(name)
         installed = InstalledService(
             state,
             _unique_endpoints(used_sets),
             group_ids,
-            rejecting=any(
-                REJECT in (s.action, s.external_action if s.has_external else FORWARD)
-                for s in selections.values()
-            ),
+            rejecting=rejecting,
             families=selections,
             external_group_ids=external_ids,
             affinity=affinity_realisation(
@@ -658,47 +630,8 @@ class Proxier:
             conntrack_flushes=previous.conntrack_flushes if previous else 0,
         )
         self._after_change(previous, installed)
-        self.services[port.name] = installed
-        self._endpoint_total += len(installed.endpoints) - (
-            len(previous.endpoints) if previous is not None else 0
-        )
-
-    def _stage_plain(self, state: ServiceState, sel: FamilySelection) -> None:
-        """``_stage_service`` for a ``plain_selection``: one family, one group for its
-        ClusterIPs, no external set; group ids are asked for and released in the same order
-        as there (an id freed here may be the one handed out next)."""
-        port = state.port
-        name = port.name
-        groups = self.groups
-        family = sel.family
-        gid = 0
-        for each in _FAMILIES:
-            if each is family:
-                groups.release(name, each, EXTERNAL)
-                gid = groups.get(name, each)
-                groups.release(name, each, IN_CLUSTER)
-            else:
-                groups.release(name, each)
-        reject = self._reject_action if sel.action == REJECT else ()
-        fset = svc.FrontendSet(sel.frontends, gid, sel.endpoints, reject)
-        objects = self._objects_for(port, [fset])
-        self.datapath.stage(name, objects.groups, objects.staged)
-        previous = self.services.get(name)
-        installed = InstalledService(
-            state,
-            sel.endpoints,
-            {family: gid},
-            rejecting=sel.action == REJECT,
-            families={family: sel},
-            external_group_ids={},
-            affinity=affinity_realisation(
-                port.affinity_timeout, self.ctx.max_ovs_timeout, self.sweep_interval
-            ),
-            conntrack_flushes=previous.conntrack_flushes if previous else 0,
-        )
-        self._after_change(previous, installed)
         self.services[name] = installed
-        self._endpoint_total += len(sel.endpoints) - (
+        self._endpoint_total += len(installed.endpoints) - (
             len(previous.endpoints) if previous is not None else 0
         )
 
