@@ -22,9 +22,9 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ovsproxy.model import Endpoint, ServicePort
-from ovsproxy.ovs.sandbox import Sandbox, SandboxError, _kill, _run
+from ovsproxy.ovs.sandbox import Sandbox, SandboxError
 
 NB_SCHEMA = Path("/usr/share/ovn/ovn-nb.ovsschema")
 SB_SCHEMA = Path("/usr/share/ovn/ovn-sb.ovsschema")
@@ -498,7 +498,7 @@ class OvnSandbox(Sandbox):
         super()._start()
         for key, schema, sock in (("nb", NB_SCHEMA, self.nb), ("sb", SB_SCHEMA, self.sb)):
             db = self.rundir / f"{key}.db"
-            _run(["ovsdb-tool", "create", str(db), str(schema)])
+            self.exec("ovsdb-tool", "create", str(db), str(schema))
             self._spawn(
                 f"ovsdb-server-{key}",
                 [
@@ -537,7 +537,7 @@ class OvnSandbox(Sandbox):
             f"external_ids:ovn-bridge={self.bridge}",
             "external_ids:ovn-bridge-datapath-type=netdev",
         )
-        _run(["ovn-nbctl", f"--db=unix:{self.nb}", "init"], env=self.env)
+        self.exec("ovn-nbctl", f"--db=unix:{self.nb}", "init")
         tap_dir = self.rundir / "tap"
         tap_dir.mkdir()
         self.tap = OpenFlowTap(tap_dir / f"{self.bridge}.mgmt", self.rundir / f"{self.bridge}.mgmt")
@@ -560,12 +560,16 @@ class OvnSandbox(Sandbox):
         )
 
     def stop_controller(self) -> None:
+        """SIGTERM to ovn-controller (our child: ``ip netns exec`` execs it), reaped."""
         assert self.record is not None
-        pid = self.record.pids.pop("ovn-controller")
-        _kill(pid, str(self.rundir), sig=signal.SIGTERM)
-        proc = self._procs.pop("ovn-controller", None)
-        if proc is not None:
+        proc = self._procs.pop("ovn-controller")
+        proc.terminate()
+        try:
             proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        del self.record.pids["ovn-controller"]
         self.record.save()
 
     def pid(self, key: str) -> int:

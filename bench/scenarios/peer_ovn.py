@@ -58,6 +58,7 @@ from typing import Any
 
 from bench import agentrun, dp, ovn
 from bench.scenarios import incremental
+from ovsproxy.ovs.sandbox import Pod, Sandbox
 
 NAME = "peer-ovn"
 DESCRIPTION = "Our full-sync cluster as OVN load balancers: ours vs OVN 23.03 in one run"
@@ -92,7 +93,7 @@ def group_content(sb: Any) -> tuple[int, int]:
 GATEWAY = "10.244.0.1"  # the sandbox's gateway address, the client's default route
 
 
-def vip_pods(sb: Any, cluster: dp.Cluster) -> tuple[Any, Any]:
+def vip_pods(sb: Sandbox, cluster: dp.Cluster) -> tuple[Pod, Pod]:
     """A client pod and a backend pod that holds every endpoint address of Service 0 (so any
     bucket the switch picks answers), each with a static neighbour for the other."""
     _, endpoints = cluster[0]
@@ -108,13 +109,13 @@ def vip_pods(sb: Any, cluster: dp.Cluster) -> tuple[Any, Any]:
     return client, backend
 
 
-def pod_addresses(sb: Any, pod: Any) -> list[str]:
+def pod_addresses(sb: Sandbox, pod: Pod) -> list[str]:
     return (
         sb.vsctl("get", "Interface", pod.interface, "external_ids:ip").strip().strip('"').split(",")
     )
 
 
-def ask_vip(client: Any, cluster: dp.Cluster) -> dict[str, Any]:
+def ask_vip(client: Pod, cluster: dp.Cluster) -> dict[str, Any]:
     """``VIP_TRIES`` HTTP requests from the client pod to Service 0's VIP (new connections,
     so the group picks a bucket each time): how many the backend answered."""
     port, _ = cluster[0]
