@@ -222,9 +222,9 @@ class Rpc:
 
     def _receive(self) -> None:
         data = self.sock.recv(1 << 20)
+        arrived = time.perf_counter()
         if not data:
             raise RpcError(f"{self.database}: connection closed")
-        arrived = time.perf_counter()
         self._buffer += data.decode()
         while True:
             text = self._buffer.lstrip()
@@ -292,20 +292,34 @@ class Rpc:
         return [row.get(column) for row in self.tables.get(table, {}).values()]
 
 
+def wait_all(
+    rpcs: Sequence[Rpc], conditions: dict[str, Callable[[], bool]], timeout: float = 600
+) -> dict[str, float]:
+    """Read every connection's updates until each condition holds; returns when the read that
+    made each one true arrived (``perf_counter``; one already true: now)."""
+    now = time.perf_counter()
+    met = {name: now for name, holds in conditions.items() if holds()}
+    deadline = time.monotonic() + timeout
+    while len(met) < len(conditions):
+        if time.monotonic() > deadline:
+            waiting = ", ".join(sorted(set(conditions) - set(met)))
+            raise RpcError(f"timed out after {timeout}s waiting for {waiting}")
+        ready, _, _ = select.select([r.sock for r in rpcs], [], [], 1.0)
+        for rpc in rpcs:
+            if rpc.sock not in ready:
+                continue
+            rpc._receive()
+            for name, holds in conditions.items():
+                if name not in met and holds():
+                    met[name] = rpc.updated
+    return met
+
+
 def wait_for(
     rpcs: Sequence[Rpc], done: Callable[[], bool], what: str, timeout: float = 600
 ) -> float:
-    """Read every connection's updates until ``done()``; returns when the update that made it
-    true arrived (``perf_counter``)."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            raise RpcError(f"timed out after {timeout}s waiting for {what}")
-        ready, _, _ = select.select([r.sock for r in rpcs], [], [], 1.0)
-        for rpc in rpcs:
-            if rpc.sock in ready:
-                rpc._receive()
-    return max(r.updated for r in rpcs)
+    """``wait_all`` for one condition."""
+    return wait_all(rpcs, {what: done}, timeout)[what]
 
 
 # -- the OpenFlow tap ----------------------------------------------------------------------
@@ -473,7 +487,7 @@ class OvnSandbox(Sandbox):
     bridge is ovn-controller's integration bridge."""
 
     def __init__(self) -> None:
-        super().__init__(gateway_ipv6=None)
+        super().__init__()
         self.tap: OpenFlowTap | None = None
 
     @property
