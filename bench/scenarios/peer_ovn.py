@@ -50,6 +50,7 @@ agent's RSS <= 1/3 of ovn-controller's.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import subprocess
 import tempfile
 import time
@@ -66,7 +67,8 @@ DESCRIPTION = "Our full-sync cluster as OVN load balancers: ours vs OVN 23.03 in
 SIZE = (10_000, 10, 3)  # services, endpoints, rounds
 QUICK_SIZE = (1_000, 10, 3)
 BATCH = 1_000  # load balancers per NB transaction in the batched load
-CLIENT = ("client", "10.244.0.2")  # the pod that asks Service 0's VIP
+CLIENT = "client"  # the pod that asks Service 0's VIP
+CLIENT_IP = ipaddress.IPv4Interface("10.244.0.2/24")  # in the sandbox's pod subnet
 BACKEND = "backend"  # the pod holding every endpoint address of Service 0
 VIP_TRIES = 10
 
@@ -82,7 +84,7 @@ def ovn_version() -> str:
     return out.splitlines()[0].split()[-1] if out else "unknown"
 
 
-def group_content(sb: Any) -> tuple[int, int]:
+def group_content(sb: Sandbox) -> tuple[int, int]:
     """(groups, buckets) in the switch."""
     text = dp.ofctl(sb, "dump-groups")
     return text.count("group_id="), text.count("bucket=")
@@ -90,29 +92,25 @@ def group_content(sb: Any) -> tuple[int, int]:
 
 # -- a VIP asked from a pod, on both ----------------------------------------------------------
 
-GATEWAY = "10.244.0.1"  # the sandbox's gateway address, the client's default route
+
+def backend_ips(cluster: dp.Cluster) -> list[str]:
+    return [str(e.ip) for e in cluster[0][1]]
 
 
 def vip_pods(sb: Sandbox, cluster: dp.Cluster) -> tuple[Pod, Pod]:
     """A client pod and a backend pod that holds every endpoint address of Service 0 (so any
-    bucket the switch picks answers), each with a static neighbour for the other."""
-    _, endpoints = cluster[0]
-    first, *rest = [e.ip for e in endpoints]
-    client = sb.add_pod(CLIENT[0], ipv4=f"{CLIENT[1]}/24")
-    backend = sb.add_pod(BACKEND, ipv4=f"{first}/24", http_ports=(endpoints[0].port,))
+    bucket the switch picks answers), the backend with a route and a static neighbour back
+    to the client."""
+    first, *rest = backend_ips(cluster)
+    client = sb.add_pod(CLIENT, ipv4=str(CLIENT_IP))
+    backend = sb.add_pod(BACKEND, ipv4=f"{first}/24", http_ports=(cluster[0][1][0].port,))
     for ip in rest:
         backend.exec("ip", "addr", "add", f"{ip}/32", "dev", "eth0")
-    ips = ",".join(str(e.ip) for e in endpoints)
+    ips = ",".join(backend_ips(cluster))
     sb.vsctl("set", "Interface", backend.interface, f'external_ids:ip="{ips}"')
-    backend.exec("ip", "route", "add", f"{CLIENT[1].rsplit('.', 1)[0]}.0/24", "dev", "eth0")
-    backend.exec("ip", "neigh", "replace", CLIENT[1], "lladdr", client.mac, "dev", "eth0")
+    backend.exec("ip", "route", "add", str(CLIENT_IP.network), "dev", "eth0")
+    backend.exec("ip", "neigh", "replace", str(CLIENT_IP.ip), "lladdr", client.mac, "dev", "eth0")
     return client, backend
-
-
-def pod_addresses(sb: Sandbox, pod: Pod) -> list[str]:
-    return (
-        sb.vsctl("get", "Interface", pod.interface, "external_ids:ip").strip().strip('"').split(",")
-    )
 
 
 def ask_vip(client: Pod, cluster: dp.Cluster) -> dict[str, Any]:
@@ -141,16 +139,18 @@ class Ovn:
             sb.vsctl("set", "Interface", pod.interface, f"external_ids:iface-id={pod.name}")
         # No logical router here: the client's gateway is the backend's MAC, so after the load
         # balancer's DNAT the switch's L2 lookup finds the backend.
+        assert sb.gateway_ipv4 is not None
+        gateway = str(sb.gateway_ipv4.ip)
         self.client.exec(
-            "ip", "neigh", "replace", GATEWAY, "lladdr", self.backend.mac, "dev", "eth0"
+            "ip", "neigh", "replace", gateway, "lladdr", self.backend.mac, "dev", "eth0"
         )
         self.nb = ovn.Rpc(sb.nb, "OVN_Northbound")
         self.south = ovn.Rpc(sb.sb, "OVN_Southbound")
         self.nb.transact(
             ovn.topology_ops(
                 [
-                    (pod.name, pod.mac, [str(ip) for ip in pod_addresses(sb, pod)])
-                    for pod in (self.client, self.backend)
+                    (self.client.name, self.client.mac, [str(CLIENT_IP.ip)]),
+                    (self.backend.name, self.backend.mac, backend_ips(cluster)),
                 ]
             )
         )
