@@ -8,7 +8,8 @@
 * ``OpenFlowTap``: ovn-controller reaches the bridge through this counting proxy (its
   ``OVS_RUNDIR`` points at the tap's directory, where it finds ``<bridge>.mgmt``): every
   OpenFlow message it sends is counted by type (the messages inside a bundle by their own type),
-  messages and bytes, the way our channel counts ours.
+  messages and bytes, the way our channel counts ours (``parse_s``: the time that counting
+  took, reported beside OVN's figures).
 * ``Rpc``: a minimal OVSDB JSON-RPC client (RFC 7047: ``transact`` and ``monitor``) that
   records when each monitored update arrives: the clock for "NB commit -> northd -> controller".
 * Pure builders of the NB transactions: our full-sync cluster as OVN load balancers with the
@@ -389,6 +390,7 @@ class OpenFlowTap:
     def __init__(self, listen: Path, target: Path) -> None:
         self.listen, self.target = listen, target
         self._counts: list[OpenFlowCount] = []  # one per connection (its own message boundaries)
+        self.parse_s = 0.0  # the tap's own time spent counting (CPU beside the daemons')
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -419,7 +421,9 @@ class OpenFlowTap:
                 while data := await src.read(1 << 16):
                     if count:
                         with self._lock:
+                            started = time.perf_counter()
                             sent.feed(data)
+                            self.parse_s += time.perf_counter() - started
                     dst.write(data)
                     await dst.drain()
             except (ConnectionError, OSError):

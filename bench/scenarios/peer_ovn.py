@@ -20,7 +20,9 @@ OVN, one sandbox, in this order:
   (SB_Global.nb_cfg: ovn-northd has written the SB), ``installed_s`` (the chassis'
   Chassis_Private.nb_cfg: ovn-controller reports it once OVS acknowledged the flows of that
   SB state), ``wait_hv_s`` (NB_Global.hv_cfg: what ``ovn-nbctl --wait=hv`` returns on);
-  ``controller_s`` = installed - northd. Each daemon's CPU seconds over the load.
+  ``controller_s`` = installed - northd. Each daemon's CPU seconds over the load, and
+  ``tap_parse_s``: the time the OpenFlow tap (below) spent counting meanwhile, in the bench
+  process, on top of OVN's own work.
 * ``endpoint``: one backend added to one load balancer (its ``vips`` rewritten, as
   OVN-Kubernetes does), then removed, ``ENDPOINT_ROUNDS`` times (medians): the same clocks,
   and what ovn-controller sent OVS for it, counted by a proxy on its OpenFlow connections
@@ -223,7 +225,8 @@ class Ovn:
         return {key: usage.cpu_s for key, usage in self.sb.usage().items()}
 
     def load(self, cluster: dp.Cluster, batch: int) -> dict[str, Any]:
-        cpu = self.cpu()
+        assert self.sb.tap is not None
+        cpu, parse_s = self.cpu(), self.sb.tap.parse_s
         started = time.perf_counter()
         for first in range(0, len(cluster), batch):
             chunk = cluster[first : first + batch]
@@ -242,6 +245,7 @@ class Ovn:
             "groups": groups,
             "buckets": buckets,
             "cpu_s": {key: round(after[key] - cpu[key], 2) for key in cpu},
+            "tap_parse_s": round(self.sb.tap.parse_s - parse_s, 3),
         }
 
     def clear(self) -> None:
