@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import os
@@ -199,6 +200,7 @@ class Rpc:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
         self._buffer = ""
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()  # a character may span two reads
         self._decoder = json.JSONDecoder()
         self._next_id = 0
         self._replies: dict[int, Any] = {}
@@ -226,7 +228,7 @@ class Rpc:
         arrived = time.perf_counter()
         if not data:
             raise RpcError(f"{self.database}: connection closed")
-        self._buffer += data.decode()
+        self._buffer += self._utf8.decode(data)
         while True:
             text = self._buffer.lstrip()
             if not text:

@@ -154,3 +154,30 @@ def test_the_transactions_are_valid_for_ovns_schema_and_the_monitor_follows(
             rpc.transact([{"op": "insert", "table": "Load_Balancer", "row": {"vips": 1}}])
     finally:
         rpc.close()
+
+
+def test_the_ovn_sandbox_records_its_daemons_and_stops_them_all() -> None:
+    """OVN's daemons are in the sandbox's record (a crashed run's are swept by the next
+    sandbox start) and gone after ``down()``, the tap's socket with the run directory."""
+    if shutil.which("ovn-northd") is None or shutil.which("ovn-controller") is None:
+        pytest.skip("needs ovn-central and ovn-host (scripts/setup.sh installs them)")
+    sb = ovn.OvnSandbox()
+    with sb:
+        assert sb.record is not None
+        pids = dict(sb.record.pids)
+        rundir = sb.rundir
+        assert set(ovn.OVN_DAEMONS) <= set(pids)
+        for key in ovn.OVN_DAEMONS:
+            assert _runs(pids[key], rundir), key
+        assert (rundir / "tap" / f"{sb.bridge}.mgmt").exists()
+    for key, pid in pids.items():
+        assert not _runs(pid, rundir), f"{key} (pid {pid}) still runs"
+    assert not rundir.exists()
+
+
+def _runs(pid: int, rundir: Path) -> bool:
+    """pid runs one of this sandbox's daemons (a recycled pid would not name its rundir)."""
+    try:
+        return str(rundir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    except FileNotFoundError:
+        return False
