@@ -55,15 +55,20 @@ class GroupIDs:
         if not wanted:
             self.release(name)
             return {}
-        current = current or {}
-        unwanted = [gid for key, gid in current.items() if key not in wanted]
-        missing = sum(key not in current for key in wanted)
-        spare = len(self._free) + len(unwanted) + max(0, self.last - self._next + 1)
-        if missing > spare:  # (checked first: a refused port keeps the ids it had)
+        if current is None:
+            current = {}
+        unwanted = [gid for key, gid in current.items() if key not in wanted] if current else []
+        missing = len(wanted) - (len(current) - len(unwanted))  # (wanted has no duplicates)
+        spare = len(self._free) + len(unwanted)
+        if missing > spare and missing - spare > self.last - self._next + 1:
+            # (checked first: a refused port keeps the ids it had)
             raise RuntimeError(f"group ids {self.first}..{self.last} are used up")
         for gid in unwanted:
             heapq.heappush(self._free, gid)
-        ids = {key: current[key] if key in current else self._allocate() for key in wanted}
+        ids: dict[GroupKey, int] = {}
+        for key in wanted:
+            gid = current.get(key)
+            ids[key] = self._allocate() if gid is None else gid
         self._ports[name] = ids
         return ids
 
