@@ -1,8 +1,10 @@
 """The proxier: decides *what* to install for each Service port and hands it to the datapath.
 
 A sync consumes the tracker's changes (only the Service ports that changed), categorises each
-port's endpoints as kube-proxy does, allocates stable group ids, stages the port's groups and
-flows, and commits them in one bundle. If the commit fails, the datapath keeps the diff and the
+port's endpoints as kube-proxy does (``select_endpoints``; most ports, with only ClusterIP
+traffic and every endpoint ready and unhinted, return early from it), assigns the port the
+group ids its selection needs (``group_uses``, ``group_ids.GroupIDs``), stages the port's
+groups and flows, and commits them in one bundle. If the commit fails, the datapath keeps the diff and the
 runner retries; nothing is recorded as installed until the switch has it.
 
 Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxiers decide:
