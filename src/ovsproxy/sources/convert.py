@@ -24,7 +24,7 @@ import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from sys import intern
 from typing import Any, TypeVar
@@ -50,6 +50,7 @@ from ovsproxy.model.problems import FieldPath, SourceLocation
 from ovsproxy.sources.report import Report
 from ovsproxy.sources.schema import (
     DEFAULT_NAMESPACE,
+    EndpointSpec,
     Hint,
     ServiceMeta,
     ServiceObject,
@@ -388,7 +389,8 @@ def _metadata(
     name, namespace = meta.name, meta.namespace
     report.name = name or ""
     report.namespace = namespace if namespace is not None else ""
-    report.typed_bad(("metadata",))
+    if report.typed:
+        report.typed_bad(("metadata",))
     if namespace is not None and (
         namespaces.valid(namespace)
         if namespaces is not None
@@ -470,9 +472,10 @@ def service_value(
         report.done()
         return Service(namespace, name)
     spec = obj.spec
-    if spec is None or spec.session_affinity != "ClientIP":
-        report.drop_typed(("spec", "sessionAffinityConfig"))
-    report.typed_bad()
+    if report.typed:
+        if spec is None or spec.session_affinity != "ClientIP":
+            report.drop_typed(("spec", "sessionAffinityConfig"))
+        report.typed_bad()
     if spec is None:
         report.bad(("spec",), None, SPEC)
         report.done()
@@ -761,7 +764,8 @@ def slice_value(
     if address_type == "FQDN":
         report.done()
         return EndpointSlice(namespace, name, service)
-    report.typed_bad()
+    if report.typed:
+        report.typed_bad()
     family = FAMILY_NAMES.get(address_type) if address_type is not None else None
     if family is None:
         report.bad(("addressType",), address_type, ADDRESS_TYPE)
@@ -793,23 +797,25 @@ def slice_value(
     # One Endpoint per port and address; every endpoint is checked, with or without ports.
     built: list[tuple[int, list[Endpoint]]] = [(port, []) for _, _, port in port_specs]
     parse: _IPFn = ip if ip is not None else parse_ipv4 if family == 4 else parse_ip_text
-    for index, raw in enumerate(obj.endpoints or ()):
+    # The family of each address is checked unless the parser gives no other.
+    family_to_check = None if family is None or parse is parse_ipv4 else int(family)
+    raw_endpoints = obj.endpoints or ()
+    for raw in raw_endpoints:
         addresses = raw.addresses
         if not addresses:
-            report.bad(
-                ("endpoints", index, "addresses"), addresses, "at least one address is required"
-            )
+            path: FieldPath = ("endpoints", _index(raw_endpoints, raw), "addresses")
+            report.bad(path, addresses, "at least one address is required")
             continue
         # kube-proxy uses the first address only; the API requires exactly one.
         text = addresses[0]
         address = parse(text)
-        if address is None or (family is not None and address.version != family):
+        if address is None or (family_to_check is not None and address.version != family_to_check):
             # (the IPv4 parser refuses an IPv6 address too: which is it?)
             if address is None and (family is None or parse_ip_text(text) is None):
                 why = NOT_AN_IP
             else:
                 why = f"family mismatch: addressType is {address_type}"
-            report.bad(("endpoints", index, "addresses", 0), text, why)
+            report.bad(("endpoints", _index(raw_endpoints, raw), "addresses", 0), text, why)
             continue
         conditions = raw.conditions
         if conditions is None:
@@ -826,8 +832,8 @@ def slice_value(
         if hints is None:
             hint_zones = hint_nodes = NO_NAMES
         else:
-            hint_zones = _hint_names(hints.for_zones, report, index, "forZones")
-            hint_nodes = _hint_names(hints.for_nodes, report, index, "forNodes")
+            hint_zones = _hint_names(hints.for_zones, report, raw_endpoints, raw, "forZones")
+            hint_nodes = _hint_names(hints.for_nodes, report, raw_endpoints, raw, "forNodes")
         for port, endpoints in built:
             endpoints.append(
                 Endpoint(
@@ -852,22 +858,33 @@ def slice_value(
     )
 
 
+def _index(items: Sequence[object], item: object) -> int:
+    """Where ``item`` is in ``items`` (found only for an error's path: the loop over many
+    endpoints keeps no count)."""
+    return next(index for index, other in enumerate(items) if other is item)
+
+
 # Most endpoints have no hints: one shared empty set (each frozenset() is a new
 # collector-tracked object, two per endpoint)
 NO_NAMES: frozenset[str] = frozenset()
 
 
 def _hint_names(
-    entries: list[Hint] | None, report: Report, endpoint: int, key: str
+    entries: list[Hint] | None,
+    report: Report,
+    endpoints: Sequence[EndpointSpec],
+    endpoint: EndpointSpec,
+    key: str,
 ) -> frozenset[str]:
     if not entries:
         return NO_NAMES
     names = []
-    for index, entry in enumerate(entries):
-        if not entry.name:
-            report.bad(("endpoints", endpoint, "hints", key, index, "name"), entry.name, HINT_NAME)
-        else:
+    for entry in entries:
+        if entry.name:
             names.append(intern(entry.name))
+        else:
+            path = ("endpoints", _index(endpoints, endpoint), "hints", key, _index(entries, entry))
+            report.bad((*path, "name"), entry.name, HINT_NAME)
     return frozenset(names) if names else NO_NAMES
 
 

@@ -245,9 +245,9 @@ class TypedCodec(Generic[_Model, _Struct]):
             meta = raw_page.metadata
             items = [item for item in found if item is not None]
         else:
-            kind, item = self.kind, self._item
+            item, report = self._item, Report(self.kind, every=False)
             objects = typing.cast(list[_Struct], decoded.items or [])
-            items = [item(obj, Report(kind, every=False)) for obj in objects]
+            items = [item(obj, report) for obj in objects]
             meta = decoded.metadata
         if meta is None:
             return Page(items, "", "")

@@ -25,7 +25,8 @@ UNNAMED = "<unnamed>"
 
 class Report:
     """The bad fields of one object of ``kind``; ``namespace`` and ``name`` are set by the
-    converter once it has read them."""
+    converter once it has read them. (A report that stops at the first error keeps none, so
+    it may serve several objects one after another, unless ``convert.structure`` filled it.)"""
 
     __slots__ = ("covered", "errors", "every", "kind", "location", "name", "namespace", "typed")
 
@@ -47,24 +48,22 @@ class Report:
         """Field ``path`` of the object holds ``value``, which is wrong because ``why``."""
         if self.covered and _covered(path, self.covered):
             return
-        self.errors.append(
-            ValidationError(
-                kind=self.kind,
-                namespace=self.namespace,
-                name=self.name or UNNAMED,
-                path=path,
-                value=value,
-                message=why,
-                location=self.location,
-            )
+        error = ValidationError(
+            kind=self.kind,
+            namespace=self.namespace,
+            name=self.name or UNNAMED,
+            path=path,
+            value=value,
+            message=why,
+            location=self.location,
         )
         if not self.every:
-            raise InvalidObjectError(tuple(self.errors))
+            # (nothing kept: one report serves a whole page of objects, one after another)
+            raise InvalidObjectError((error,))
+        self.errors.append(error)
 
     def typed_bad(self, prefix: FieldPath = ()) -> None:
         """Report the fields of the wrong type under ``prefix`` (all of them by default)."""
-        if not self.typed:
-            return
         now, self.typed = self._split(prefix)
         covered, self.covered = self.covered, ()
         try:
@@ -76,8 +75,7 @@ class Report:
     def drop_typed(self, prefix: FieldPath) -> None:
         """Forget the fields of the wrong type under ``prefix``: the converter does not read
         them (a Service's ``sessionAffinityConfig`` without ClientIP affinity)."""
-        if self.typed:
-            self.typed = self._split(prefix)[1]
+        self.typed = self._split(prefix)[1]
 
     def _split(
         self, prefix: FieldPath
