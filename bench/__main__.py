@@ -36,6 +36,7 @@ ORDER = [
     "cold-start",
     "churn",
     "scale",
+    "peer-ovn",
     "chaos",
     "soak",
 ]

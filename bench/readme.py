@@ -574,6 +574,66 @@ def _soak(so: dict[str, Any] | None) -> list[str]:
     ]
 
 
+_PEER_GOALS = {
+    "full_programming": "full programming (OVN installed / our full sync)",
+    "restart": "restart on a filled cluster (ovn-controller / our agent)",
+    "endpoint_time": "one endpoint added, to installed (OVN / ours)",
+    "endpoint_bytes": "its OpenFlow bytes (ours / OVN's)",
+    "agent_rss": "RSS (our whole agent / ovn-controller)",
+}
+
+
+def _peer_ovn(po: dict[str, Any]) -> list[str]:
+    ours, theirs = po["ours"], po["ovn"]
+    batched, per_service, endpoint = theirs["batched"], theirs["per_service"], theirs["endpoint"]
+    same, rss = po["same_content"], theirs["rss_mb"]
+    ep_ms, ep_bytes = ours["endpoint"]["event_to_commit_ms"], ours["endpoint"]["update_wire_bytes"]
+    ovn_sent = ", ".join(f"{n} {kind}" for kind, n in endpoint["add_messages"].items())
+    out = [
+        f"### OVN as a peer (`peer-ovn`, OVN {po['ovn_version']})",
+        "",
+        f"The same {po['size'].replace('x', ' x ')} cluster as OVN load balancers (OVN-Kubernetes'"
+        " options, in its cluster load-balancer group on one logical switch with local pod"
+        " ports), private NB/SB ovsdb-servers, ovn-northd and ovn-controller on the userspace"
+        " datapath, in the same run as ours. OVN runs a whole logical network (switching, ARP"
+        " responders, ACL and port-security stages, reject and hairpin SNAT, tunnels) and every"
+        " change goes through northd's logical flows; we program only the Service proxy.",
+        "",
+        "| | NB commit | northd | controller | installed | `--wait=hv` |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, r in (
+        (f"batched ({batched['transactions']} transactions)", batched),
+        (f"one transaction per Service ({per_service['transactions']:,})", per_service),
+    ):
+        out.append(
+            f"| {label} | {_s(r['nb_commit_s'])} | {_s(r['northd_s'])} | {_s(r['controller_s'])}"
+            f" | **{_s(r['installed_s'])}** | {_s(r['wait_hv_s'])} |"
+        )
+    out += [
+        "",
+        f"Ours: full sync **{_s(ours['full_sync_s'])}**; one endpoint added {ep_ms:.2f} ms and"
+        f" {ep_bytes:,} B against OVN's {endpoint['add_installed_ms']:.0f} ms and"
+        f" {endpoint['add_wire_bytes']:,} B ({ovn_sent}); restart {_s(ours['agent_restart_s'])}"
+        f" against ovn-controller's {_s(theirs['restart']['restart_s'])}; our whole agent"
+        f" {ours['agent_rss_mb']:.0f} MB against ovn-controller {rss['ovn-controller']:.0f} MB,"
+        f" ovn-northd {rss['ovn-northd']:.0f} MB, SB {rss['ovsdb-server-sb']:.0f} MB, NB"
+        f" {rss['ovsdb-server-nb']:.0f} MB. Flows: ours {ours['flows']:,}, OVN's"
+        f" {batched['flows']:,} ({theirs['flows_base']:,} before any load balancer); groups and"
+        f" buckets equal: {same['groups'] and same['buckets']}; the VIP answered from a pod on"
+        f" both: {same['vip_answered']}. Counting ovn-controller's OpenFlow (a proxy on its"
+        f" connections) took {batched.get('tap_parse_s', 0):.2f} s of the bench's time in the"
+        " batched load.",
+        "",
+        "| goal (issue 26) | ratio | goal | |",
+        "|---|---|---|---|",
+    ]
+    for name, row in po["goals"].items():
+        label = _PEER_GOALS.get(name, name)
+        out.append(f"| {label} | {row['ratio']:.3g} | {row['goal']} | {_met(row['met'])} |")
+    return [*out, ""]
+
+
 def _others(report: dict[str, Any]) -> list[str]:
     out = ["### The other scenarios", ""]
     enc = report.get("encode")
@@ -683,6 +743,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *(_scale(report["scale"], report["scale"]["plot"]) if _ok(report, "scale") else []),
         *(_chaos(report["chaos"], report["chaos"]["source"]) if _ok(report, "chaos") else []),
         *_soak(report["soak"] if _ok(report, "soak") else None),
+        *(_peer_ovn(report["peer-ovn"]) if _ok(report, "peer-ovn") else []),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,14 +15,14 @@ from typing import Any
 
 from ovsproxy.lab import EXAMPLES
 from ovsproxy.lab.evidence import RigNode, probe
+from ovsproxy.lab.ports import reserve_port
 from ovsproxy.ovs.sandbox import Sandbox
 from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """Below the ephemeral range: no outgoing connection takes it before the agent binds it."""
+    return reserve_port()
 
 
 def copy_examples(target: Path) -> Path:

@@ -16,6 +16,7 @@ from ovsproxy.healthcheck import (
     ServiceHealthServers,
     desired_health_checks,
 )
+from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import (
     Endpoint,
     ServicePort,
@@ -29,9 +30,7 @@ HOST = "127.0.0.1"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
+    return reserve_port(HOST)
 
 
 def get(port: int, path: str = "/", host: str = HOST) -> tuple[int, dict[str, str], dict]:

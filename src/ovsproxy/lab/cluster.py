@@ -35,7 +35,6 @@ import logging
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses
+from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
 from ovsproxy.ovs.namespaces import NETNS_PREFIX, netns_exists
@@ -79,12 +79,6 @@ def pod_cidrs(index: int) -> tuple[ipaddress.IPv4Network, ipaddress.IPv6Network]
 
 def _host(network: ipaddress.IPv4Network | ipaddress.IPv6Network, n: int) -> str:
     return f"{network[n]}/{network.prefixlen}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the record ---------------------------------------------------------------------------
@@ -460,7 +454,7 @@ class Lab:
         node = self.nodes[node_name]
         if node.agent is not None and node.agent.poll() is None:
             raise LabError(f"{node_name}: its agent already runs (pid {node.agent.pid})")
-        node.metrics_port = _free_port()
+        node.metrics_port = reserve_port()
         log_path = self.workdir / f"agent-{node.name}.log"
         env = {**os.environ, "PYTHONWARNINGS": "ignore"}
         with open(log_path, "ab") as out:

@@ -454,7 +454,7 @@ class Evidence:
                 "coverage/show",
                 lambda: (
                     coverage_lines(sandbox.appctl("coverage/show"))
-                    + port_trouble(sandbox.appctl("dpctl/show", "-s"))
+                    + port_trouble(sandbox.appctl("dpctl/show", "-s", "netdev@ovs-netdev"))
                 ),
             ),
             "drop_flows": _attempt("dump-flows", lambda: drop_flows(sandbox.ofctl("dump-flows"))),
