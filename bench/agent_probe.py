@@ -18,13 +18,15 @@ answers commands read from stdin, one JSON object a line, with one JSON line eac
 Phases (seconds; sums of the wrapped calls, wall time where said):
 
 * list: per informer, the paged list (HTTP, decode and convert, wall), of which ``decode``
-  is the JSON decoder (the agent's: msgspec into ``sources.kubejson``'s Structs, and into
-  dicts for what does not fit them) and ``convert`` the Structs (or dicts) into model values
-  (``kubejson.service_value``/``slice_value``, ``convert_service``/``convert_endpoint_slice``);
+  is the JSON decoder (the agent's: msgspec into ``sources.schema``'s Structs, and into
+  dicts for an object that does not fit them) and ``convert`` the Structs (or dicts) into
+  model values (``kubejson.service_value``/``slice_value``,
+  ``convert_service``/``convert_endpoint_slice``);
   deliver: the list's values handed to the handler (wall), of which ``track`` (the
   tracker's handlers). With another ``decoder`` (``json``, ``orjson``, ``msgspec-dicts``),
-  the agent takes ``kubejson``'s dict path only: that decoder into dicts, then
-  ``convert_service``/``convert_endpoint_slice`` (how the agent listed before the Structs);
+  the agent takes ``kubejson``'s dict codecs: that decoder into dicts, then
+  ``convert_service``/``convert_endpoint_slice`` (``msgspec.convert`` into the Structs, then
+  the one converter);
 * sync: the first full ``Proxier.sync`` (wall), of which ``track`` (checkpoint + snapshot),
   ``build`` (``services.frontend_objects``), ``stage`` (``Datapath.stage``), ``commit``
   (``Datapath.commit``: plan, encode, stream the bundle, OVS's reply); the rest is the
@@ -93,7 +95,7 @@ class Timer:
 
 
 def _decoder(name: str) -> Callable[[Any], Any]:
-    """A decoder into dicts, for ``kubejson``'s dict path."""
+    """A decoder into dicts, for ``kubejson``'s dict codecs."""
     if name == "json":
         return json.loads
     if name == "orjson":

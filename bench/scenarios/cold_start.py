@@ -17,11 +17,12 @@ clock):
 
 Where the time goes: the same agent in ``bench.agent_probe`` (timers around the functions
 that own each phase: list, decode, convert, track, proxier, build, stage, commit). Decoders
-for the API's JSON: ``msgspec`` (what the agent uses: into ``sources.kubejson``'s Structs,
-converted from those), and into dicts converted by ``sources.convert`` (the agent's dict
-path): ``msgspec-dicts`` (what the agent used before the Structs), ``json`` and ``orjson``;
-first on the very list pages the fake serves (decode only), then end to end in the probe
-(spawn to healthy, wall and the agent's CPU time), alternating.
+for the API's JSON: ``msgspec`` (what the agent uses: into ``sources.schema``'s Structs,
+converted from those), and into dicts converted by ``sources.convert`` (through
+``msgspec.convert`` into the same Structs): ``msgspec-dicts`` (what the agent used before
+the Structs), ``json`` and ``orjson``; first on the very list pages the fake serves (decode
+only), then end to end in the probe (spawn to healthy, wall and the agent's CPU time),
+alternating.
 """
 
 from __future__ import annotations

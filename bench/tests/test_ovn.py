@@ -176,8 +176,20 @@ def test_the_ovn_sandbox_records_its_daemons_and_stops_them_all() -> None:
 
 
 def _runs(pid: int, rundir: Path) -> bool:
-    """pid runs one of this sandbox's daemons (a recycled pid would not name its rundir)."""
-    try:
-        return str(rundir) in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
-    except FileNotFoundError:
-        return False
+    """pid runs one of this sandbox's daemons (a recycled pid would not name its rundir).
+
+    A daemon just spawned may still be going through its exec chain (``ip netns exec`` ->
+    ``env`` -> the daemon): while the kernel swaps its image, ``/proc/PID/cmdline`` reads
+    empty (seen: the check failed 1 run in 3 right after the start). Empty means "exec in
+    progress": read again, briefly."""
+    deadline = time.monotonic() + 2
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        except FileNotFoundError:
+            return False
+        if cmdline or time.monotonic() > deadline:
+            return str(rundir) in cmdline
+        time.sleep(0.01)

@@ -610,8 +610,8 @@ def test_parse_ip_edge_cases() -> None:
     assert parse_ip("255.255.255.255") == ipaddress.ip_address("255.255.255.255")
 
 
-# Endpoints as a list sends them, mostly valid, at most one field odd: the plain-endpoint fast
-# path must give exactly what the checked path gives (the same endpoints, or the same errors).
+# Endpoints as a list sends them, mostly valid, at most one field odd: each is converted as
+# its fields say, or refused with errors of that endpoint only.
 endpoint_fields = {
     "addresses": (
         st.one_of(st.tuples(v4).map(list), st.tuples(v4, v4).map(list)),
@@ -669,49 +669,64 @@ def _converted_or_errors(obj: dict[str, Any]) -> Any:
 
 
 @given(one_endpoint(), st.sampled_from(["IPv4", "IPv4", "IPv6", "bogus"]))
-def test_plain_endpoint_fast_path_agrees_with_the_checked_path(endpoint, address_type) -> None:
-    from ovsproxy.sources import convert
-
+def test_an_endpoint_converts_as_its_fields_say_or_is_named(endpoint, address_type) -> None:
     obj = endpoint_slice(endpoints=[endpoint], addressType=address_type)
-    fast = _converted_or_errors(copy.deepcopy(obj))
-    plain = convert._plain_endpoint
-    convert._plain_endpoint = lambda raw, family, parse: None  # every endpoint through the checker
-    try:
-        checked = _converted_or_errors(copy.deepcopy(obj))
-    finally:
-        convert._plain_endpoint = plain
-    assert fast == checked
-
-
-def test_plain_endpoints_take_the_fast_path() -> None:
-    from ovsproxy.model import IPFamily
-    from ovsproxy.sources import convert
-
-    raw = {
-        "addresses": ["10.1.0.5"],
-        "conditions": {"ready": True, "serving": True, "terminating": False},
-        "nodeName": "node-1",
-        "zone": "zone-a",
-        "targetRef": {"kind": "Pod", "name": "web-1"},
-    }
-    base = convert._plain_endpoint(raw, IPFamily.IPv4, convert.parse_ip)
-    assert base == (
-        ipaddress.ip_address("10.1.0.5"),
-        True,
-        True,
-        False,
-        "node-1",
-        "zone-a",
-        frozenset(),
-        frozenset(),
+    before = copy.deepcopy(obj)
+    converted = _converted_or_errors(obj)
+    assert obj == before  # (a broken object is mended in a copy)
+    if isinstance(converted, tuple):
+        assert converted
+        for error in converted:
+            assert (error.kind, error.namespace, error.name) == ("EndpointSlice", "demo", "web-1")
+            assert error.path[:2] == ("endpoints", 0) or error.path == ("addressType",)
+        return
+    [port] = converted.ports
+    [made] = port.endpoints
+    conditions = endpoint.get("conditions") or {}
+    assert made.ip == parse_ip(endpoint["addresses"][0])
+    assert made.ip.version == (4 if address_type == "IPv4" else 6)
+    assert (made.port, made.ready, made.serving, made.terminating) == (
+        8080,
+        conditions.get("ready") is not False,
+        conditions.get("serving") is not False,
+        conditions.get("terminating") is True,
     )
-    assert (
-        convert._plain_endpoint(raw, IPFamily.IPv6, convert.parse_ip) is None
-    )  # the checker reports it
-    assert (
-        convert._plain_endpoint({**raw, "hints": {"forZones": []}}, IPFamily.IPv4, convert.parse_ip)
-        is None
+    assert (made.node_name, made.zone) == (
+        endpoint.get("nodeName") or None,
+        endpoint.get("zone") or None,
     )
+    hints = endpoint.get("hints") or {}
+    assert made.hint_zones == {h["name"] for h in hints.get("forZones", ())}
+
+
+def test_every_field_of_the_wrong_type_is_named_once_with_its_value() -> None:
+    port = {"name": "a", "port": "80"}  # one object in two places, as a YAML alias gives it
+    obj = service(ports=[port, port, 5], clusterIPs=[7], sessionAffinity=["ClientIP"])
+    obj["metadata"]["labels"] = {"app": 1}
+    with pytest.raises(InvalidObjectError) as info:
+        convert_service(obj)
+    # The fields of the wrong type first (in the object's order), then the converter's
+    # errors; where it would say more of a field read as missing (item 5 has no name and no
+    # port, clusterIPs[0] does not equal clusterIP), it says nothing.
+    assert [(e.field, e.value, e.message) for e in info.value.errors] == [
+        ("metadata.labels", {"app": 1}, "must map strings to strings"),
+        ("spec.ports[0].port", "80", "must be a port number between 1 and 65535"),
+        ("spec.ports[1].port", "80", "must be a port number between 1 and 65535"),
+        ("spec.ports[2]", 5, "must be a mapping"),
+        ("spec.clusterIPs[0]", 7, "not a valid IP address"),
+        ("spec.sessionAffinity", ["ClientIP"], "must be one of None, ClientIP"),
+        ("spec.ports[1].name", "a", "duplicate of spec.ports[0].name"),
+    ]
+
+
+def test_a_wrong_type_is_not_reported_where_it_is_not_read() -> None:
+    # A Service for another proxy: its spec is not validated, whatever its types.
+    obj = service(ports=[{"port": "80"}])
+    obj["metadata"]["labels"] = {SERVICE_PROXY_NAME_LABEL: "p"}
+    assert convert_service(obj).ports == ()
+    # sessionAffinityConfig counts only with ClientIP affinity
+    assert convert_service(service(sessionAffinityConfig=[])).ports
+    assert errors_of(convert_service, service(sessionAffinity="ClientIP", sessionAffinityConfig=[]))
 
 
 def test_creation_timestamp_is_unix_seconds_on_every_port_and_a_bad_one_is_named() -> None:

@@ -1,5 +1,6 @@
-"""The API's JSON through msgspec Structs (``kubejson``) against ``convert``'s dict path: the
-same values for valid objects, the same errors for bad ones, no dicts for plain objects."""
+"""The API's JSON through msgspec Structs (``kubejson``) and the one converter: plain objects
+never become dicts, a bad object is refused at its first bad field (the one ``convert``
+names first when it names them all) and the others of its page go on."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from ovsproxy.sources.convert import (
     SERVICE_NAME_LABEL,
     SERVICE_PROXY_NAME_LABEL,
     TRIGGER_TIME_ANNOTATION,
+    convert_endpoint_slice,
+    convert_service,
 )
 
 # -- objects as the API server sends them ------------------------------------------------
@@ -115,12 +118,13 @@ def comparable(items: list[tuple[Any, str, Any]]) -> list[Any]:
 
 @pytest.fixture
 def dict_path_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail if anything takes the dict path (plain objects must not)."""
+    """Fail if anything reads an object as plain JSON (plain objects must not)."""
 
     def refused(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the dict path was taken")
+        raise AssertionError("an object was read as plain JSON")
 
     monkeypatch.setattr(kubejson, "decode_json", refused)
+    monkeypatch.setattr(kubejson, "structure", refused)
     monkeypatch.setattr(kubejson, "convert_service", refused)
     monkeypatch.setattr(kubejson, "convert_endpoint_slice", refused)
 
@@ -143,7 +147,9 @@ def test_plain_api_objects_take_no_dict_path(dict_path_refused: None) -> None:
     assert endpoint_slice.trigger_time is not None
 
 
-def test_typed_and_dict_paths_agree_on_api_objects() -> None:
+def test_json_and_dicts_give_the_same_values() -> None:
+    """The Structs decoded from JSON and converted from dicts (``msgspec.convert``, as
+    manifests go in) are one schema."""
     body = page("ServiceList", [api_service(i) for i in range(1, 4)])
     typed = kubejson.service_codec().page(body)
     plain = kubejson.dict_service_codec().page(body)
@@ -167,10 +173,10 @@ def test_repeated_strings_are_shared_across_objects(dict_path_refused: None) -> 
 @pytest.mark.parametrize(
     "bad,field,value",
     [
-        # a JSON type the Structs do not take: the page goes through the dict path
+        # a JSON type the Structs do not take: named by ``convert.structure``
         ({"ports": [{"name": "http", "port": "80"}]}, "spec.ports[0].port", "80"),
         ({"clusterIPs": "10.96.0.9"}, "spec.clusterIPs", "10.96.0.9"),
-        # a value the Struct converter does not take: that object through the dict path
+        # a value the converter does not take
         ({"ports": [{"name": "http", "port": 70000}]}, "spec.ports[0].port", 70000),
         ({"externalTrafficPolicy": "Global"}, "spec.externalTrafficPolicy", "Global"),
     ],
@@ -235,7 +241,7 @@ def test_watch_events(dict_path_refused: None) -> None:
     assert codec.event(json.dumps(bookmark)).resource_version == "9"
 
 
-def test_watch_events_that_do_not_fit_go_the_dict_path() -> None:
+def test_watch_events_that_do_not_fit_the_structs() -> None:
     codec = kubejson.service_codec()
     error = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "message": "too old"}}
     assert codec.event(json.dumps(error)).status == error["object"]
@@ -250,7 +256,7 @@ def test_watch_events_that_do_not_fit_go_the_dict_path() -> None:
     assert (deleted.type, deleted.key) == ("DELETED", ("demo", ""))
 
 
-# -- the two paths agree on generated objects --------------------------------------------
+# -- generated objects: the agent's first error is the first of every error ---------------
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 70000) | st.text(max_size=6),
@@ -508,23 +514,41 @@ def slices(draw: Any) -> dict[str, Any]:
 SLOW = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _agree(typed: Any, plain: Any, kind: str, objects: list[Any]) -> None:
+def _refusals(value: Any) -> Any:
+    return value.errors if isinstance(value, InvalidObjectError) else value
+
+
+def _agree(codec: Any, convert_object: Any, kind: str, objects: list[Any]) -> None:
+    """The codec's page and watch event give each object what ``convert_object`` (every bad
+    field reported) gives it, except that a refusal names only the first bad field."""
     body = page(kind, objects)
-    assert comparable(typed.page(body).items) == comparable(plain.page(body).items)
-    for obj in objects:
+    items = codec.page(body).items
+    assert len(items) == len(objects)
+    for obj, (key, rv, value) in zip(objects, items, strict=True):
         line = json.dumps({"type": "MODIFIED", "object": obj})
-        a, b = typed.event(line), plain.event(line)
-        assert comparable([(a.key, a.resource_version, a.value)]) == comparable(
-            [(b.key, b.resource_version, b.value)]
-        )
+        event = codec.event(line)
+        assert (event.key, event.resource_version) == (key, rv)
+        assert comparable([(key, rv, event.value)]) == comparable([(key, rv, value)])
+        try:
+            every: Any = convert_object(json.loads(json.dumps(obj)))
+        except InvalidObjectError as exc:
+            every = exc
+        if isinstance(every, InvalidObjectError):
+            assert isinstance(value, InvalidObjectError)
+            assert value.errors == every.errors[:1]
+        else:
+            assert comparable([(key, rv, value)]) == comparable([(key, rv, every)])
+            assert key == (every.namespace, every.name)
 
 
 @SLOW
 @given(st.lists(services(), min_size=1, max_size=3), st.sampled_from([None, "other"]))
-def test_both_paths_agree_on_services(objects: list[Any], proxy_name: str | None) -> None:
+def test_the_agent_refuses_a_service_at_its_first_bad_field(
+    objects: list[Any], proxy_name: str | None
+) -> None:
     _agree(
         kubejson.service_codec(proxy_name),
-        kubejson.dict_service_codec(proxy_name),
+        lambda obj: convert_service(obj, service_proxy_name=proxy_name),
         "ServiceList",
         objects,
     )
@@ -532,10 +556,5 @@ def test_both_paths_agree_on_services(objects: list[Any], proxy_name: str | None
 
 @SLOW
 @given(st.lists(slices(), min_size=1, max_size=3))
-def test_both_paths_agree_on_endpoint_slices(objects: list[Any]) -> None:
-    _agree(
-        kubejson.endpoint_slice_codec(),
-        kubejson.dict_endpoint_slice_codec(),
-        "EndpointSliceList",
-        objects,
-    )
+def test_the_agent_refuses_a_slice_at_its_first_bad_field(objects: list[Any]) -> None:
+    _agree(kubejson.endpoint_slice_codec(), convert_endpoint_slice, "EndpointSliceList", objects)

@@ -1,8 +1,13 @@
-"""Kubernetes objects (plain dicts, from YAML or the API) into the model, with validation.
+"""The one converter: Services and EndpointSlices, as the Structs of ``schema``, into model
+values, with validation.
 
-Pure functions. ``convert_service`` and ``convert_endpoint_slice`` either return a model
-value or raise ``InvalidObjectError`` listing every bad field of the object (kind,
-namespace/name, field path, value, why), so ``ovsproxy check`` can show them all at once.
+Pure functions. ``service_value`` and ``slice_value`` run every check of an object and tell
+each failure to a ``report.Report`` (field path, value, why), which refuses the object
+(``InvalidObjectError``, naming kind, namespace/name and each field) at the first bad field
+(the agent's API path) or with all of them (manifests, ``ovsproxy check``). Dicts (a
+manifest's objects) go in through ``structure`` (``msgspec.convert``, every field of the
+wrong type named): ``convert_service`` and ``convert_endpoint_slice`` report every bad
+field at once.
 
 Semantics follow kube-proxy: one ``ServicePort`` per Service port, keyed by
 (namespace, name, port name, protocol); EndpointSlice ports match Service ports by name and
@@ -19,9 +24,12 @@ import ipaddress
 import logging
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from sys import intern
+from typing import Any, TypeVar
+
+import msgspec
 
 from ovsproxy.model import (
     Endpoint,
@@ -38,11 +46,18 @@ from ovsproxy.model import (
     TrafficDistribution,
     TrafficPolicy,
 )
-from ovsproxy.model.problems import (
-    FieldPath,
-    InvalidObjectError,
-    SourceLocation,
-    ValidationError,
+from ovsproxy.model.problems import FieldPath, SourceLocation
+from ovsproxy.sources.report import Report
+from ovsproxy.sources.schema import (
+    DEFAULT_NAMESPACE,
+    EndpointSpec,
+    Hint,
+    ServiceMeta,
+    ServiceObject,
+    ServiceSpec,
+    ServiceStatus,
+    SliceMeta,
+    SliceObject,
 )
 
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
@@ -84,7 +99,6 @@ PROXY_LABEL_SELECTOR = proxy_label_selector()
 
 DEFAULT_AFFINITY_TIMEOUT = 10800  # the API server's default for ClientIP affinity
 MAX_AFFINITY_TIMEOUT = 86400
-DEFAULT_NAMESPACE = "default"
 
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
@@ -192,126 +206,698 @@ def parse_ip_text(text: str) -> IPAddress | None:
         return None
 
 
-class _Checker:
-    """Collects the validation errors of one object (``ip``: how it parses addresses)."""
+# -- why a field is wrong: one sentence per rule, for the converter and ``structure`` alike --
 
-    __slots__ = ("errors", "ip", "kind", "location", "name", "namespace")
+PORT_NUMBER = "must be a port number between 1 and 65535"
+AFFINITY_TIMEOUT = f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds"
+NOT_AN_IP = "not a valid IP address"
+NOT_A_CIDR = "not a valid CIDR (e.g. 10.0.0.0/8)"
+A_FAMILY = "must be IPv4 or IPv6"
+ADDRESS_TYPE = "must be IPv4, IPv6 or FQDN"
+DNS_LABEL_WHY = "must be a DNS label"
+OBJECT_NAME = "required, a lower-case DNS name"
+LABELS = "must map strings to strings"
+SPEC = "required, a mapping"
+SERVICE_PORTS = "required, a list of at least one port"
+HINT_NAME = "required, a string"
+TARGET_PORT = "must be a port number or an IANA port name"
+AFFINITIES = {"None": 0, "ClientIP": 1}
+FAMILY_POLICIES = {"SingleStack": 1, "PreferDualStack": 0, "RequireDualStack": 2}
+INGRESS_MODES = {"VIP": "VIP", "Proxy": "Proxy"}
 
-    def __init__(
-        self, kind: str, location: SourceLocation | None, ips: ParsedIPs | None = None
-    ) -> None:
-        self.ip: Callable[[object], IPAddress | None] = ips if ips is not None else parse_ip
-        self.kind = kind
-        self.namespace = ""
-        self.name = ""
-        self.location = location
-        self.errors: list[ValidationError] = []
 
-    def error(self, path: FieldPath, value: Any, message: str) -> None:
-        self.errors.append(
-            ValidationError(
-                kind=self.kind,
-                namespace=self.namespace,
-                name=self.name or "<unnamed>",
-                path=path,
-                value=value,
-                message=message,
-                location=self.location,
+def one_of(choices: Mapping[str, Any]) -> str:
+    return f"must be one of {', '.join(choices)}"
+
+
+# -- dicts into the Structs, naming every field of the wrong type ---------------------------
+
+_Struct = TypeVar("_Struct", ServiceObject, SliceObject)
+
+# Why a field of the wrong type is wrong, by its key (the same words the converter uses for
+# a bad value of the right type), else by the type expected.
+_WHY_BY_KEY = {
+    "port": PORT_NUMBER,
+    "nodePort": PORT_NUMBER,
+    "targetPort": PORT_NUMBER,
+    "healthCheckNodePort": PORT_NUMBER,
+    "timeoutSeconds": AFFINITY_TIMEOUT,
+    "type": one_of(SERVICE_TYPES),
+    "protocol": one_of(PROTOCOLS),
+    "sessionAffinity": one_of(AFFINITIES),
+    "internalTrafficPolicy": one_of(TRAFFIC_POLICIES),
+    "externalTrafficPolicy": one_of(TRAFFIC_POLICIES),
+    "trafficDistribution": one_of(TRAFFIC_DISTRIBUTIONS),
+    "ipFamilyPolicy": one_of(FAMILY_POLICIES),
+    "ipMode": one_of(INGRESS_MODES),
+    "addressType": ADDRESS_TYPE,
+    "labels": LABELS,
+    "spec": SPEC,
+    "ip": NOT_AN_IP,
+}
+_WHY_BY_LIST = {  # an item of these lists
+    "clusterIPs": NOT_AN_IP,
+    "externalIPs": NOT_AN_IP,
+    "addresses": NOT_AN_IP,
+    "ipFamilies": A_FAMILY,
+    "loadBalancerSourceRanges": NOT_A_CIDR,
+}
+_WHY_BY_TYPE = {
+    "object": "must be a mapping",
+    "array": "must be a list",
+    "bool": "must be true or false",
+    "str": "must be a string",
+}
+_ERROR_AT = re.compile(r"Expected `([^`| ]*)[^`]*`.* - at (?:`key` in )?`\$([^`]*)`\Z")
+_PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def structure(obj: Mapping[str, Any], cls: type[_Struct], report: Report) -> _Struct:
+    """``obj`` (a YAML or JSON object as dicts) as a ``cls``. A field of the wrong type is
+    left to ``report`` (``typed``, reported when the converter comes to it) and read as
+    missing (an item of a list: as an empty one), so every such field is named at once."""
+    try:
+        return msgspec.convert(obj, cls)
+    except msgspec.ValidationError as exc:
+        error = str(exc)
+    fixed: Any = _copied(obj)  # (only a broken object is copied)
+    covered: list[FieldPath] = []
+    for _ in range(1000):
+        found = _ERROR_AT.match(error)
+        if found is None:
+            raise ValueError(f"{report.kind} does not fit its schema: {error}")
+        expected, text = found.groups()
+        path: list[str | int] = []
+        for key, index in _PATH_PART.findall(text):
+            if key:
+                path.append(key)
+            elif index == "...":  # a value in a map: the map (only labels are typed maps)
+                break
+            else:
+                path.append(int(index))
+        parent = fixed
+        for part in path[:-1]:
+            parent = parent[part]
+        if not path or (" in `$" in error and path[-1] != "labels"):
+            # A key that is no string: no field the Structs declare, so ignored.
+            target = parent[path[-1]] if path else parent
+            for key in [key for key in target if not isinstance(key, str)]:
+                del target[key]
+        else:
+            last = path[-1]
+            value = parent[last]
+            where: FieldPath = tuple(path)
+            why = _why(where, expected)
+            if type(last) is int and path[-2] in ("forZones", "forNodes"):
+                report.typed.append(((*where, "name"), None, HINT_NAME))  # as the API says
+            else:
+                report.typed.append((where, value, why))
+            covered.append(where)
+            if type(last) is int:
+                parent[last] = {} if expected == "object" else ""
+            else:
+                del parent[last]
+        try:
+            result = msgspec.convert(fixed, cls)
+        except msgspec.ValidationError as exc:
+            error = str(exc)
+            continue
+        report.covered = tuple(covered)
+        return result
+    raise ValueError(f"{report.kind} does not fit its schema: {error}")  # pragma: no cover
+
+
+def _copied(value: Any) -> Any:
+    """``value``'s dicts and lists, copied; unlike deepcopy, a YAML alias's one object read
+    twice is copied twice (each place is checked, and mended, on its own)."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
+
+
+def _why(path: FieldPath, expected: str) -> str:
+    last = path[-1]
+    if type(last) is int:
+        why = _WHY_BY_LIST.get(str(path[-2]))
+    elif last == "name" and path[0] == "metadata":
+        why = OBJECT_NAME
+    elif last == "namespace":
+        why = DNS_LABEL_WHY
+    elif last == "ports" and path[0] == "spec":
+        why = SERVICE_PORTS
+    else:
+        why = _WHY_BY_KEY.get(str(last))
+    return why or _WHY_BY_TYPE.get(expected, f"must be of type {expected}")
+
+
+# -- the one converter: Structs into model values, every check reported to ``report`` --------
+
+
+class Namespaces:
+    """The namespaces a codec has found valid, each checked once (a cluster has few)."""
+
+    __slots__ = ("_valid",)
+
+    def __init__(self) -> None:
+        self._valid: set[str] = set()
+
+    def valid(self, namespace: str) -> bool:
+        valid = self._valid
+        if namespace in valid:
+            return True
+        if not (DNS_LABEL.match(namespace) and len(namespace) <= 63):
+            return False
+        if len(valid) < 4096:
+            valid.add(intern(namespace))
+        return True
+
+
+_NO_SERVICE_META = ServiceMeta()
+_NO_SLICE_META = SliceMeta()
+_IPFn = Callable[[str], IPAddress | None]
+
+
+def _metadata(
+    meta: ServiceMeta | SliceMeta,
+    report: Report,
+    name_pattern: re.Pattern[str],
+    namespaces: Namespaces | None,
+) -> tuple[str, str]:
+    """The object's (namespace, name), checked; told to ``report`` for its errors."""
+    name, namespace = meta.name, meta.namespace
+    report.name = name or ""
+    report.namespace = namespace if namespace is not None else ""
+    if report.typed:
+        report.typed_bad(("metadata",))
+    if namespace is not None and (
+        namespaces.valid(namespace)
+        if namespaces is not None
+        else DNS_LABEL.match(namespace) and len(namespace) <= 63
+    ):
+        namespace = report.namespace = intern(namespace)
+    else:
+        report.namespace = str(namespace)
+        report.bad(("metadata", "namespace"), namespace, DNS_LABEL_WHY)
+        namespace = report.namespace
+    if name is None or not (name_pattern.match(name) and len(name) <= 253):
+        report.bad(("metadata", "name"), name, OBJECT_NAME)
+        name = name or ""
+    return namespace, name
+
+
+def ignored_reason(obj: ServiceObject, service_proxy_name: str | None = None) -> str | None:
+    """Why a proxy named ``service_proxy_name`` (None: kube-proxy's default, no name) would
+    not program this Service, or None when it would (``proxy_label_selector``'s rule)."""
+    meta = obj.metadata
+    labels = meta.labels if meta is not None and meta.labels is not None else {}
+    if labels:
+        proxy = labels.get(SERVICE_PROXY_NAME_LABEL)
+        if service_proxy_name and proxy != service_proxy_name:
+            if proxy is None:
+                return f"not labelled {SERVICE_PROXY_NAME_LABEL}={service_proxy_name}"
+            return f"handled by proxy {proxy!r}"
+        if not service_proxy_name and SERVICE_PROXY_NAME_LABEL in labels:
+            return f"handled by proxy {proxy!r}"
+        if HEADLESS_LABEL in labels:
+            return f"labelled {HEADLESS_LABEL}"
+    elif service_proxy_name:
+        return f"not labelled {SERVICE_PROXY_NAME_LABEL}={service_proxy_name}"
+    spec = obj.spec
+    if spec is None:
+        return None
+    if spec.type == "ExternalName":
+        return "ExternalName"
+    if spec.cluster_ip == "None" or (spec.cluster_ips and spec.cluster_ips[0] == "None"):
+        return "headless"
+    return None
+
+
+def _choice(value: str | None, choices: Mapping[str, Any], report: Report, path: FieldPath) -> Any:
+    """The choice ``value`` names; None when not given (or not one of them: reported)."""
+    if value is None:
+        return None
+    found = choices.get(value)
+    if found is None:
+        report.bad(path, value, one_of(choices))
+    return found
+
+
+def service_value(
+    obj: ServiceObject,
+    report: Report,
+    *,
+    service_proxy_name: str | None = None,
+    namespaces: Namespaces | None = None,
+    ip: _IPFn = parse_ip_text,
+) -> Service:
+    """A v1 Service into a ``Service`` with one ``ServicePort`` per port; its bad fields told
+    to ``report``, which refuses it (``InvalidObjectError``). An ignored Service (see
+    ``ignored_reason``) converts to one with no ports after its metadata is checked."""
+    meta = obj.metadata or _NO_SERVICE_META
+    namespace, name = _metadata(meta, report, DNS1035_LABEL, namespaces)
+    created = None
+    if meta.creation_timestamp is not None:
+        # It decides which of two Services claiming one port keeps it: a malformed one is
+        # an error.
+        created = parse_time(meta.creation_timestamp)
+        if created is None:
+            report.bad(
+                ("metadata", "creationTimestamp"),
+                meta.creation_timestamp,
+                "must be an RFC 3339 time with an offset",
+            )
+    if ignored_reason(obj, service_proxy_name) is not None:
+        report.done()
+        return Service(namespace, name)
+    spec = obj.spec
+    if report.typed:
+        if spec is None or spec.session_affinity != "ClientIP":
+            report.drop_typed(("spec", "sessionAffinityConfig"))
+        report.typed_bad()
+    if spec is None:
+        report.bad(("spec",), None, SPEC)
+        report.done()
+        raise AssertionError  # unreachable: an error was just reported
+
+    service_type = (
+        _choice(spec.type, SERVICE_TYPES, report, ("spec", "type")) or ServiceType.CLUSTER_IP
+    )
+    cluster_ips = _cluster_ips(spec, report, ip)
+    external_ips = _ip_list(spec.external_ips, report, ("spec", "externalIPs"), ip)
+    lb_ips = _load_balancer_ips(obj.status, report, ip)
+    affinity = _choice(spec.session_affinity, AFFINITIES, report, ("spec", "sessionAffinity"))
+    if affinity:
+        config = spec.session_affinity_config
+        client_ip = config.client_ip if config is not None else None
+        timeout = client_ip.timeout_seconds if client_ip is not None else None
+        if timeout is None:
+            affinity = DEFAULT_AFFINITY_TIMEOUT
+        elif 0 < timeout <= MAX_AFFINITY_TIMEOUT:
+            affinity = timeout
+        else:
+            report.bad(
+                ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds"),
+                timeout,
+                AFFINITY_TIMEOUT,
+            )
+    affinity = affinity or 0
+    policies = TRAFFIC_POLICIES
+    internal_policy = (
+        _choice(spec.internal_traffic_policy, policies, report, ("spec", "internalTrafficPolicy"))
+        or TrafficPolicy.CLUSTER
+    )
+    external_policy = (
+        _choice(spec.external_traffic_policy, policies, report, ("spec", "externalTrafficPolicy"))
+        or TrafficPolicy.CLUSTER
+    )
+    distribution = _choice(
+        spec.traffic_distribution, TRAFFIC_DISTRIBUTIONS, report, ("spec", "trafficDistribution")
+    )
+    source_ranges = _source_ranges(spec.load_balancer_source_ranges, service_type, report)
+    health_check_port = spec.health_check_node_port or 0
+    if health_check_port:
+        if not 1 <= health_check_port <= 65535:
+            report.bad(("spec", "healthCheckNodePort"), health_check_port, PORT_NUMBER)
+            health_check_port = 0
+        elif not (
+            service_type is ServiceType.LOAD_BALANCER and external_policy is TrafficPolicy.LOCAL
+        ):
+            # The API server's rule; kube-proxy serves it only for such a Service.
+            report.bad(
+                ("spec", "healthCheckNodePort"),
+                health_check_port,
+                "may only be set for type LoadBalancer with externalTrafficPolicy Local",
+            )
+            health_check_port = 0
+
+    raw_ports = spec.ports
+    if not raw_ports:
+        report.bad(("spec", "ports"), raw_ports, SERVICE_PORTS)
+        raw_ports = []
+    node_ports_allowed = service_type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER)
+    several = len(raw_ports) > 1
+    seen_names: dict[str, int] = {}
+    seen_ports: dict[tuple[int, Protocol], int] = {}
+    seen_node_ports: dict[tuple[int, Protocol], int] = {}
+    ports: list[ServicePort] = []
+    for index, raw in enumerate(raw_ports):
+        port_name = raw.name or ""
+        if not port_name:
+            if several:
+                report.bad(
+                    ("spec", "ports", index, "name"),
+                    None,
+                    "required when the Service has several ports",
+                )
+        elif not (len(port_name) <= 63 and DNS_LABEL.match(port_name)):
+            report.bad(("spec", "ports", index, "name"), port_name, DNS_LABEL_WHY)
+        elif port_name in seen_names:
+            report.bad(
+                ("spec", "ports", index, "name"),
+                port_name,
+                f"duplicate of spec.ports[{seen_names[port_name]}].name",
+            )
+        else:
+            port_name = intern(port_name)
+        seen_names.setdefault(port_name, index)
+        protocol = PROTOCOLS.get(raw.protocol or "TCP")
+        if protocol is None:
+            report.bad(("spec", "ports", index, "protocol"), raw.protocol, one_of(PROTOCOLS))
+            protocol = Protocol.TCP
+        port = raw.port
+        if port is None:
+            report.bad(("spec", "ports", index, "port"), None, "required")
+            port = 0
+        elif not 1 <= port <= 65535:
+            report.bad(("spec", "ports", index, "port"), port, PORT_NUMBER)
+            port = 0
+        elif (port, protocol) in seen_ports:
+            other = seen_ports[port, protocol]
+            report.bad(
+                ("spec", "ports", index, "port"),
+                port,
+                f"duplicate of spec.ports[{other}] ({protocol})",
+            )
+        seen_ports.setdefault((port, protocol), index)
+        target = raw.target_port
+        if target is not None:
+            if type(target) is str:
+                if not valid_named_port(target):
+                    report.bad(("spec", "ports", index, "targetPort"), target, TARGET_PORT)
+            elif not 1 <= target <= 65535:  # type: ignore[operator]
+                report.bad(("spec", "ports", index, "targetPort"), target, PORT_NUMBER)
+        node_port = raw.node_port or 0
+        if node_port:
+            if not 1 <= node_port <= 65535:
+                report.bad(("spec", "ports", index, "nodePort"), node_port, PORT_NUMBER)
+                node_port = 0
+            elif not node_ports_allowed:
+                report.bad(
+                    ("spec", "ports", index, "nodePort"),
+                    node_port,
+                    f"may not be set for a Service of type {service_type}",
+                )
+                node_port = 0
+            elif (node_port, protocol) in seen_node_ports:
+                other = seen_node_ports[node_port, protocol]
+                report.bad(
+                    ("spec", "ports", index, "nodePort"),
+                    node_port,
+                    f"duplicate of spec.ports[{other}].nodePort",
+                )
+            else:
+                seen_node_ports[node_port, protocol] = index
+        ports.append(
+            ServicePort(
+                name=ServicePortName(namespace, name, port_name, protocol),
+                cluster_ips=cluster_ips,
+                port=port,
+                protocol=protocol,
+                affinity_timeout=affinity,
+                internal_traffic_policy=internal_policy,
+                external_traffic_policy=external_policy,
+                type=service_type,
+                node_port=node_port,
+                external_ips=external_ips,
+                load_balancer_ips=lb_ips,
+                traffic_distribution=distribution,
+                health_check_node_port=health_check_port,
+                load_balancer_source_ranges=source_ranges,
+                created=created,
             )
         )
+    report.done()
+    return Service(namespace, name, tuple(ports))
 
-    def raise_if_any(self) -> None:
-        if self.errors:
-            raise InvalidObjectError(tuple(self.errors))
 
-    # typed getters: return the value, or the default after recording an error
+def _cluster_ips(spec: ServiceSpec, report: Report, parse: _IPFn) -> tuple[IPAddress, ...]:
+    """spec.clusterIP / clusterIPs / ipFamilies / ipFamilyPolicy, checked against each other."""
+    single = spec.cluster_ip or ""
+    listed = spec.cluster_ips or []
+    if listed and single and listed[0] != single:
+        report.bad(("spec", "clusterIPs", 0), listed[0], f"must equal spec.clusterIP {single!r}")
+    if listed:
+        raw = listed
+    elif single:
+        raw = [single]
+    else:
+        # The API server allocates one; from a manifest, nothing ever will.
+        report.bad(("spec", "clusterIP"), None, "required (no allocator assigns one here)")
+        return ()
+    parsed = [parse(text) for text in raw]
+    for index, ip in enumerate(parsed):
+        if ip is None:
+            path: FieldPath = ("spec", "clusterIPs", index) if listed else ("spec", "clusterIP")
+            report.bad(path, raw[index], NOT_AN_IP)
+    ips = tuple([ip for ip in parsed if ip is not None])
+    if len(raw) > 2:
+        report.bad(("spec", "clusterIPs"), raw, "at most two, one per IP family")
+    elif len(ips) == 2 and ips[0].version == ips[1].version:
+        report.bad(("spec", "clusterIPs"), raw, "a dual-stack pair needs one IPv4 and one IPv6")
+    families = spec.ip_families
+    if families:
+        for index, family_name in enumerate(families):
+            family = FAMILY_NAMES.get(family_name)
+            if family is None:
+                report.bad(("spec", "ipFamilies", index), family_name, A_FAMILY)
+            elif index < len(raw) and (ip := parsed[index]) is not None and ip.version != family:
+                report.bad(
+                    ("spec", "ipFamilies", index),
+                    family_name,
+                    f"family mismatch: ClusterIP {raw[index]} is IPv{ip.version}",
+                )
+        if len(families) != len(raw):
+            report.bad(
+                ("spec", "ipFamilies"), families, f"must list one family per ClusterIP ({len(raw)})"
+            )
+    policy = _choice(spec.ip_family_policy, FAMILY_POLICIES, report, ("spec", "ipFamilyPolicy"))
+    if policy == 1 and len(raw) > 1:
+        report.bad(("spec", "ipFamilyPolicy"), "SingleStack", "SingleStack with two ClusterIPs")
+    elif policy == 2 and len(raw) < 2:
+        report.bad(("spec", "ipFamilyPolicy"), "RequireDualStack", "needs two ClusterIPs")
+    return ips
 
-    def mapping(self, parent: Mapping[str, Any], key: str, path: FieldPath) -> Mapping[str, Any]:
-        value = parent.get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            self.error((*path, key), value, "must be a mapping")
-            return {}
-        return value
 
-    def sequence(self, parent: Mapping[str, Any], key: str, path: FieldPath) -> list[Any]:
-        value = parent.get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            self.error((*path, key), value, "must be a list")
-            return []
-        return value
+def _ip_list(
+    texts: list[str] | None, report: Report, path: FieldPath, parse: _IPFn
+) -> tuple[IPAddress, ...]:
+    if not texts:
+        return ()
+    out: list[IPAddress] = []
+    for index, text in enumerate(texts):
+        ip = parse(text)
+        if ip is None:
+            report.bad((*path, index), text, NOT_AN_IP)
+        elif ip not in out:
+            out.append(ip)
+    return tuple(out)
 
-    def string(
-        self, parent: Mapping[str, Any], key: str, path: FieldPath, default: str = ""
-    ) -> str:
-        value = parent.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            self.error((*path, key), value, "must be a string")
-            return default
-        return value
 
-    def boolean(self, parent: Mapping[str, Any], key: str, path: FieldPath, default: bool) -> bool:
-        value = parent.get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            self.error((*path, key), value, "must be true or false")
-            return default
-        return value
+def _source_ranges(
+    texts: list[str] | None, service_type: ServiceType, report: Report
+) -> tuple[IPNetwork, ...]:
+    """spec.loadBalancerSourceRanges: CIDRs (host bits allowed and masked, surrounding
+    whitespace trimmed, as the API server and kube-proxy parse them), for type LoadBalancer."""
+    if not texts:
+        return ()
+    if service_type is not ServiceType.LOAD_BALANCER:
+        report.bad(
+            ("spec", "loadBalancerSourceRanges"), texts, "may only be set for type LoadBalancer"
+        )
+        return ()
+    out: list[IPNetwork] = []
+    for index, text in enumerate(texts):
+        network = parse_cidr(text)
+        if network is None:
+            report.bad(("spec", "loadBalancerSourceRanges", index), text, NOT_A_CIDR)
+        elif network not in out:
+            out.append(network)
+    return tuple(out)
 
-    def port_number(
-        self, parent: Mapping[str, Any], key: str, path: FieldPath, *, required: bool
-    ) -> int:
-        value = parent.get(key)
-        if value is None:
-            if required:
-                self.error((*path, key), None, "required")
-            return 0
-        # bool is an int in Python; YAML's `port: yes` is not a port.
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
-            self.error((*path, key), value, "must be a port number between 1 and 65535")
-            return 0
-        return value
 
-    def choice(
-        self, parent: Mapping[str, Any], key: str, path: FieldPath, choices: Mapping[str, Any]
-    ) -> Any:
-        value = parent.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or value not in choices:
-            allowed = ", ".join(choices)
-            self.error((*path, key), value, f"must be one of {allowed}")
-            return None
-        return choices[value]
+def _load_balancer_ips(
+    status: ServiceStatus | None, report: Report, parse: _IPFn
+) -> tuple[IPAddress, ...]:
+    lb = status.load_balancer if status is not None else None
+    if lb is None or not lb.ingress:
+        return ()
+    out: list[IPAddress] = []
+    for index, ingress in enumerate(lb.ingress):
+        mode = None
+        if ingress.ip_mode is not None:
+            path = ("status", "loadBalancer", "ingress", index, "ipMode")
+            mode = _choice(ingress.ip_mode, INGRESS_MODES, report, path)
+        text = ingress.ip
+        if text is None:
+            continue  # a hostname-only ingress has no address to program
+        ip = parse(text)
+        if ip is None:
+            report.bad(("status", "loadBalancer", "ingress", index, "ip"), text, NOT_AN_IP)
+        elif mode != "Proxy" and ip not in out:
+            # ipMode Proxy: the load balancer proxies, so nodes must not capture the VIP.
+            out.append(ip)
+    return tuple(out)
 
-    def metadata(self, obj: Mapping[str, Any], name_pattern: re.Pattern[str]) -> Mapping[str, Any]:
-        meta = self.mapping(obj, "metadata", ())
-        name = meta.get("name")
-        namespace = meta.get("namespace", DEFAULT_NAMESPACE)
-        if isinstance(namespace, str) and DNS_LABEL.match(namespace) and len(namespace) <= 63:
-            self.namespace = namespace
+
+def slice_value(
+    obj: SliceObject,
+    report: Report,
+    *,
+    namespaces: Namespaces | None = None,
+    ip: _IPFn | None = None,
+) -> EndpointSlice:
+    """A discovery.k8s.io/v1 EndpointSlice into an ``EndpointSlice`` of per-port endpoints;
+    its bad fields told to ``report``, which refuses it (``InvalidObjectError``). An FQDN
+    slice converts to one without ports (nothing to program)."""
+    meta = obj.metadata or _NO_SLICE_META
+    namespace, name = _metadata(meta, report, DNS_SUBDOMAIN, namespaces)
+    labels = meta.labels
+    service = labels.get(SERVICE_NAME_LABEL) if labels is not None else None
+    if not service:
+        report.bad(
+            ("metadata", "labels", SERVICE_NAME_LABEL), service, "required: the Service name"
+        )
+        service = ""
+    address_type = obj.address_type
+    if address_type == "FQDN":
+        report.done()
+        return EndpointSlice(namespace, name, service)
+    if report.typed:
+        report.typed_bad()
+    family = FAMILY_NAMES.get(address_type) if address_type is not None else None
+    if family is None:
+        report.bad(("addressType",), address_type, ADDRESS_TYPE)
+
+    port_specs: list[tuple[str, Protocol, int]] = []
+    seen: dict[tuple[str, Protocol], int] = {}
+    for index, raw_port in enumerate(obj.ports or ()):
+        port_name = intern(raw_port.name or "")
+        protocol = PROTOCOLS.get(raw_port.protocol or "TCP")
+        if protocol is None:
+            report.bad(("ports", index, "protocol"), raw_port.protocol, one_of(PROTOCOLS))
+            protocol = Protocol.TCP
+        port = raw_port.port
+        if port is None:
+            report.bad(("ports", index, "port"), None, "required")
+            port = 0
+        elif not 1 <= port <= 65535:
+            report.bad(("ports", index, "port"), port, PORT_NUMBER)
+            port = 0
+        if (port_name, protocol) in seen:
+            report.bad(
+                ("ports", index, "name"),
+                port_name,
+                f"duplicate of ports[{seen[port_name, protocol]}]",
+            )
+        seen.setdefault((port_name, protocol), index)
+        port_specs.append((port_name, protocol, port))
+
+    # One Endpoint per port and address; every endpoint is checked, with or without ports.
+    built: list[tuple[int, list[Endpoint]]] = [(port, []) for _, _, port in port_specs]
+    parse: _IPFn = ip if ip is not None else parse_ipv4 if family == 4 else parse_ip_text
+    # The family of each address is checked unless the parser gives no other.
+    family_to_check = None if family is None or parse is parse_ipv4 else int(family)
+    raw_endpoints = obj.endpoints or ()
+    for raw in raw_endpoints:
+        addresses = raw.addresses
+        if not addresses:
+            path: FieldPath = ("endpoints", _index(raw_endpoints, raw), "addresses")
+            report.bad(path, addresses, "at least one address is required")
+            continue
+        # kube-proxy uses the first address only; the API requires exactly one.
+        text = addresses[0]
+        address = parse(text)
+        if address is None or (family_to_check is not None and address.version != family_to_check):
+            # (the IPv4 parser refuses an IPv6 address too: which is it?)
+            if address is None and (family is None or parse_ip_text(text) is None):
+                why = NOT_AN_IP
+            else:
+                why = f"family mismatch: addressType is {address_type}"
+            report.bad(("endpoints", _index(raw_endpoints, raw), "addresses", 0), text, why)
+            continue
+        conditions = raw.conditions
+        if conditions is None:
+            ready, serving, terminating = True, True, False
         else:
-            self.namespace = str(namespace)
-            self.error(("metadata", "namespace"), namespace, "must be a DNS label")
-        if isinstance(name, str) and name_pattern.match(name) and len(name) <= 253:
-            self.name = name
+            ready = True if conditions.ready is None else conditions.ready
+            serving = True if conditions.serving is None else conditions.serving
+            terminating = False if conditions.terminating is None else conditions.terminating
+        node_name = raw.node_name
+        node_name = intern(node_name) if node_name else None
+        zone = raw.zone
+        zone = intern(zone) if zone else None
+        hints = raw.hints
+        if hints is None:
+            hint_zones = hint_nodes = NO_NAMES
         else:
-            self.name = name if isinstance(name, str) and name else ""
-            self.error(("metadata", "name"), name, "required, a lower-case DNS name")
-        labels = meta.get("labels")
-        if labels is not None and not (
-            isinstance(labels, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
-        ):
-            self.error(("metadata", "labels"), labels, "must map strings to strings")
-            return {**meta, "labels": {}}
-        return meta
+            hint_zones = _hint_names(hints.for_zones, report, raw_endpoints, raw, "forZones")
+            hint_nodes = _hint_names(hints.for_nodes, report, raw_endpoints, raw, "forNodes")
+        for port, endpoints in built:
+            endpoints.append(
+                Endpoint(
+                    address,
+                    port,
+                    ready,
+                    serving,
+                    terminating,
+                    node_name,
+                    zone,
+                    hint_zones,
+                    hint_nodes,
+                )
+            )
+    report.done()
+    slice_ports = tuple(
+        SlicePort(port_name, protocol, tuple(endpoints))
+        for (port_name, protocol, _), (_, endpoints) in zip(port_specs, built, strict=True)
+    )
+    return EndpointSlice(
+        namespace, name, service, slice_ports, _trigger_time(meta, namespace, name)
+    )
+
+
+def _index(items: Sequence[object], item: object) -> int:
+    """Where ``item`` is in ``items`` (found only for an error's path: the loop over many
+    endpoints keeps no count)."""
+    return next(index for index, other in enumerate(items) if other is item)
+
+
+# Most endpoints have no hints: one shared empty set (each frozenset() is a new
+# collector-tracked object, two per endpoint)
+NO_NAMES: frozenset[str] = frozenset()
+
+
+def _hint_names(
+    entries: list[Hint] | None,
+    report: Report,
+    endpoints: Sequence[EndpointSpec],
+    endpoint: EndpointSpec,
+    key: str,
+) -> frozenset[str]:
+    if not entries:
+        return NO_NAMES
+    names = []
+    for entry in entries:
+        if entry.name:
+            names.append(intern(entry.name))
+        else:
+            path = ("endpoints", _index(endpoints, endpoint), "hints", key, _index(entries, entry))
+            report.bad((*path, "name"), entry.name, HINT_NAME)
+    return frozenset(names) if names else NO_NAMES
+
+
+def _trigger_time(meta: SliceMeta, namespace: str, name: str) -> float | None:
+    """The slice's trigger time; a malformed one is logged and ignored, as kube-proxy does:
+    it feeds a metric only, so the slice's endpoints are used all the same."""
+    annotations = meta.annotations
+    if not isinstance(annotations, Mapping) or TRIGGER_TIME_ANNOTATION not in annotations:
+        return None
+    return trigger_time(namespace, name, annotations[TRIGGER_TIME_ANNOTATION])
+
+
+# -- dicts (a manifest's objects): into the Structs, then the one converter ------------------
 
 
 def object_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -329,30 +915,10 @@ def object_key(obj: Mapping[str, Any]) -> tuple[str, str] | None:
 def service_ignored_reason(
     obj: Mapping[str, Any], service_proxy_name: str | None = None
 ) -> str | None:
-    """Why a proxy named ``service_proxy_name`` (None: kube-proxy's default, no name) would
-    not program this Service, or None when it would (``proxy_label_selector``'s rule)."""
-    meta = obj.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    labels = labels if isinstance(labels, Mapping) else {}
-    proxy = labels.get(SERVICE_PROXY_NAME_LABEL)
-    if service_proxy_name and proxy != service_proxy_name:
-        if proxy is None:
-            return f"not labelled {SERVICE_PROXY_NAME_LABEL}={service_proxy_name}"
-        return f"handled by proxy {proxy!r}"
-    if not service_proxy_name and SERVICE_PROXY_NAME_LABEL in labels:
-        return f"handled by proxy {proxy!r}"
-    if HEADLESS_LABEL in labels:
-        return f"labelled {HEADLESS_LABEL}"
-    spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
-        return None
-    if spec.get("type") == "ExternalName":
-        return "ExternalName"
-    cluster_ips = spec.get("clusterIPs")
-    first = cluster_ips[0] if isinstance(cluster_ips, list) and cluster_ips else None
-    if spec.get("clusterIP") == "None" or first == "None":
-        return "headless"
-    return None
+    """``ignored_reason`` of a Service given as dicts."""
+    return ignored_reason(
+        structure(obj, ServiceObject, Report("Service", every=True)), service_proxy_name
+    )
 
 
 def convert_service(
@@ -362,228 +928,27 @@ def convert_service(
     service_proxy_name: str | None = None,
     ips: ParsedIPs | None = None,
 ) -> Service:
-    """A v1 Service into a ``Service`` with one ``ServicePort`` per port.
-
-    Raises ``InvalidObjectError`` with every bad field. An ignored Service (see
-    ``service_ignored_reason``) converts to one with no ports after its metadata is checked.
-    """
-    check = _Checker("Service", location, ips)
-    meta = check.metadata(obj, DNS1035_LABEL)
-    created = _creation_time(check, meta)
-    if service_ignored_reason(obj, service_proxy_name) is not None:
-        check.raise_if_any()
-        return Service(check.namespace, check.name)
-    spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
-        check.error(("spec",), spec, "required, a mapping")
-        check.raise_if_any()
-        raise AssertionError  # unreachable: an error was just recorded
-
-    service_type = check.choice(spec, "type", ("spec",), SERVICE_TYPES) or ServiceType.CLUSTER_IP
-    cluster_ips = _cluster_ips(check, spec)
-    external_ips = _ip_list(check, spec, "externalIPs", ("spec",))
-    lb_ips = _load_balancer_ips(check, obj)
-
-    affinity = check.choice(spec, "sessionAffinity", ("spec",), {"None": 0, "ClientIP": 1}) or 0
-    if affinity:
-        config = check.mapping(spec, "sessionAffinityConfig", ("spec",))
-        client_ip = check.mapping(config, "clientIP", ("spec", "sessionAffinityConfig"))
-        timeout = client_ip.get("timeoutSeconds")
-        if timeout is None:
-            affinity = DEFAULT_AFFINITY_TIMEOUT
-        elif (
-            isinstance(timeout, int)
-            and not isinstance(timeout, bool)
-            and 0 < timeout <= MAX_AFFINITY_TIMEOUT
-        ):
-            affinity = timeout
-        else:
-            check.error(
-                ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds"),
-                timeout,
-                f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds",
-            )
-    policies = TRAFFIC_POLICIES
-    internal_policy = (
-        check.choice(spec, "internalTrafficPolicy", ("spec",), policies) or TrafficPolicy.CLUSTER
+    """``service_value`` of a Service given as dicts, every bad field reported at once:
+    raises ``InvalidObjectError`` with all of them."""
+    report = Report("Service", every=True, location=location)
+    return service_value(
+        structure(obj, ServiceObject, report),
+        report,
+        service_proxy_name=service_proxy_name,
+        ip=ips if ips is not None else parse_ip_text,
     )
-    external_policy = (
-        check.choice(spec, "externalTrafficPolicy", ("spec",), policies) or TrafficPolicy.CLUSTER
-    )
-    distribution = check.choice(spec, "trafficDistribution", ("spec",), TRAFFIC_DISTRIBUTIONS)
-    source_ranges = _source_ranges(check, spec, service_type)
-    health_check_port = check.port_number(spec, "healthCheckNodePort", ("spec",), required=False)
-    if health_check_port and not (
-        service_type is ServiceType.LOAD_BALANCER and external_policy is TrafficPolicy.LOCAL
-    ):
-        # The API server's rule; kube-proxy serves it only for such a Service.
-        check.error(
-            ("spec", "healthCheckNodePort"),
-            health_check_port,
-            "may only be set for type LoadBalancer with externalTrafficPolicy Local",
-        )
-        health_check_port = 0
-
-    raw_ports = spec.get("ports")
-    if not isinstance(raw_ports, list) or not raw_ports:
-        check.error(("spec", "ports"), raw_ports, "required, a list of at least one port")
-        raw_ports = []
-    node_ports_allowed = service_type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER)
-    seen_names: dict[str, int] = {}
-    seen_ports: dict[tuple[int, Protocol], int] = {}
-    seen_node_ports: dict[tuple[int, Protocol], int] = {}
-    parsed: list[tuple[str, Protocol, int, int]] = []
-    for index, raw in enumerate(raw_ports):
-        path: FieldPath = ("spec", "ports", index)
-        if not isinstance(raw, Mapping):
-            check.error(path, raw, "must be a mapping")
-            continue
-        name = check.string(raw, "name", path)
-        if len(raw_ports) > 1 and not name:
-            check.error((*path, "name"), None, "required when the Service has several ports")
-        elif name and not (DNS_LABEL.match(name) and len(name) <= 63):
-            check.error((*path, "name"), name, "must be a DNS label")
-        elif name in seen_names:
-            check.error((*path, "name"), name, f"duplicate of spec.ports[{seen_names[name]}].name")
-        seen_names.setdefault(name, index)
-        protocol = check.choice(raw, "protocol", path, PROTOCOLS) or Protocol.TCP
-        port = check.port_number(raw, "port", path, required=True)
-        if port and (port, protocol) in seen_ports:
-            other = seen_ports[port, protocol]
-            check.error((*path, "port"), port, f"duplicate of spec.ports[{other}] ({protocol})")
-        seen_ports.setdefault((port, protocol), index)
-        _check_target_port(check, raw, path)
-        node_port = check.port_number(raw, "nodePort", path, required=False)
-        if node_port and not node_ports_allowed:
-            check.error(
-                (*path, "nodePort"),
-                node_port,
-                f"may not be set for a Service of type {service_type}",
-            )
-            node_port = 0
-        if node_port and (node_port, protocol) in seen_node_ports:
-            other = seen_node_ports[node_port, protocol]
-            check.error(
-                (*path, "nodePort"), node_port, f"duplicate of spec.ports[{other}].nodePort"
-            )
-        if node_port:
-            seen_node_ports.setdefault((node_port, protocol), index)
-        parsed.append((name, protocol, port, node_port))
-
-    check.raise_if_any()
-    ports = tuple(
-        ServicePort(
-            name=ServicePortName(check.namespace, check.name, name, protocol),
-            cluster_ips=cluster_ips,
-            port=port,
-            protocol=protocol,
-            affinity_timeout=affinity,
-            internal_traffic_policy=internal_policy,
-            external_traffic_policy=external_policy,
-            type=service_type,
-            node_port=node_port,
-            external_ips=external_ips,
-            load_balancer_ips=lb_ips,
-            traffic_distribution=distribution,
-            health_check_node_port=health_check_port,
-            load_balancer_source_ranges=source_ranges,
-            created=created,
-        )
-        for name, protocol, port, node_port in parsed
-    )
-    return Service(check.namespace, check.name, ports)
 
 
-def _cluster_ips(check: _Checker, spec: Mapping[str, Any]) -> tuple[IPAddress, ...]:
-    """spec.clusterIP / clusterIPs / ipFamilies / ipFamilyPolicy, checked against each other."""
-    single = check.string(spec, "clusterIP", ("spec",))
-    listed = check.sequence(spec, "clusterIPs", ("spec",))
-    if listed and single and listed[0] != single:
-        check.error(("spec", "clusterIPs", 0), listed[0], f"must equal spec.clusterIP {single!r}")
-    paths: list[FieldPath]
-    if listed:
-        raw, paths = listed, [("spec", "clusterIPs", i) for i in range(len(listed))]
-    elif single:
-        raw, paths = [single], [("spec", "clusterIP")]
-    else:
-        # The API server allocates one; from a manifest, nothing ever will.
-        check.error(("spec", "clusterIP"), None, "required (no allocator assigns one here)")
-        return ()
-    ips: list[IPAddress] = []
-    for text, path in zip(raw, paths, strict=True):
-        ip = check.ip(text)
-        if ip is None:
-            check.error(path, text, "not a valid IP address")
-        else:
-            ips.append(ip)
-    if len(raw) > 2:
-        check.error(("spec", "clusterIPs"), raw, "at most two, one per IP family")
-    elif len(ips) == 2 and ips[0].version == ips[1].version:
-        check.error(("spec", "clusterIPs"), raw, "a dual-stack pair needs one IPv4 and one IPv6")
-
-    families = check.sequence(spec, "ipFamilies", ("spec",))
-    for index, family_name in enumerate(families):
-        family = FAMILY_NAMES.get(family_name) if isinstance(family_name, str) else None
-        path = ("spec", "ipFamilies", index)
-        if family is None:
-            check.error(path, family_name, "must be IPv4 or IPv6")
-        elif index < len(raw) and (ip := check.ip(raw[index])) is not None and ip.version != family:
-            check.error(
-                path, family_name, f"family mismatch: ClusterIP {raw[index]} is IPv{ip.version}"
-            )
-    if families and len(families) != len(raw):
-        check.error(
-            ("spec", "ipFamilies"), families, f"must list one family per ClusterIP ({len(raw)})"
-        )
-    policy = check.choice(
-        spec,
-        "ipFamilyPolicy",
-        ("spec",),
-        {"SingleStack": 1, "PreferDualStack": 0, "RequireDualStack": 2},
-    )
-    if policy == 1 and len(raw) > 1:
-        check.error(("spec", "ipFamilyPolicy"), "SingleStack", "SingleStack with two ClusterIPs")
-    elif policy == 2 and len(raw) < 2:
-        check.error(("spec", "ipFamilyPolicy"), "RequireDualStack", "needs two ClusterIPs")
-    return tuple(ips)
-
-
-def _ip_list(
-    check: _Checker, parent: Mapping[str, Any], key: str, path: FieldPath
-) -> tuple[IPAddress, ...]:
-    out: list[IPAddress] = []
-    for index, text in enumerate(check.sequence(parent, key, path)):
-        ip = check.ip(text)
-        if ip is None:
-            check.error((*path, key, index), text, "not a valid IP address")
-        elif ip not in out:
-            out.append(ip)
-    return tuple(out)
-
-
-def _source_ranges(
-    check: _Checker, spec: Mapping[str, Any], service_type: ServiceType
-) -> tuple[IPNetwork, ...]:
-    """spec.loadBalancerSourceRanges: CIDRs (host bits allowed and masked, surrounding
-    whitespace trimmed, as the API server and kube-proxy parse them), for type LoadBalancer."""
-    raw = check.sequence(spec, "loadBalancerSourceRanges", ("spec",))
-    if raw and service_type is not ServiceType.LOAD_BALANCER:
-        check.error(
-            ("spec", "loadBalancerSourceRanges"), raw, "may only be set for type LoadBalancer"
-        )
-        return ()
-    out: list[IPNetwork] = []
-    for index, text in enumerate(raw):
-        network = parse_cidr(text)
-        if network is None:
-            check.error(
-                ("spec", "loadBalancerSourceRanges", index),
-                text,
-                "not a valid CIDR (e.g. 10.0.0.0/8)",
-            )
-        elif network not in out:
-            out.append(network)
-    return tuple(out)
+def convert_endpoint_slice(
+    obj: Mapping[str, Any],
+    *,
+    location: SourceLocation | None = None,
+    ips: ParsedIPs | None = None,
+) -> EndpointSlice:
+    """``slice_value`` of an EndpointSlice given as dicts, every bad field reported at once:
+    raises ``InvalidObjectError`` with all of them."""
+    report = Report("EndpointSlice", every=True, location=location)
+    return slice_value(structure(obj, SliceObject, report), report, ip=ips)
 
 
 def parse_cidr(text: object) -> IPNetwork | None:
@@ -598,184 +963,12 @@ def parse_cidr(text: object) -> IPNetwork | None:
         return None
 
 
-def _load_balancer_ips(check: _Checker, obj: Mapping[str, Any]) -> tuple[IPAddress, ...]:
-    status = check.mapping(obj, "status", ())
-    lb = check.mapping(status, "loadBalancer", ("status",))
-    out: list[IPAddress] = []
-    for index, ingress in enumerate(check.sequence(lb, "ingress", ("status", "loadBalancer"))):
-        path: FieldPath = ("status", "loadBalancer", "ingress", index)
-        if not isinstance(ingress, Mapping):
-            check.error(path, ingress, "must be a mapping")
-            continue
-        mode = check.choice(ingress, "ipMode", path, {"VIP": "VIP", "Proxy": "Proxy"})
-        text = ingress.get("ip")
-        if text is None:
-            continue  # a hostname-only ingress has no address to program
-        ip = check.ip(text)
-        if ip is None:
-            check.error((*path, "ip"), text, "not a valid IP address")
-        elif mode != "Proxy" and ip not in out:
-            # ipMode Proxy: the load balancer proxies, so nodes must not capture the VIP.
-            out.append(ip)
-    return tuple(out)
-
-
-def _check_target_port(check: _Checker, raw: Mapping[str, Any], path: FieldPath) -> None:
-    target = raw.get("targetPort")
-    if target is None:
-        return
-    if isinstance(target, str):
-        if not valid_named_port(target):
-            check.error((*path, "targetPort"), target, "must be a port number or an IANA port name")
-    else:
-        check.port_number(raw, "targetPort", path, required=False)
-
-
 def valid_named_port(name: str) -> bool:
     """An IANA service name, as a named targetPort must be."""
     return len(name) <= 15 and bool(_IANA_SVC_NAME.match(name)) and bool(_HAS_LETTER.search(name))
 
 
 _HAS_LETTER = re.compile("[a-z]")
-
-
-def convert_endpoint_slice(
-    obj: Mapping[str, Any],
-    *,
-    location: SourceLocation | None = None,
-    ips: ParsedIPs | None = None,
-) -> EndpointSlice:
-    """A discovery.k8s.io/v1 EndpointSlice into an ``EndpointSlice`` of per-port endpoints.
-
-    Raises ``InvalidObjectError`` with every bad field. An FQDN slice converts to one
-    without ports (nothing to program).
-    """
-    check = _Checker("EndpointSlice", location, ips)
-    meta = check.metadata(obj, DNS_SUBDOMAIN)
-    labels = meta.get("labels") or {}
-    service = labels.get(SERVICE_NAME_LABEL)
-    if not isinstance(service, str) or not service:
-        check.error(
-            ("metadata", "labels", SERVICE_NAME_LABEL), service, "required: the Service name"
-        )
-        service = ""
-    address_type = obj.get("addressType")
-    family: IPFamily | None = None
-    if address_type == "FQDN":
-        check.raise_if_any()
-        return EndpointSlice(check.namespace, check.name, service)
-    if isinstance(address_type, str) and address_type in FAMILY_NAMES:
-        family = FAMILY_NAMES[address_type]
-    else:
-        check.error(("addressType",), address_type, "must be IPv4, IPv6 or FQDN")
-
-    port_specs: list[tuple[str, Protocol, int]] = []
-    seen: dict[tuple[str, Protocol], int] = {}
-    for index, raw in enumerate(check.sequence(obj, "ports", ())):
-        path: FieldPath = ("ports", index)
-        if not isinstance(raw, Mapping):
-            check.error(path, raw, "must be a mapping")
-            continue
-        name = check.string(raw, "name", path)
-        protocol = check.choice(raw, "protocol", path, PROTOCOLS) or Protocol.TCP
-        port = check.port_number(raw, "port", path, required=True)
-        if (name, protocol) in seen:
-            check.error((*path, "name"), name, f"duplicate of ports[{seen[name, protocol]}]")
-        seen.setdefault((name, protocol), index)
-        port_specs.append((name, protocol, port))
-
-    # Each endpoint without its port: (ip, ready, serving, terminating, node, zone, hints).
-    bases: list[tuple[Any, ...]] = []
-    for index, raw in enumerate(check.sequence(obj, "endpoints", ())):
-        base = _plain_endpoint(raw, family, check.ip)
-        if base is not None:
-            bases.append(base)
-            continue
-        path = ("endpoints", index)
-        if not isinstance(raw, Mapping):
-            check.error(path, raw, "must be a mapping")
-            continue
-        addresses = check.sequence(raw, "addresses", path)
-        if not addresses:
-            check.error(
-                (*path, "addresses"), raw.get("addresses"), "at least one address is required"
-            )
-            continue
-        # kube-proxy uses the first address only; the API requires exactly one.
-        text = addresses[0]
-        ip = check.ip(text)
-        if ip is None:
-            check.error((*path, "addresses", 0), text, "not a valid IP address")
-            continue
-        if family is not None and ip.version != family:
-            check.error(
-                (*path, "addresses", 0), text, f"family mismatch: addressType is {address_type}"
-            )
-            continue
-        conditions = check.mapping(raw, "conditions", path)
-        cpath = (*path, "conditions")
-        ready = check.boolean(conditions, "ready", cpath, True)
-        serving = check.boolean(conditions, "serving", cpath, True)
-        terminating = check.boolean(conditions, "terminating", cpath, False)
-        node_name = check.string(raw, "nodeName", path) or None
-        zone = check.string(raw, "zone", path) or None
-        hints = check.mapping(raw, "hints", path)
-        hint_zones = _hint_names(check, hints, "forZones", (*path, "hints"))
-        hint_nodes = _hint_names(check, hints, "forNodes", (*path, "hints"))
-        bases.append((ip, ready, serving, terminating, node_name, zone, hint_zones, hint_nodes))
-
-    check.raise_if_any()
-    slice_ports = tuple(
-        SlicePort(name, protocol, tuple(Endpoint(base[0], port, *base[1:]) for base in bases))
-        for name, protocol, port in port_specs
-    )
-    return EndpointSlice(
-        check.namespace, check.name, service, slice_ports, _trigger_time(check, meta)
-    )
-
-
-NO_NAMES: frozenset[str] = frozenset()
-
-
-def _plain_endpoint(
-    raw: object, family: IPFamily | None, parse: Callable[[object], IPAddress | None]
-) -> tuple[Any, ...] | None:
-    """The endpoint's base tuple (as the checked loop of ``convert_endpoint_slice`` makes
-    it) when it is plainly valid: plain dicts, an address of the slice's family, booleans
-    and strings where they belong, no hints. None for anything else, which the checked
-    loop then examines and reports. (Most endpoints of a list look like this; going
-    through the checker's getters costs several times more.)"""
-    if type(raw) is not dict:
-        return None
-    addresses = raw.get("addresses")
-    if type(addresses) is not list or not addresses:
-        return None
-    ip = parse(addresses[0])
-    if ip is None or family is None or ip.version != family:
-        return None
-    conditions = raw.get("conditions")
-    ready: object = True
-    serving: object = True
-    terminating: object = False
-    if type(conditions) is dict:
-        ready = conditions.get("ready", True)
-        serving = conditions.get("serving", True)
-        terminating = conditions.get("terminating", False)
-        # (an explicit null is left to the checker, which reads it as the default)
-        if type(ready) is not bool or type(serving) is not bool or type(terminating) is not bool:
-            return None
-    elif conditions is not None:
-        return None
-    node_name = raw.get("nodeName")
-    zone = raw.get("zone")
-    if node_name is not None and type(node_name) is not str:
-        return None
-    if zone is not None and type(zone) is not str:
-        return None
-    hints = raw.get("hints")
-    if hints is not None and (type(hints) is not dict or hints):
-        return None
-    return (ip, ready, serving, terminating, node_name or None, zone or None, NO_NAMES, NO_NAMES)
 
 
 def parse_time(text: object) -> float | None:
@@ -793,29 +986,6 @@ def parse_time(text: object) -> float | None:
         return None
 
 
-def _creation_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
-    """metadata.creationTimestamp as Unix seconds (None when not given): it decides which of
-    two Services claiming one port keeps it, so a malformed one is an error."""
-    value = meta.get("creationTimestamp")
-    if value is None:
-        return None
-    created = parse_time(value)
-    if created is None:
-        check.error(
-            ("metadata", "creationTimestamp"), value, "must be an RFC 3339 time with an offset"
-        )
-    return created
-
-
-def _trigger_time(check: _Checker, meta: Mapping[str, Any]) -> float | None:
-    """The slice's trigger time; a malformed one is logged and ignored, as kube-proxy does:
-    it feeds a metric only, so the slice's endpoints are used all the same."""
-    annotations = meta.get("annotations")
-    if not isinstance(annotations, Mapping) or TRIGGER_TIME_ANNOTATION not in annotations:
-        return None
-    return trigger_time(check.namespace, check.name, annotations[TRIGGER_TIME_ANNOTATION])
-
-
 def trigger_time(namespace: str, name: str, value: object) -> float | None:
     """The trigger-time annotation's ``value`` of slice namespace/name as Unix seconds; None
     (and a warning) for a malformed one."""
@@ -829,18 +999,3 @@ def trigger_time(namespace: str, name: str, value: object) -> float | None:
             value,
         )
     return parsed
-
-
-def _hint_names(
-    check: _Checker, hints: Mapping[str, Any], key: str, path: FieldPath
-) -> frozenset[str]:
-    names = []
-    for index, entry in enumerate(check.sequence(hints, key, path)):
-        name = entry.get("name") if isinstance(entry, Mapping) else None
-        if not isinstance(name, str) or not name:
-            check.error((*path, key, index, "name"), name, "required, a string")
-        else:
-            names.append(name)
-    # Most endpoints have no hints: one shared empty set (each frozenset() is a new
-    # collector-tracked object, two per endpoint)
-    return frozenset(names) if names else NO_NAMES
