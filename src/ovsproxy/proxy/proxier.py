@@ -4,8 +4,8 @@ A sync consumes the tracker's changes (only the Service ports that changed), cat
 port's endpoints as kube-proxy does (``select_endpoints``; most ports, with only ClusterIP
 traffic and every endpoint ready and unhinted, return early from it), assigns the port the
 group ids its selection needs (``group_uses``, ``group_ids.GroupIDs``), stages the port's
-groups and flows, and commits them in one bundle. If the commit fails, the datapath keeps the diff and the
-runner retries; nothing is recorded as installed until the switch has it.
+groups and flows, and commits them in one bundle. If the commit fails, the datapath keeps the
+diff and the runner retries; nothing is recorded as installed until the switch has it.
 
 Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxiers decide:
 
