@@ -67,8 +67,8 @@ class GroupIDs:
             heapq.heappush(self._free, gid)
         ids: dict[GroupKey, int] = {}
         for key in wanted:
-            gid = current.get(key)
-            ids[key] = self._allocate() if gid is None else gid
+            had = current.get(key)
+            ids[key] = self._allocate() if had is None else had
         self._ports[name] = ids
         return ids
 
