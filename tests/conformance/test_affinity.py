@@ -38,7 +38,9 @@ from .probes import (
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
 AFFINITY_CONFIRM_COUNT = 15  # upstream's AffinityConfirmCount
-AFFINITY_TIMEOUT = 10  # seconds; upstream's SessionAffinityTimeout is 125
+# Seconds; upstream's SessionAffinityTimeout is 125. Long enough that a request 0.3 of it after
+# the last (the clients run in this process: no start-up) is well within it.
+AFFINITY_TIMEOUT = 6
 PODS = ("web-1", "web-2", "web-3")
 
 
@@ -145,7 +147,7 @@ def _affinity_timeout_test(
     stuck = target.check_affinity(True)
     # Beyond upstream: connections coming more often than the timeout keep the same pod.
     for _ in range(2):
-        time.sleep(AFFINITY_TIMEOUT * 0.3)  # + a few s to start the clients under load
+        time.sleep(AFFINITY_TIMEOUT * 0.3)
         for label, counts in target.answers(1).items():
             assert set(counts) == {stuck[label]}, (label, "moved within the timeout", counts)
     # Upstream: after the timeout, a new connection may go elsewhere; within 10 tries (one
@@ -196,7 +198,7 @@ def test_should_have_session_affinity_timeout_work_for_service_with_type_cluster
     """Upstream: "[sig-network] Services should have session affinity timeout work for service
     with type clusterIP [LinuxOnly]".
 
-    ClientIP with a timeout (upstream 125 s, here 10 s): requests stick until the timeout
+    ClientIP with a timeout (upstream 125 s, here 6 s): requests stick until the timeout
     expires; after it, a later request reaches another pod (10 tries, each after a pause
     longer than the timeout).
 

@@ -255,6 +255,8 @@ class StatusPages:
             ],
             # The Node object (Kubernetes API source only): eligibility, addresses, podCIDRs
             "node": parts.node.status() if parts.node is not None else None,
+            # Rejects, conntrack flushes (the last filters too), invalid RSTs, affinity sweeps
+            "semantics": parts.semantics.status() if parts.semantics is not None else None,
             "services": services,
             "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
             # Service ports refused because an older Service claims one of their ports

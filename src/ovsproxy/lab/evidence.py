@@ -245,6 +245,8 @@ def agent_state(status_url: str) -> dict[str, Any] | str:
         "generation": status.get("generation"),
         "openflow": status.get("openflow"),
         "ovsdb": {k: v for k, v in (status.get("ovsdb") or {}).items() if k != "group_ids"},
+        # What the agent flushed from conntrack lately (a stale entry's story starts here)
+        "conntrack_flush": (status.get("semantics") or {}).get("conntrack_flush"),
     }
 
 
