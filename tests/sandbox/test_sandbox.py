@@ -160,15 +160,17 @@ def test_same_name_while_running_is_refused(sandbox: Sandbox) -> None:
 
 
 def test_cli_up_status_down() -> None:
+    # A name of this run's own: another run on the machine (a second CI clone) must not meet it.
+    name = f"cli{os.getpid() % 100000}"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     cli = [sys.executable, "-m", "ovsproxy", "sandbox"]
     up = subprocess.run(
-        [*cli, "up", "--name", "clitest"], capture_output=True, text=True, env=env, timeout=60
+        [*cli, "up", "--name", name], capture_output=True, text=True, env=env, timeout=60
     )
     try:
         assert up.returncode == 0, up.stderr
         status = subprocess.run(
-            [*cli, "status", "--name", "clitest", "--json"],
+            [*cli, "status", "--name", name, "--json"],
             capture_output=True,
             text=True,
             env=env,
@@ -180,7 +182,7 @@ def test_cli_up_status_down() -> None:
         assert info["openflow"].startswith("unix:") and info["openflow"].endswith("br0.mgmt")
         assert any("(gw0)" in port for port in info["ports"])
         text = subprocess.run(
-            [*cli, "status", "--name", "clitest"],
+            [*cli, "status", "--name", name],
             capture_output=True,
             text=True,
             env=env,
@@ -189,11 +191,11 @@ def test_cli_up_status_down() -> None:
         assert "br0" in text and "gw0" in text and "br0.mgmt" in text
     finally:
         down = subprocess.run(
-            [*cli, "down", "--name", "clitest"], capture_output=True, text=True, env=env, timeout=60
+            [*cli, "down", "--name", name], capture_output=True, text=True, env=env, timeout=60
         )
     assert down.returncode == 0, down.stderr
-    assert "ovsp-clitest" not in _netns()
-    assert not (REGISTRY / "clitest.json").exists()
+    assert f"ovsp-{name}" not in _netns()
+    assert not (REGISTRY / f"{name}.json").exists()
     assert _processes_mentioning(info["rundir"]) == []
 
 
