@@ -425,3 +425,26 @@ async def test_pod_forwarding_is_staged_only_for_pods_that_changed() -> None:
         for f in dp.installed_flows.values()
         if f.table_id == dp.tables.forwarding
     )
+
+
+async def test_forwards_names_the_frontends_with_endpoints_once_the_switch_has_them(rig) -> None:
+    """What the rejector asks of a reject packet-in: only committed state counts (a packet
+    re-injected before the commit would meet the reject flow again)."""
+    tracker, proxier, rec = rig
+    p = port("10.96.0.1", "fd00::1", name="web")
+    tcp, v4, v6 = Protocol.TCP.ip_proto, ip("10.96.0.1"), ip("fd00::1")
+    apply(tracker, p, [])
+    await proxier.sync()
+    assert not proxier.forwards(tcp, v4, 80)  # rejecting
+    apply(tracker, p, [ep("10.0.0.1")])
+    rec.fail = RuntimeError("switch says no")
+    with pytest.raises(Exception, match="switch says no"):
+        await proxier.sync()
+    assert not proxier.forwards(tcp, v4, 80)  # staged, not installed
+    await proxier.sync()
+    assert proxier.forwards(tcp, v4, 80)
+    assert not proxier.forwards(tcp, v6, 80)  # no IPv6 endpoint: that family still rejects
+    assert not proxier.forwards(Protocol.UDP.ip_proto, v4, 80)
+    tracker.on_service_delete("ns", "web")
+    await proxier.sync()
+    assert not proxier.forwards(tcp, v4, 80)

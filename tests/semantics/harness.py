@@ -186,4 +186,5 @@ async def make_world(
 
     kwargs = {"node_name": NODE, "pods": pods, **semantics.proxier_kwargs(), **proxier_kw}
     proxier = proxier_cls(tracker, dp, **kwargs)
+    semantics.rejector.forwards = proxier.forwards  # as agent.wiring.build_proxier does
     return World(sandbox, channel, dp, tracker, proxier, semantics)

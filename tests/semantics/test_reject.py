@@ -239,3 +239,23 @@ async def test_rejector_answers_out_of_the_in_port_and_limits_itself() -> None:
     s = rejector.stats
     assert (s.packet_ins, s.answered, s.rate_limited, s.foreign) == (3, 2, 1, 1)
     assert s.by_protocol == {"tcp-rst": 2}
+
+
+async def test_a_packet_in_of_a_frontend_that_forwards_by_now_is_not_refused() -> None:
+    """A datapath flow cached before the commit that gave the frontend endpoints can still
+    send a connection's first packet to the agent: it gets no answer (the retransmission
+    meets the new flows), not a refusal. A frontend that still rejects is answered."""
+    channel = FakeSwitch()
+    rejector = Rejector(channel)
+    forwarding = {(6, ipaddress.ip_address(SVC4), 80), (17, ipaddress.ip_address(SVC4), 53)}
+    rejector.forwards = lambda proto, ip, port: (proto, ip, port) in forwarding
+    syn = eth(GW_MAC, CLIENT_MAC, 0x0800) + ipv4(CLIENT4, SVC4, 6, tcp(40000, 80, 1, 0, 2))
+    other = eth(GW_MAC, CLIENT_MAC, 0x0800) + ipv4(CLIENT4, SVC4, 6, tcp(40000, 81, 1, 0, 2))
+    datagram = eth(GW_MAC, CLIENT_MAC, 0x0800) + ipv4(CLIENT4, SVC4, 17, udp(40000, 53))
+    for frame in (syn, other, datagram):
+        rejector.handle(packet_in(frame, in_port=7))
+    await asyncio.sleep(0)
+    await rejector.flush()
+    outs = [m for batch in channel.take("send") for m in batch]  # type: ignore[attr-defined]
+    assert [(m.actions, m.data) for m in outs] == [((of.Output(7),), reject_reply(other))]
+    assert rejector.stats.forwarding_now == 2 and rejector.stats.by_protocol == {"tcp-rst": 1}

@@ -94,3 +94,38 @@ async def test_rejecting_survives_a_vswitchd_restart_meter_first(world: World) -
     # The replayed reject flow is bound to the meter (it was added after the meter).
     stats = world.sandbox.ofctl("meter-stats")
     assert re.search(r"packet_in_count:[1-9]", stats), stats
+
+
+@pytest.mark.parametrize("ask", [True, False], ids=["not-refused", "control"])
+async def test_a_connection_that_meets_a_stale_reject_flow_is_not_refused(
+    world: World, ask: bool
+) -> None:
+    """Open vSwitch applies a commit to its cached datapath flows only when its revalidators
+    get to them. With them paused (``revalidator/pause``), the datapath still sends the
+    frontend's SYN to the agent after the commit that gave it an endpoint: the agent does
+    not refuse it, and once the revalidators ran the retransmitted SYN reaches the endpoint.
+    The control: a rejector that does not ask the proxier refuses the connection."""
+    client = world.pod("client")
+    web = world.pod("web", http_ports=(8080,))
+    world.service("web", ["10.96.0.12"], 80)
+    await world.sync()
+    refused = await world.http(client, "http://10.96.0.12:80/", count=2, timeout=1.0)
+    assert refused["failures"] == {"refused": 2}, refused  # the reject flow is cached now
+    if not ask:
+        world.semantics.rejector.forwards = None
+    world.sandbox.appctl("revalidator/pause")
+    try:
+        world.endpoints("web", [endpoint(web)])
+        await world.sync()
+        talk = asyncio.create_task(world.http(client, "http://10.96.0.12:80/", count=1))
+        await asyncio.sleep(0.5)  # its first SYN met the stale flow
+    finally:
+        world.sandbox.appctl("revalidator/resume")
+    await asyncio.to_thread(world.sandbox.appctl, "revalidator/wait")
+    result = await talk
+    stats = world.semantics.rejector.stats
+    if ask:
+        assert result["counts"] == {"web": 1}, (result["failures"], stats, result)
+        assert result["retransmitted"] == 1 and stats.forwarding_now >= 1, (stats, result)
+    else:
+        assert result["failures"] == {"refused": 1}, result

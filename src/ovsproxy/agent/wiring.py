@@ -205,4 +205,5 @@ def build_proxier(
         on_services=parts.node_side.after_sync if parts.node_side is not None else None,
         **semantics.proxier_kwargs(),
     )
+    semantics.rejector.forwards = proxier.forwards
     return proxier, semantics

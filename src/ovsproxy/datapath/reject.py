@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.model import IPAddress
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import OpenFlowError
 from ovsproxy.openflow.protocol import MeterCommand, MeteredController, meter_add
@@ -200,6 +201,16 @@ def _port_unreachable(p: _Packet, frame: bytes) -> bytes:
     return p.l2 + _ipv6_header(p.dst, p.src, IPPROTO_ICMPV6, len(icmp)) + icmp
 
 
+def destination(frame: bytes) -> tuple[int, IPAddress, int] | None:
+    """(IP protocol, destination address, destination port) of a TCP, UDP or SCTP packet;
+    None for anything else."""
+    p = _parse(frame)
+    if p is None or p.proto in (IPPROTO_ICMP, IPPROTO_ICMPV6) or len(frame) < p.l4_start + 4:
+        return None
+    ip: IPAddress = ipaddress.IPv4Address(p.dst) if p.version == 4 else ipaddress.IPv6Address(p.dst)
+    return p.proto, ip, struct.unpack_from("!H", frame, p.l4_start + 2)[0]
+
+
 def reject_reply(frame: bytes) -> bytes | None:
     """The frame that refuses `frame` (the start of a rejected packet, from its Ethernet
     header): a TCP RST, an ICMP(v6) port unreachable, or None when no answer is due."""
@@ -242,6 +253,10 @@ class RejectStats:
     no_answer: int = 0  # RST, ICMP, fragments, broadcast...: nothing is due
     foreign: int = 0  # packet-ins of other controllers' flows (ignored)
     send_errors: int = 0
+    # not refused: its frontend forwards by now (a datapath flow cached before the commit
+    # that gave it endpoints still sent it here); the client's retransmission meets the new
+    # flows
+    forwarding_now: int = 0
     meter: str = "not installed"  # "installed", "unsupported: ..."
     by_protocol: dict[str, int] = field(default_factory=dict)
 
@@ -253,6 +268,7 @@ class RejectStats:
             "no_answer": self.no_answer,
             "foreign": self.foreign,
             "send_errors": self.send_errors,
+            "forwarding_now": self.forwarding_now,
             "meter": self.meter,
             "by_protocol": dict(self.by_protocol),
         }
@@ -269,6 +285,15 @@ class Rejector:
 
     ``handle`` is synchronous (the channel's callback); replies are batched into one
     ``send`` (PACKET_OUTs and a barrier) per event-loop turn.
+
+    ``forwards(ip_proto, address, port)`` (the proxier's, set by the agent) says whether that
+    frontend has usable endpoints now. Open vSwitch applies a commit to the datapath flows it
+    has cached only when its revalidators get to them, so a connection opened just after the
+    commit that gave a rejecting frontend its first endpoints can still be sent here. Such a
+    packet is not refused (a RST would fail a connect that the Service now serves): it gets
+    no answer, and the client's retransmission meets the new flows. (Sending it back through
+    the pipeline does not help: after conntrack it recirculates into the same stale cached
+    flow and comes back here, packet after packet, until the revalidators run.)
     """
 
     def __init__(
@@ -289,6 +314,7 @@ class Rejector:
             MeteredController(max_len, userdata=pl.REJECT_USERDATA, meter_id=meter_id),
         )
         self.stats = RejectStats()
+        self.forwards: Callable[[int, IPAddress, int], bool] | None = None
         self._pending: list[of.PacketOut] = []
         self._flush_task: asyncio.Task[None] | None = None
 
@@ -305,13 +331,21 @@ class Rejector:
         if not self.bucket.take():
             self.stats.rate_limited += 1
             return
+        if self.forwards is not None:
+            target = destination(packet_in.data)
+            if target is not None and self.forwards(*target):
+                self.stats.forwarding_now += 1
+                return
         reply = reject_reply(packet_in.data)
         if reply is None:
             self.stats.no_answer += 1
             return
         kind = _kind(reply)
         self.stats.by_protocol[kind] = self.stats.by_protocol.get(kind, 0) + 1
-        self._pending.append(of.PacketOut((of.Output(in_port),), reply))
+        self._queue(of.PacketOut((of.Output(in_port),), reply))
+
+    def _queue(self, packet_out: of.PacketOut) -> None:
+        self._pending.append(packet_out)
         if self._flush_task is None or self._flush_task.done():
             try:
                 loop = asyncio.get_running_loop()

@@ -553,6 +553,10 @@ class Proxier:
         self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
+        # (IP protocol, frontend address, L4 port) of every frontend with usable endpoints,
+        # kept when frontends reject (``forwards``)
+        self._forwarding: set[tuple[int, IPAddress, int]] = set()
+        self._forwarding_pending: list[tuple[bool, tuple[int, IPAddress, int]]] = []
         self._learned_deletes: dict[tuple[Any, ...], of.FlowMod] = {}
         self.post_commit_errors = 0
         # Trigger times of slice changes taken from the tracker, until a commit carries them
@@ -654,6 +658,26 @@ class Proxier:
             return {}
         return mid_stream_contribution(installed.frontend_endpoints())
 
+    def _update_forwarding(
+        self, old: InstalledService | None, new: InstalledService | None
+    ) -> None:
+        """Queue the change of the frontends with usable endpoints (``forwards``); applied
+        after the commit, so that ``forwards`` says what the switch has."""
+        pending = self._forwarding_pending
+        if old is not None:
+            proto = old.state.port.protocol.ip_proto
+            pending += [(False, (proto, ip, p)) for ip, p in old.frontend_endpoints()]
+        if new is not None:
+            proto = new.state.port.protocol.ip_proto
+            pending += [
+                (True, (proto, ip, p)) for (ip, p), eps in new.frontend_endpoints().items() if eps
+            ]
+
+    def forwards(self, ip_proto: int, address: IPAddress, port: int) -> bool:
+        """Whether traffic to that frontend goes to an endpoint now (installed state); the
+        rejector asks it of a reject packet-in (``datapath.reject.Rejector.forwards``)."""
+        return (ip_proto, address, port) in self._forwarding
+
     def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
         pairs that went away, and deletes of learned affinity flows that no longer apply;
@@ -666,6 +690,8 @@ class Proxier:
             self.conntrack.restored(_udp_pairs_back(old, new))
         if new is not None:
             self._flushes.update(dict.fromkeys(_frontends_new(old, new)))
+        if self._reject_action:
+            self._update_forwarding(old, new)
         if old is None:
             return
         old_port = old.state.port
@@ -702,6 +728,12 @@ class Proxier:
                     )
 
     async def _post_commit(self) -> None:
+        for add, key in self._forwarding_pending:
+            if add:
+                self._forwarding.add(key)
+            else:
+                self._forwarding.discard(key)
+        self._forwarding_pending.clear()
         if self._learned_deletes and self._send is not None:
             deletes = list(self._learned_deletes.values())
             try:
