@@ -24,7 +24,14 @@ from ovsproxy.capture import (
 from ovsproxy.capture.compare import compare_table
 from ovsproxy.capture.render import TABLE
 from ovsproxy.datapath.pipeline import VIRTUAL_NODEPORT_IP
-from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
+from ovsproxy.model import (
+    IPFamily,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    ServiceType,
+    TrafficPolicy,
+)
 
 from .conftest import EXT_V4, EXT_V6, LB_V4, LB_V6, Node
 
@@ -59,6 +66,7 @@ def svc(
     lb: tuple[str, ...] = (),
     external: tuple[str, ...] = (),
     ranges: tuple[str, ...] = (),
+    policy: TrafficPolicy = TrafficPolicy.CLUSTER,
 ) -> ServicePort:
     return ServicePort(
         name=ServicePortName("demo", f"svc-{n}", "", protocol),
@@ -70,6 +78,7 @@ def svc(
         external_ips=tuple(ip(a) for a in external),
         load_balancer_ips=tuple(ip(a) for a in lb),
         load_balancer_source_ranges=tuple(ipaddress.ip_network(r) for r in ranges),
+        external_traffic_policy=policy,
     )
 
 
@@ -132,9 +141,13 @@ async def test_sets_one_transaction_per_change_cleanup_and_others_untouched(node
         added = await table.sync(desired_state([*base, svc(99, 30099)], NODE_IPS, ADDRESSES))
         lines = monitor.stop()
         assert added.kind == "patch"
-        assert added.elements == 2  # tcp . 30099 for each family
+        # tcp . 30099 for each family, and its virtual NodePort frontend to masquerade
+        # (externalTrafficPolicy Cluster)
+        assert added.elements == 4
         assert generations(lines) == 1
-        assert [line for line in lines if line.startswith("add element")] == [
+        assert sorted(line for line in lines if line.startswith("add element")) == [
+            "add element inet ovsproxy masquerade-v4 { 169.254.0.252 . tcp . 30099 }",
+            "add element inet ovsproxy masquerade-v6 { fc01::aabb:ccdd:eefe . tcp . 30099 }",
             "add element inet ovsproxy nodeports-v4 { tcp . 30099 }",
             "add element inet ovsproxy nodeports-v6 { tcp . 30099 }",
         ]
@@ -180,30 +193,33 @@ async def test_drift_is_repaired_by_one_full_rebuild(node: Node) -> None:
         await table.close()
 
 
-async def test_nodeport_traffic_reaches_the_gateway_with_its_port(node: Node) -> None:
+@pytest.mark.parametrize("policy", [TrafficPolicy.CLUSTER, TrafficPolicy.LOCAL])
+async def test_nodeport_traffic_reaches_the_gateway_with_its_port(
+    node: Node, policy: TrafficPolicy
+) -> None:
+    """DNATed to the virtual NodePort address, the port kept; externalTrafficPolicy Cluster
+    masquerades (the source is the gateway's address, as kube-proxy shows the node's), Local
+    keeps the client's."""
     node.serve(30080)
     table = CaptureTable(node.node)
+    cluster = policy is TrafficPolicy.CLUSTER
     try:
-        tcp, udp = svc(1, 30080), svc(2, 30080, protocol=Protocol.UDP)
+        tcp, udp = svc(1, 30080, policy=policy), svc(2, 30080, protocol=Protocol.UDP, policy=policy)
         # before capture: nothing listens on the node's own 30080
         assert node.connect(node.client, "192.168.50.1", 30080).startswith("error")
         await table.sync(desired_state([tcp, udp], NODE_IPS, ADDRESSES))
-        # from the client: DNATed to the virtual NodePort address, port kept, source kept
-        assert (
-            node.connect(node.client, "192.168.50.1", 30080, "192.168.50.100")
-            == f"192.168.50.100|{VIP4}|30080"
-        )
-        assert node.connect(node.client, "fd50::1", 30080, "fd50::100") == f"fd50::100|{VIP6}|30080"
-        assert node.connect(node.client, "192.168.50.1", 30080, "192.168.50.100", udp=True) == (
-            f"192.168.50.100|{VIP4}|30080"
-        )
-        assert (
-            node.connect(node.client, "fd50::1", 30080, "fd50::100", udp=True)
-            == f"fd50::100|{VIP6}|30080"
-        )
-        # from the node itself (output hook)
-        assert node.connect(node.node, "192.168.50.1", 30080) == f"192.168.50.1|{VIP4}|30080"
-        assert node.connect(node.node, "fd50::1", 30080) == f"fd50::1|{VIP6}|30080"
+        for dst, client, gateway in (
+            ("192.168.50.1", "192.168.50.100", "10.99.0.1"),
+            ("fd50::1", "fd50::100", "fd99::1"),
+        ):
+            seen = gateway if cluster else client
+            vip = VIP4 if ":" not in dst else VIP6
+            for udp_ in (False, True):
+                got = node.connect(node.client, dst, 30080, client, udp=udp_)
+                assert got == f"{seen}|{vip}|30080", (dst, udp_, got)
+            # from the node itself (output hook)
+            own = gateway if cluster else dst
+            assert node.connect(node.node, dst, 30080) == f"{own}|{vip}|30080"
         # gw0's own address is not in nodePortAddresses: not captured
         assert node.connect(node.node, "10.99.0.1", 30080).startswith("error")
         # the Service removed: no longer captured
@@ -225,7 +241,16 @@ async def test_load_balancer_source_ranges(node: Node, dst: str, allowed: str, d
     table = CaptureTable(node.node)
     try:
         ranges = ("192.168.50.100/32", "fd50::100/128")
-        lb = svc(1, 30081, lb=(LB_V4, LB_V6), external=(EXT_V4, EXT_V6), ranges=ranges)
+        # externalTrafficPolicy Local: the answers show the client's own address (Cluster
+        # would masquerade it: test_nodeport_traffic_reaches_the_gateway_with_its_port)
+        lb = svc(
+            1,
+            30081,
+            lb=(LB_V4, LB_V6),
+            external=(EXT_V4, EXT_V6),
+            ranges=ranges,
+            policy=TrafficPolicy.LOCAL,
+        )
         # without capture the LB IP is not routed to gw0: no answer
         assert "|" not in node.connect(node.client, dst, 80, allowed)  # unreachable, no answer
         await table.sync(desired_state([lb], NODE_IPS, ADDRESSES))
@@ -239,7 +264,11 @@ async def test_load_balancer_source_ranges(node: Node, dst: str, allowed: str, d
         assert node.connect(node.client, node_ip, 30081, denied) == f"{denied}|{vip}|30081"
         # the range lifted: the denied client gets through, in one patch
         result = await table.sync(
-            desired_state([svc(1, 30081, lb=(LB_V4, LB_V6))], NODE_IPS, ADDRESSES)
+            desired_state(
+                [svc(1, 30081, lb=(LB_V4, LB_V6), policy=TrafficPolicy.LOCAL)],
+                NODE_IPS,
+                ADDRESSES,
+            )
         )
         assert result.kind == "patch"
         assert node.connect(node.client, dst, 80, denied) == f"{denied}|{dst}|80"
@@ -261,7 +290,8 @@ async def test_tracker_changes_are_patched_and_drift_rebuilds(node: Node) -> Non
         monitor = Monitor(node)
         result = await table.sync_changes(tracker.take_changes(), tracker.state)
         lines = monitor.stop()
-        assert (result.kind, result.elements, generations(lines)) == ("patch", 4, 1)
+        # two NodePorts, each in two families: its nodeports and its masquerade elements
+        assert (result.kind, result.elements, generations(lines)) == ("patch", 8, 1)
         assert await table.read() == tracker.state()
         # no change (an endpoint change of a ClusterIP Service): no transaction at all
         monitor = Monitor(node)

@@ -10,7 +10,9 @@ external IPs via node-1.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -22,7 +24,8 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.lab.cluster import HTTP_PORT, UDP_PORT, Lab
 from ovsproxy.lab.manifests import LabPort, LabService, addresses
 from ovsproxy.model import IPFamily
-from ovsproxy.ovs.traffic import run_in_netns
+from ovsproxy.netns import enter_netns
+from ovsproxy.ovs.traffic import TCP_TIMEOUT_S, run_in_netns
 
 from .conftest import start_lab
 from .helpers import http, install, udp
@@ -381,6 +384,93 @@ def test_a_pod_reaches_its_own_nodes_nodeport(
         client = node.pods[f"client-{node.index}"].netns
         out = http(lab, client, str(node.node_ips[family]), REQUESTS, port=30080)
         assert_every_endpoint_answered(out, pods, node.name)
+
+
+def _two_paths_one_port(
+    netns: str, family: int, nodeport: tuple[str, int], cluster_ip: tuple[str, int], sport: int
+) -> dict[str, str]:
+    """From one client source port, two connections at once: first to ``nodeport``
+    (established, its request not yet sent), then to ``cluster_ip``; each then sends its
+    request. {path: "<pod that answered> <client address it saw>", or the error}."""
+    out: dict[str, str] = {}
+
+    def work() -> None:
+        enter_netns(netns)
+        af = socket.AF_INET if family == 0 else socket.AF_INET6
+        socks: dict[str, socket.socket] = {}
+        try:
+            for path, address in (("nodeport", nodeport), ("clusterip", cluster_ip)):
+                sock = socket.socket(af, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.settimeout(TCP_TIMEOUT_S)
+                sock.bind(("", sport))
+                socks[path] = sock
+                try:
+                    sock.connect(address)
+                except OSError as exc:
+                    out[path] = f"error: connect: {exc!r}"
+            for path in ("clusterip", "nodeport"):
+                if path in out:
+                    continue
+                try:
+                    socks[path].sendall(b"GET / HTTP/1.0\r\n\r\n")
+                    data = b""
+                    while chunk := socks[path].recv(4096):
+                        data += chunk
+                    head, _, body = data.decode(errors="replace").partition("\r\n\r\n")
+                    seen = [
+                        h.split(":", 1)[1].strip()
+                        for h in head.split("\r\n")[1:]
+                        if h.lower().startswith("x-client:")
+                    ]
+                    out[path] = f"{body} {seen[0].removeprefix('::ffff:') if seen else '?'}"
+                except OSError as exc:
+                    out[path] = f"error: request: {exc!r}"
+        finally:
+            for sock in socks.values():
+                sock.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(60)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_client_port_for_a_clusterip_and_a_nodeport_of_one_endpoint_at_once(
+    lab: Lab, family: int
+) -> None:
+    """A client may use one source port for two destinations at once. Here: client-1 (node-1)
+    to node-2's NodePort, and to the ClusterIP, whose only endpoint web-2 is on node-2. The
+    ClusterIP connection is DNATed on node-1 and reaches node-2 as a plain connection; the
+    NodePort one is DNATed on node-2. Had both kept the client's address and port, web-2 would
+    see one 4-tuple for two connections (the soak's last losses, docs/DESIGN.md). With
+    externalTrafficPolicy Cluster the NodePort connection is masqueraded (kube-proxy's
+    semantics): web-2 sees node-2's gateway for it, the client itself for the other, and both
+    are answered. Fails without the capture table's masquerade (the second connect times
+    out)."""
+    svc = nodeport_service(lab, "np-two-paths", 60, 30120, pods=("web-2",))
+    install(lab, svc)
+    node2 = lab.nodes["node-2"]
+    client = lab.nodes["node-1"].pods["client-1"]
+    client_ip = str((client.ipv4, client.ipv6)[family].ip)  # type: ignore[union-attr]
+    gateway = node2.sandbox.gateway_ipv4 if family == 0 else node2.sandbox.gateway_ipv6
+    try:
+        for sport in (61301, 61303, 61305):
+            out = _two_paths_one_port(
+                client.netns,
+                family,
+                (node_ip(lab, "node-2", family), 30120),
+                (str(svc.cluster_ips[family]), 80),
+                sport,
+            )
+            want = {
+                "nodeport": f"web-2 {gateway.ip}",  # type: ignore[union-attr]
+                "clusterip": f"web-2 {client_ip}",
+            }
+            assert out == want, sport
+    finally:
+        remove(lab, svc)
 
 
 # -- the NodePort conformance behaviours ----------------------------------------------------------

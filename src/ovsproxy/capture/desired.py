@@ -14,6 +14,10 @@ Sets (one per IP family where an address is part of the key):
   (``ipMode: Proxy`` ingresses are not in the model: the load balancer proxies those itself).
 * ``firewall``: the load-balancer destinations that have ``loadBalancerSourceRanges``;
   ``firewall-allow``: (destination, source CIDR) pairs allowed to reach them.
+* ``masquerade``: (address, protocol, port) of every frontend whose captured connections are
+  masqueraded: externalTrafficPolicy Cluster (kube-proxy masquerades these; Local keeps the
+  client's address). A NodePort's address is the virtual NodePort IP, the destination its
+  packets have after the capture's DNAT.
 
 Source ranges follow kube-proxy's nftables proxier: they restrict traffic to the Service's
 load-balancer IPs only, per family (an LB IP of a family with no range listed is not
@@ -30,7 +34,8 @@ import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ovsproxy.model import IPAddress, IPFamily, IPNetwork, Protocol, ServicePort
+from ovsproxy.model import IPAddress, IPFamily, IPNetwork, Protocol, ServicePort, TrafficPolicy
+from ovsproxy.model.node import VIRTUAL_NODEPORT_IP
 
 PRIMARY = "primary"
 
@@ -96,6 +101,7 @@ class CaptureSet(enum.StrEnum):
     EXTERNAL = "external"
     FIREWALL = "firewall"
     FIREWALL_ALLOW = "firewall-allow"
+    MASQUERADE = "masquerade"
 
 
 # Element shapes, per set:
@@ -104,6 +110,7 @@ class CaptureSet(enum.StrEnum):
 #   EXTERNAL        (address, protocol, port)
 #   FIREWALL        (address, protocol, port)
 #   FIREWALL_ALLOW  (address, protocol, port, source network)
+#   MASQUERADE      (address, protocol, port)
 Element = tuple[IPAddress | IPNetwork | Protocol | int, ...]
 SetKey = tuple[CaptureSet, IPFamily]
 
@@ -173,11 +180,18 @@ def port_elements(
 ) -> list[tuple[SetKey, Element]]:
     """The elements one Service port contributes (it may share them with other ports)."""
     out: list[tuple[SetKey, Element]] = []
+    masquerade = port.external_traffic_policy is not TrafficPolicy.LOCAL
     if port.node_port:
         for family in port.families:
             out.append(((CaptureSet.NODEPORTS, family), (port.protocol, port.node_port)))
+            if masquerade:
+                frontend = (VIRTUAL_NODEPORT_IP[family], port.protocol, port.node_port)
+                out.append(((CaptureSet.MASQUERADE, family), frontend))
     for ip in (*port.external_ips, *port.load_balancer_ips):
-        out.append(((CaptureSet.EXTERNAL, IPFamily.of(ip)), (ip, port.protocol, port.port)))
+        destination = (ip, port.protocol, port.port)
+        out.append(((CaptureSet.EXTERNAL, IPFamily.of(ip)), destination))
+        if masquerade:
+            out.append(((CaptureSet.MASQUERADE, IPFamily.of(ip)), destination))
     if not port.load_balancer_source_ranges:
         return out
     for lb_ip in port.load_balancer_ips:

@@ -11,6 +11,16 @@ depend on Services (``ovsproxy.capture.desired``)::
                 (dst, proto, port) in @external-vN -> mark |= NODE_CAPTURE_MARK
     nat-prerouting / nat-output  nat hooks, priority dstnat:
                 NodePort traffic (as above) -> dnat to VIRTUAL_NODEPORT_IP (the port is kept)
+    nat-postrouting  nat hook postrouting, priority srcnat: a captured connection (mark) to
+                (dst, proto, port) in @masquerade-vN -> masquerade (externalTrafficPolicy
+                Cluster: the endpoint sees the gateway's address, as kube-proxy's
+                masquerade shows it the node's)
+
+The masquerade is kube-proxy's semantics, and more: it makes the kernel's conntrack pick a
+4-tuple no other connection to that endpoint has. Without it, a client that used one source
+port at once for a ClusterIP (DNATed on its own node, arriving here as a plain connection) and
+this node's NodePort of the same endpoint gave the endpoint one 4-tuple for two connections
+(docs/DESIGN.md, "One client port, two paths to one endpoint").
 
 Marking happens at mangle priority, before DNAT, on the original destination, so every
 packet of a captured connection is marked (NAT rewrites each packet at dstnat priority after
@@ -106,6 +116,12 @@ def _set_mark() -> dict[str, Any]:
     }
 
 
+def _captured() -> dict[str, Any]:
+    """The packet carries the capture mark (set in prerouting/output by capture-mark)."""
+    marked = {"&": [{"meta": {"key": "mark"}}, NODE_CAPTURE_MARK]}
+    return _match(marked, NODE_CAPTURE_MARK)
+
+
 def _rule(chain: str, expr: list[dict[str, Any]]) -> Command:
     return {"add": {"rule": {"family": FAMILY, "table": TABLE, "chain": chain, "expr": expr}}}
 
@@ -120,6 +136,7 @@ def _chain(name: str, hook: tuple[str, str, int] | None = None) -> Command:
 
 MANGLE = -150
 DSTNAT = -100
+SRCNAT = 100
 
 
 def skeleton() -> list[Command]:
@@ -144,6 +161,7 @@ def skeleton() -> list[Command]:
     commands.append(_chain("output", ("route", "output", MANGLE)))
     commands.append(_chain("nat-prerouting", ("nat", "prerouting", DSTNAT)))
     commands.append(_chain("nat-output", ("nat", "output", DSTNAT)))
+    commands.append(_chain("nat-postrouting", ("nat", "postrouting", SRCNAT)))
     new_only = _match({"ct": {"key": "state"}}, "new", op="in")
     for base in ("prerouting", "output"):
         commands.append(_rule(base, [new_only, {"jump": {"target": "firewall"}}]))
@@ -168,6 +186,18 @@ def skeleton() -> list[Command]:
         dnat = {"dnat": {"family": _IP[family], "addr": str(VIRTUAL_NODEPORT_IP[family])}}
         for chain in ("nat-prerouting", "nat-output"):
             commands.append(_rule(chain, [*_nodeport_match(family), {"counter": None}, dnat]))
+        masquerade = f"@{set_name(CaptureSet.MASQUERADE, family)}"
+        commands.append(
+            _rule(
+                "nat-postrouting",
+                [
+                    _match(_tuple(family), masquerade),
+                    _captured(),
+                    {"counter": None},
+                    {"masquerade": None},
+                ],
+            )
+        )
     return commands
 
 

@@ -108,9 +108,12 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
       (NodePort,                     for a NodePort, DNATs it to the virtual NodePort IP; the
       LB IP,                         mark's policy route sends it to the virtual next hop through
       external IP)                   the gateway: it arrives as the node's own traffic does
-                                     (eth_dst = virtual MAC) and takes the rows "the node ...":
-                                     a local endpoint sees the client's address; one on another
-                                     node gets the host SNAT (externalTrafficPolicy Cluster).
+                                     (eth_dst = virtual MAC) and takes the rows "the node ...".
+                                     externalTrafficPolicy Cluster: the node's kernel has
+                                     masqueraded it (source = the gateway's address; the capture
+                                     table's nat-postrouting), and one DNATed to another node
+                                     also gets the host SNAT; Local: a local endpoint sees the
+                                     client's address.
                                      Reply: un-DNATed in OVS, out the gateway, un-DNATed by the
                                      node's kernel, back to the client. externalTrafficPolicy
                                      Local: the external set has this node's endpoints only
