@@ -396,6 +396,12 @@ def _churn(ch: dict[str, Any]) -> list[str]:
         " to the reply to the commit of the sync that consumed it. CPU: the agent's, all its"
         f" threads, as a share of one core (idle: {ch['idle_cpu_percent']:.1f}%)."
         + (
+            f" The goals are judged at the agent's default interval"
+            f" ({ch['default_min_sync_interval_s']:g} s): {_met(bool(ch['goals_met']))}."
+            if "default_min_sync_interval_s" in ch
+            else ""
+        )
+        + (
             " Of the latency, the watch's delivery: from the send to the agent's informer"
             " handler (the fake API and the generator share the bench's process, whose"
             " setup heap is frozen out of its collector)."

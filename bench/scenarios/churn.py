@@ -1,6 +1,6 @@
 """Churn: 10,000 Services x 10 endpoints installed, then a steady stream of EndpointSlice
 updates through the fake Kubernetes API's watch, at 100 and 1,000 endpoint changes per
-second for 30 s each, with the agent's min-sync-interval 0 and 1 s.
+second for 30 s each, with the agent's min-sync-interval 0, its default (0.1 s) and 1 s.
 
 The agent is the real one in ``bench.agent_probe`` (started from the API like ``ovsproxy
 run``; the runner's minimum interval is set between windows, as ``--min-sync-interval``
@@ -20,7 +20,8 @@ previous window's backlog) the agent was still taking in, and ``kept_up`` says w
 update of the window was committed. The fake API and the generator share the bench's process:
 its setup heap is frozen and its collector off while the windows run (its collections over
 the cluster and the watch history stalled the watch, and counted as the agent's latency).
-Goals at 100/s: p99 <= 10 ms plus the min-sync interval, CPU <= 25% of one core.
+Goals at 100/s: p99 <= 10 ms plus the min-sync interval, CPU <= 25% of one core; met or not is
+judged at the agent's default interval (each window says its own).
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ from support import cluster
 
 from bench import agentrun, dp, kubeapi
 from bench.agent_probe import STAMP
+from ovsproxy.config import AgentConfig
 
 NAME = "churn"
 DESCRIPTION = "EndpointSlice updates at 100 and 1,000 endpoint changes/s through the watch"
 
 GOAL_P99_MS = 10.0  # plus the min-sync interval
+# none, the agent's default, and kube-proxy's default
+INTERVALS = sorted({0.0, AgentConfig().min_sync_interval, 1.0})
 GOAL_CPU_PERCENT = 25.0
 
 
@@ -201,7 +205,7 @@ async def _measure(
             gc.freeze()
             gc.disable()
             windows = []
-            for interval in (0.0, 1.0):
+            for interval in INTERVALS:
                 for rate in rates:
                     windows.append(await _window(sb, probe, churn, rate, seconds, interval))
             idle_cpu, idle_s = probe.cpu(), min(2.0, seconds / 2)
@@ -217,7 +221,10 @@ async def _measure(
     by_key = {
         f"{int(w['rate_per_s'])}/s, interval {w['min_sync_interval_s']:g} s": w for w in windows
     }
-    slow = [w for w in windows if "goal_p99_met" in w]
+    # The goals hold at the agent's default interval (issue 26); the other windows show what
+    # none and kube-proxy's 1 s would give.
+    default = AgentConfig().min_sync_interval
+    judged = [w for w in windows if "goal_p99_met" in w and w["min_sync_interval_s"] == default]
     return {
         "services": services,
         "endpoints_per_service": endpoints,
@@ -226,7 +233,8 @@ async def _measure(
         "idle_cpu_percent": round(idle, 1),
         "goal_p99_ms": f"{GOAL_P99_MS} + min-sync-interval (at 100/s)",
         "goal_cpu_percent": GOAL_CPU_PERCENT,
-        "goals_met": all(w["goal_p99_met"] and w["goal_cpu_met"] for w in slow),
+        "default_min_sync_interval_s": default,
+        "goals_met": bool(judged) and all(w["goal_p99_met"] and w["goal_cpu_met"] for w in judged),
         "windows": by_key,
     }
 

@@ -105,7 +105,7 @@ def _options(func: Any) -> Any:
         ),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
         click.option("--log-format", type=click.Choice(["text", "json"])),
-        click.option("--min-sync-interval", type=float, help="seconds between syncs [1]"),
+        click.option("--min-sync-interval", type=float, help="seconds between syncs [0.1]"),
         click.option("--full-resync-interval", type=float, help="seconds [3600]"),
         click.option(
             "--cleanup",
