@@ -26,6 +26,7 @@ from ovsproxy.model import (
 )
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
+from ovsproxy.proxy.followers import ClusterIPsFollower
 from ovsproxy.proxy.proxier import (
     DROP,
     FORWARD,
@@ -383,7 +384,7 @@ async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
         tracker,
         Datapath(recorder, pl.PipelineConfig(), 1),
         node_name=NODE,
-        on_cluster_ips=on_cluster_ips,
+        followers=[ClusterIPsFollower(on_cluster_ips)],
         conntrack=recorder,  # type: ignore[arg-type]
         send=recorder.send,
     )

@@ -1,7 +1,7 @@
 """The node side of NodePorts, external IPs and load-balancer IPs, following the proxier.
 
-After every proxier commit (``Proxier(on_services=...)``) ``NodeSide.after_sync`` gets the
-Service ports that sync touched and:
+After every proxier commit (it is one of the proxier's followers, ``proxy.followers``)
+``NodeSide.after_commit`` gets the Service ports that sync touched and:
 
 * updates the ``CaptureTracker`` for each of them and sends its pending change to the
   ``inet ovsproxy`` nftables table in one transaction (work proportional to the change; the
@@ -24,7 +24,6 @@ rp_filter stays loose. See docs/nodeport.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
@@ -33,6 +32,7 @@ from ovsproxy.config import AgentConfig
 from ovsproxy.healthcheck import ProxyHealth, ServiceHealthServers, desired_health_checks
 from ovsproxy.model import IPAddress, IPFamily, ServicePortName, ServiceState
 from ovsproxy.model.node import UnservedPath
+from ovsproxy.proxy.followers import Committed
 from ovsproxy.routes import rpfilter
 from ovsproxy.routes.backend import RouteBackendError
 from ovsproxy.routes.capture import CaptureRoutes
@@ -50,6 +50,8 @@ class NodeSide:
         self.node_ips: tuple[IPAddress, ...] = config.node_ips
         # Where node_ips came from: "config", "Node" (the API's Node object) or "devices"
         self.node_ips_from = "config" if config.node_ips else "devices"
+        # Those of node_ips that accept NodePorts: computed when the node IPs change
+        self.node_port_ips = self.addresses.node_port_ips(self.node_ips)
         self.tracker = CaptureTracker()
         self.table = CaptureTable(netns)
         self.routes = CaptureRoutes(config.gateway, netns)
@@ -78,10 +80,10 @@ class NodeSide:
             raise RuntimeError(f"{exc} (or run with --no-node-ports)") from None
         await self.routes.open()
         if not self.node_ips and node_object_ips:
-            self.node_ips, self.node_ips_from = node_object_ips, "Node"
+            self._take_node_ips(node_object_ips, "Node")
             log.info("node IPs (from the Node object): %s", _text(self.node_ips))
         if not self.node_ips:
-            self.node_ips = tuple(await self.routes.node_addresses())
+            self._take_node_ips(tuple(await self.routes.node_addresses()), "devices")
             log.info("node IPs (from the node's devices): %s", _text(self.node_ips))
         if not self.node_ips:
             log.warning("no node IP found: NodePorts are not captured (give --node-ip)")
@@ -89,15 +91,13 @@ class NodeSide:
         self.tracker.set_node_ips(self.node_ips, self.addresses)
         if await self.table.adopt():
             log.info("capture table: adopted the one a previous run left (patched, not rebuilt)")
-        selected = self.addresses.select(self.node_ips)
+        node_port_ips = self.node_port_ips
         # kube-proxy: every address when nodePortAddresses is empty, else the selected IPs.
-        listen = None if not self.config.node_port_addresses else [str(ip) for ip in selected]
+        listen = None if not self.config.node_port_addresses else [str(ip) for ip in node_port_ips]
         self.servers = ServiceHealthServers(
             self.health.is_healthy, addresses=listen, netns=self.netns
         )
-        log.info(
-            "NodePorts on %s", _text(tuple(ip for ip in self.node_ips if ip in selected)) or "none"
-        )
+        log.info("NodePorts on %s", _text(node_port_ips) or "none")
 
     async def _ensure_policy_routes(self) -> None:
         """The capture's rule and route per family; a missing gateway (the CNI has not made
@@ -152,20 +152,18 @@ class NodeSide:
         if self.node_ips_from == "config" or not node_ips or node_ips == self.node_ips:
             return False
         log.info("node IPs (from the Node object): %s", _text(node_ips))
-        self.node_ips, self.node_ips_from = node_ips, "Node"
+        self._take_node_ips(node_ips, "Node")
         self.tracker.set_node_ips(self.node_ips, self.addresses)
         self._routes_ok = False  # a new family needs its policy route: ensured at the next sync
         return True
 
-    @property
-    def node_port_ips(self) -> tuple[IPAddress, ...]:
-        selected = self.addresses.select(self.node_ips)
-        return tuple(ip for ip in self.node_ips if ip in selected)
+    def _take_node_ips(self, node_ips: tuple[IPAddress, ...], origin: str) -> None:
+        self.node_ips, self.node_ips_from = node_ips, origin
+        self.node_port_ips = self.addresses.node_port_ips(node_ips)
 
-    async def after_sync(
-        self, touched: Mapping[ServicePortName, ServiceState | None], full: bool
-    ) -> None:
+    async def after_commit(self, committed: Committed) -> None:
         """Follow one proxier commit (see the module docstring)."""
+        touched, full = committed.touched, committed.full
         if not self._routes_ok:
             await self._ensure_policy_routes()
         health_changed = False

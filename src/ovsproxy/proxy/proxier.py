@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -59,6 +59,7 @@ from ovsproxy.model.problems import PortConflict
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
 from ovsproxy.proxy.claims import ClaimResolver
+from ovsproxy.proxy.followers import Committed, Follower
 from ovsproxy.proxy.group_ids import CLUSTER_IPS, EXTERNAL, IN_CLUSTER, GroupIDs, GroupKey
 from ovsproxy.proxy.mid_stream import Contribution, MidStreamIndex
 from ovsproxy.proxy.mid_stream import contribution as mid_stream_contribution
@@ -475,7 +476,8 @@ class Proxier:
     Service-semantics hooks (all optional; ``datapath.semantics.ServiceSemantics`` provides
     them): ``reject_action`` for frontends without any usable endpoint (empty: drop),
     ``conntrack`` to flush UDP entries of removed endpoints, ``send`` to send messages outside
-    the bundle (deleting learned affinity flows) after a commit.
+    the bundle (deleting learned affinity flows) after a commit. ``followers`` see each commit
+    after that (``proxy.followers``). ``agent.core.build_core`` builds it with all of them.
     """
 
     def __init__(
@@ -486,7 +488,6 @@ class Proxier:
         node_name: str,
         zone: str | None = None,
         pods: Callable[[], Awaitable[list[PodPort]]] | None = None,
-        on_cluster_ips: Callable[[frozenset[IPAddress]], Awaitable[None]] | None = None,
         reject_action: tuple[of.Action, ...] = (),
         conntrack: ConntrackFlusher | None = None,
         send: Callable[[Sequence[of.Message]], Awaitable[None]] | None = None,
@@ -494,17 +495,13 @@ class Proxier:
         sweep_interval: float | None = 60.0,
         node_ports: bool = False,
         node_port_ips: Sequence[IPAddress] = (),
-        on_services: Callable[
-            [Mapping[ServicePortName, ServiceState | None], bool], Awaitable[None]
-        ]
-        | None = None,
+        followers: Sequence[Follower] = (),
     ) -> None:
         self.tracker = tracker
         self.datapath = datapath
         self.node_name = node_name
         self.zone = zone
         self._pods = pods
-        self._on_cluster_ips = on_cluster_ips
         self._reject_action = reject_action
         self.conntrack = conntrack
         self._send = send
@@ -512,9 +509,8 @@ class Proxier:
         # NodePort frontends (the node captures NodePort traffic to the virtual NodePort IP)
         self.node_ports = node_ports
         self.node_port_ips = tuple(node_port_ips)  # this node's IPs that accept NodePorts
-        # After each commit: the Service ports it touched (None: removed) and whether it was
-        # a full sync; the node-side capture and health checks follow them.
-        self._on_services = on_services
+        # What follows each commit, in this order (``proxy.followers``)
+        self.followers = tuple(followers)
         config = datapath.config
         self.ctx = svc.Context(
             tables=datapath.tables,
@@ -555,7 +551,6 @@ class Proxier:
         self.conflicts: tuple[PortConflict, ...] = ()
         self.conflicts_refused = 0
         self._claims_unpublished = False
-        self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
         # (IP protocol, frontend address, L4 port) of every frontend with usable endpoints,
@@ -846,14 +841,12 @@ class Proxier:
         self._trigger_times.clear()
         self._synced_once = True
         await self._post_commit()
-        if self._on_services is not None:
-            await self._on_services(touched, full)
-        version = self.tracker.cluster_ips_version
-        if self._on_cluster_ips is not None and version != self._cluster_ips_version:
-            # Only when an address came or went: rebuilding the set of every ClusterIP on each
-            # endpoint change would make every sync cost the size of the cluster.
-            await self._on_cluster_ips(self.tracker.cluster_ips())
-            self._cluster_ips_version = version
+        if self.followers:
+            commit_view = Committed(
+                touched, full, self.tracker.cluster_ips_version, self.tracker.cluster_ips
+            )
+            for follower in self.followers:
+                await follower.after_commit(commit_view)
         self._publish()
         result = SyncResult(
             changed=changed,
