@@ -80,7 +80,13 @@ def test_node_port_frontends_follow_the_configuration(overrides, node_ports, nod
 async def test_followers_see_each_commit_in_order_and_cluster_ips_only_when_they_change() -> None:
     seen: list[tuple[str, object]] = []
 
+    class HealthChecks:
+        async def after_commit(self, committed: Committed) -> None:
+            seen.append(("health checks", sorted(map(str, committed.touched))))
+
     class NodeSide:
+        health_checks = HealthChecks()
+
         async def after_commit(self, committed: Committed) -> None:
             seen.append(("node side", sorted(map(str, committed.touched))))
 
@@ -104,8 +110,13 @@ async def test_followers_see_each_commit_in_order_and_cluster_ips_only_when_they
     name = ServicePortName("ns", "web", "")
     tracker.on_service_add(Service("ns", "web", (ServicePort(name, (ip("10.96.0.1"),), 80),)))
     await core.proxier.sync()
-    assert seen == [("node side", ["ns/web/TCP"]), ("cluster IPs", ["10.96.0.1"])]
+    assert seen == [
+        ("node side", ["ns/web/TCP"]),
+        ("health checks", ["ns/web/TCP"]),
+        ("cluster IPs", ["10.96.0.1"]),
+    ]
     tracker.on_service_update(Service("ns", "web", (ServicePort(name, (ip("10.96.0.1"),), 81),)))
     await core.proxier.sync()
-    assert seen[2:] == [("node side", ["ns/web/TCP"])]  # the same ClusterIP: not handed on again
+    # the same ClusterIP: not handed on again
+    assert seen[3:] == [("node side", ["ns/web/TCP"]), ("health checks", ["ns/web/TCP"])]
     assert added == [frozenset({ip("10.96.0.1")})]

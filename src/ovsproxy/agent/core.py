@@ -11,8 +11,8 @@ user runs: all of it over a live channel, only the reject flows (their frontends
 nothing sent), or none.
 
 What follows a commit is a list of followers (``proxy.followers``) the proxier calls in one
-place; the agent's are ``commit_followers``: the node side (capture table and health-check
-servers), then the route discoverer's ClusterIP feed.
+place; the agent's are ``commit_followers``: the node side's capture table, its health-check
+servers, then the route discoverer's ClusterIP feed.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 if TYPE_CHECKING:
+    from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.servicecidr import ServiceCIDRDiscoverer
 
 # How often learned affinity flows above OVS's idle-timeout limit are swept: the sweeper's
@@ -74,13 +75,13 @@ class Core:
 
 
 def commit_followers(
-    node_side: Follower | None, discoverer: ServiceCIDRDiscoverer | None
+    node_side: NodeSide | None, discoverer: ServiceCIDRDiscoverer | None
 ) -> tuple[Follower, ...]:
-    """What follows each commit, in order: the node side (capture table, health-check
-    servers), then the route discoverer's ClusterIPs (only when an address came or went)."""
+    """What follows each commit, in order: the node side's capture table, its health-check
+    servers, then the route discoverer's ClusterIPs (only when an address came or went)."""
     followers: list[Follower] = []
     if node_side is not None:
-        followers.append(node_side)
+        followers += (node_side, node_side.health_checks)
     if discoverer is not None:
         followers.append(ClusterIPsFollower(ClusterIPFeed(discoverer)))
     return tuple(followers)
