@@ -1,7 +1,8 @@
 """The core of an agent, built one way for every user: ``build_core(config, switch, node)``.
 
 The core is the change tracker, the datapath over a switch, the proxier, the Service
-semantics (reject, conntrack flushes, affinity sweep) and what follows each commit. The agent
+semantics (reject, conntrack flushes, affinity sweep) and the followers of each commit (given
+by the caller). The agent
 (``agent.lifecycle``), ``ovsproxy verify`` (the desired state, committed into a
 ``RecordingSwitch``), the tests' harnesses and the benchmarks all build it here, so each gets
 the agent's wiring: the proxier's node name, zone, NodePort frontends and node IPs from the
@@ -51,9 +52,11 @@ class Semantics(enum.Enum):
     # flushed after removals, learned affinity flows deleted and swept, the reject meter
     # installed before every replay (the agent, the live tests)
     LIVE = "live"
-    # The agent's flows, rejects included, and nothing sent after a commit (``verify``)
+    # The agent's flows, rejects included; nothing sent after a commit (``verify``, tests of
+    # what the agent stages)
     FLOWS = "flows"
-    # Frontends without endpoints drop; nothing after a commit (the proxier's benchmarks)
+    # Frontends without endpoints drop; nothing sent after a commit (the benchmarks, tests of
+    # the proxier on a fake switch)
     NONE = "none"
 
 
