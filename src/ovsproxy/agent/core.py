@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.datapath import Datapath, GroupRegistry, Switch
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.datapath.semantics import ServiceSemantics
@@ -39,10 +40,6 @@ from ovsproxy.servicecidr.feed import ClusterIPFeed
 if TYPE_CHECKING:
     from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.servicecidr import ServiceCIDRDiscoverer
-
-# How often learned affinity flows above OVS's idle-timeout limit are swept: the sweeper's
-# period and what the proxier's status says of it
-SWEEP_INTERVAL = 60.0
 
 
 class Semantics(enum.Enum):

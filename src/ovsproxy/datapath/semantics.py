@@ -22,7 +22,7 @@ import contextlib
 import logging
 from typing import Any
 
-from ovsproxy.datapath.affinity import AffinitySweeper
+from ovsproxy.datapath.affinity import SWEEP_INTERVAL, AffinitySweeper
 from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher, vswitchd_appctl
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.datapath.stale_reset import StaleResetFlusher, is_invalid_rst
@@ -38,7 +38,7 @@ class ServiceSemantics:
         datapath: Any,
         *,
         appctl: AppCtl | None = None,
-        sweep_interval: float = 60.0,
+        sweep_interval: float = SWEEP_INTERVAL,
         rejector: Rejector | None = None,
     ) -> None:
         self.channel = channel
@@ -51,7 +51,7 @@ class ServiceSemantics:
 
     @classmethod
     def wired(
-        cls, channel: Any, datapath: Any, *, sweep_interval: float = 60.0
+        cls, channel: Any, datapath: Any, *, sweep_interval: float = SWEEP_INTERVAL
     ) -> ServiceSemantics:
         """What the agent runs: the reject meter installed before the datapath's replay on
         every (re)connection (``wrap_on_connected``), the affinity sweeper started. The UDP

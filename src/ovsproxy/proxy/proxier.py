@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
 from ovsproxy.datapath.datapath import CommitStats, Datapath, DatapathError
 from ovsproxy.model import (
@@ -492,7 +493,7 @@ class Proxier:
         conntrack: ConntrackFlusher | None = None,
         send: Callable[[Sequence[of.Message]], Awaitable[None]] | None = None,
         max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT,
-        sweep_interval: float | None = 60.0,
+        sweep_interval: float | None = SWEEP_INTERVAL,
         node_ports: bool = False,
         node_port_ips: Sequence[IPAddress] = (),
         followers: Sequence[Follower] = (),
