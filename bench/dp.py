@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from support.cluster import CLUSTER_IP_BASE, ENDPOINT_BASE, ENDPOINT_PORT
 
@@ -38,6 +38,9 @@ from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePor
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.sandbox import Sandbox, SandboxError
+
+if TYPE_CHECKING:
+    from ovsproxy.agent.core import Core
 
 CONFIG = pl.PipelineConfig()
 GENERATION = 1
@@ -128,17 +131,19 @@ def fingerprint(sb: Sandbox, groups: bool = True) -> str:
     return digest.hexdigest()[:16]
 
 
-async def connect(sb: Sandbox) -> tuple[Channel, Datapath]:
-    dp: Datapath | None = None
+async def connect(sb: Sandbox) -> tuple[Channel, Core]:
+    """A channel to the sandbox's switch, started, and the agent's core over it
+    (``agent.core.build_core``) without Service semantics: the benches measure the datapath
+    and the proxier alone. (Imported here: the memory probe's baseline imports this module.)"""
+    from ovsproxy.agent.core import NodeFacts, Semantics, build_core
+    from ovsproxy.config import AgentConfig
 
-    async def hook() -> None:
-        assert dp is not None
-        await dp.on_connected()
-
-    channel = Channel(sb.openflow, on_connected=hook, bundle_timeout=600)
-    dp = Datapath(channel, CONFIG, GENERATION)
+    config = AgentConfig(node_name="bench-node", node_ports=False)
+    assert config.pipeline == CONFIG  # what the recorded baselines are built with
+    channel = Channel(sb.openflow, bundle_timeout=600)
+    core = build_core(config, channel, NodeFacts(GENERATION), semantics=Semantics.NONE)
     await channel.start()
-    return channel, dp
+    return channel, core
 
 
 # -- our full sync -------------------------------------------------------------------------
@@ -201,7 +206,8 @@ def stage_cluster(dp: Datapath, ports: Cluster, ctx: svc.Context) -> tuple[float
 
 async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
     """Model values -> groups and flows in a fresh switch, timed to the commit reply."""
-    channel, dp = await connect(sb)
+    channel, core = await connect(sb)
+    dp = core.datapath
     try:
         # A new context: its encoders start empty, so the sync is measured cold (agent start).
         ctx = svc.Context(dp.tables, GENERATION)

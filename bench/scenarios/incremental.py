@@ -42,7 +42,6 @@ from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.proxy.proxier import Proxier
-from ovsproxy.proxy.tracker import ChangeTracker
 
 NAME = "incremental"
 DESCRIPTION = "One endpoint change in a 10,000-Service cluster vs a full MODIFY and the N+1 bug"
@@ -85,9 +84,8 @@ class Wire:
 
 
 async def _proxy(sb: Any, services: int) -> tuple[Channel, Proxier, dp.Cluster, float]:
-    channel, datapath = await dp.connect(sb)
-    tracker = ChangeTracker()
-    proxier = Proxier(tracker, datapath, node_name="bench-node")
+    channel, core = await dp.connect(sb)
+    tracker, proxier = core.tracker, core.proxier
     ports = dp.cluster(services, 10)
     for port, endpoints in ports:
         tracker.on_service_add(Service(port.name.namespace, port.name.name, (port,)))
@@ -232,7 +230,8 @@ def _plot_data(sizes: list[int]) -> list[dict[str, int]]:
 
 async def _ours_live(sb: Any, sizes: list[int]) -> dict[int, int]:
     """Our GROUP_MOD bytes for the N-th endpoint, as the switch receives them."""
-    channel, datapath = await dp.connect(sb)
+    channel, core = await dp.connect(sb)
+    datapath = core.datapath
     try:
         ctx = svc.Context(datapath.tables, dp.GENERATION)
         datapath.stage(dp.PIPELINE_OWNER, (), svc.pipeline_flows(ctx))

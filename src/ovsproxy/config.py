@@ -97,6 +97,12 @@ class AgentConfig:
         return tuple(ipaddress.ip_address(ip) for ip in self.node_ip)
 
     @property
+    def node_port_ips(self) -> tuple[IPAddress, ...]:
+        """This node's IPs that accept NodePorts (``node_port_addresses`` of ``node_ip``)."""
+        node_ips = self.node_ips
+        return NodePortAddresses.parse(self.node_port_addresses).node_port_ips(node_ips)
+
+    @property
     def captures(self) -> bool:
         """Node-side capture runs: asked for, standalone, and with the node's routes."""
         return self.node_ports and self.mode == Mode.STANDALONE and self.manage_routes

@@ -8,17 +8,15 @@ import ipaddress
 
 from rich.console import Console
 
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
 from ovsproxy.agent.observability import StatusPages
 from ovsproxy.agent.wiring import Components
 from ovsproxy.cli.status_cmd import render_status
 from ovsproxy.config import AgentConfig
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import ServiceType, TrafficPolicy
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
-from ovsproxy.proxy.proxier import Proxier
-from tests.proxy.test_proxier_semantics import NODE, REJECT_MARK, Recorder, apply, ep, port
+from tests.proxy.test_proxier_semantics import NODE, Recorder, apply, ep, port
 
 
 async def _status() -> tuple[dict, str]:
@@ -26,9 +24,10 @@ async def _status() -> tuple[dict, str]:
     parts.tracker.on_synced(SYNC_SERVICES)
     parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
     recorder = Recorder()
-    parts.datapath = Datapath(recorder, pl.PipelineConfig(), 1)
-    parts.proxier = Proxier(
-        parts.tracker, parts.datapath, node_name=NODE, reject_action=REJECT_MARK
+    parts.take_core(
+        build_core(
+            parts.config, recorder, NodeFacts(), semantics=Semantics.FLOWS, tracker=parts.tracker
+        )
     )
     tracker = parts.tracker
     # iTP Local, its only endpoint on another node: the switch drops
@@ -69,12 +68,16 @@ async def test_status_text_says_dropping_rejecting_or_forwarding_to_n_endpoints(
 
 
 def _node_port_parts() -> Components:
-    """An agent's parts with a proxier that programs NodePorts, on a recording switch."""
+    """An agent's parts with a proxier that programs NodePorts (the configuration's default),
+    on a recording switch."""
     parts = Components(AgentConfig(node_name=NODE))
     parts.tracker.on_synced(SYNC_SERVICES)
     parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    parts.datapath = Datapath(Recorder(), pl.PipelineConfig(), 1)
-    parts.proxier = Proxier(parts.tracker, parts.datapath, node_name=NODE, node_ports=True)
+    core = build_core(
+        parts.config, Recorder(), NodeFacts(), semantics=Semantics.FLOWS, tracker=parts.tracker
+    )
+    assert core.proxier.node_ports
+    parts.take_core(core)
     return parts
 
 

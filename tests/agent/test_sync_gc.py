@@ -15,11 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from ovsproxy import gcpause
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
 from ovsproxy.agent.sync import COMPACT_EVERY, Syncer
 from ovsproxy.agent.wiring import Components
 from ovsproxy.config import AgentConfig
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import (
     Endpoint,
@@ -31,7 +30,6 @@ from ovsproxy.model import (
     SlicePort,
 )
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
-from ovsproxy.proxy.proxier import Proxier
 from tests.fakes.switch import FakeSwitch
 
 SERVICES = 300
@@ -77,8 +75,12 @@ def _agent_parts() -> tuple[Components, Syncer]:
     parts = Components(AgentConfig(node_name="n"))
     parts.tracker.on_synced(SYNC_SERVICES)
     parts.tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    parts.datapath = Datapath(FakeSwitch(keep=False), pl.PipelineConfig(), 1)
-    parts.proxier = Proxier(parts.tracker, parts.datapath, node_name="n")
+    switch = FakeSwitch(keep=False)
+    parts.take_core(
+        build_core(
+            parts.config, switch, NodeFacts(), semantics=Semantics.NONE, tracker=parts.tracker
+        )
+    )
     for i in range(SERVICES):
         name = ServicePortName("ns", f"svc-{i}", "http")
         ip = ipaddress.ip_address(f"172.16.{i // 250}.{i % 250 + 1}")

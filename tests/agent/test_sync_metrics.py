@@ -10,11 +10,10 @@ import time
 
 import pytest
 
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import Components
 from ovsproxy.config import AgentConfig
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import (
     Endpoint,
@@ -27,7 +26,6 @@ from ovsproxy.model import (
 )
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow.errors import RequestTimeout
-from ovsproxy.proxy.proxier import Proxier
 from tests.fakes.switch import FakeSwitch
 
 DURATION = "ovsproxy_sync_proxy_rules_duration_seconds_count"
@@ -43,8 +41,11 @@ def _slice(address: str, trigger: float) -> EndpointSlice:
 async def test_failed_syncs_are_timed_but_only_a_successful_one_is_the_last() -> None:
     switch = FakeSwitch()
     parts = Components(AgentConfig(node_name="n"))
-    parts.datapath = Datapath(switch, pl.PipelineConfig(), 1)
-    parts.proxier = Proxier(parts.tracker, parts.datapath, node_name="n")
+    parts.take_core(
+        build_core(
+            parts.config, switch, NodeFacts(), semantics=Semantics.NONE, tracker=parts.tracker
+        )
+    )
     metrics = Metrics()
     syncer = Syncer(parts, metrics, HealthState())
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
+from ovsproxy.config import AgentConfig
 from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
@@ -22,7 +22,6 @@ from ovsproxy.model import (
 )
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow.errors import RequestTimeout
-from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
 from tests.fakes.switch import FakeSwitch
 
@@ -37,7 +36,9 @@ async def test_a_failed_commit_keeps_the_trigger_times_for_the_commit_that_lands
     tracker = ChangeTracker()
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    proxier = Proxier(tracker, Datapath(switch, pl.PipelineConfig(), 1), node_name="n")
+    proxier = build_core(
+        AgentConfig(node_name="n"), switch, NodeFacts(), semantics=Semantics.NONE, tracker=tracker
+    ).proxier
     port = ServicePort(ServicePortName("ns", "web", ""), (ipaddress.ip_address("10.96.0.1"),), 80)
     tracker.on_service_add(Service("ns", "web", (port,)))
     first = time.time()

@@ -5,39 +5,34 @@ tests/lab/test_port_conflicts.py sends the traffic."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
+from ovsproxy.config import AgentConfig
 from ovsproxy.model import ServicePortName, ServiceState, ServiceType
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
-from ovsproxy.proxy.proxier import Proxier
-from ovsproxy.proxy.tracker import ChangeTracker
+from ovsproxy.proxy.followers import Committed
 from tests.proxy.test_proxier_semantics import NODE, Recorder, apply, ep, ip, port
 
 NODE_IP = ip("192.168.50.1")
 
 
 class Rig:
+    """The agent's core on a recording switch, with NodePorts on ``NODE_IP``; it follows
+    each commit as the node side does."""
+
     def __init__(self) -> None:
-        self.tracker = ChangeTracker()
-        self.tracker.on_synced(SYNC_SERVICES)
-        self.tracker.on_synced(SYNC_ENDPOINT_SLICES)
-        config = pl.PipelineConfig(node_ips=(NODE_IP,))
+        config = AgentConfig(node_name=NODE, node_ip=(str(NODE_IP),))
         self.touched: list[dict[ServicePortName, ServiceState | None]] = []
         self.conflicts_seen: list[int] = []  # published conflicts while the node side followed
-        self.proxier = Proxier(
-            self.tracker,
-            Datapath(Recorder(), config, 1),
-            node_name=NODE,
-            node_ports=True,
-            on_services=self._followed,
+        core = build_core(
+            config, Recorder(), NodeFacts(), semantics=Semantics.NONE, followers=[self]
         )
+        self.tracker, self.proxier = core.tracker, core.proxier
+        assert self.proxier.node_ports and self.proxier.node_port_ips == (NODE_IP,)
+        self.tracker.on_synced(SYNC_SERVICES)
+        self.tracker.on_synced(SYNC_ENDPOINT_SLICES)
 
-    async def _followed(
-        self, touched: Mapping[ServicePortName, ServiceState | None], full: bool
-    ) -> None:
-        self.touched.append(dict(touched))
+    async def after_commit(self, committed: Committed) -> None:
+        self.touched.append(dict(committed.touched))
         self.conflicts_seen.append(len(self.proxier.conflicts))
 
     def flows(self) -> str:

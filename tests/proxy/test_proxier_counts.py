@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
+from ovsproxy.config import AgentConfig
 from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
@@ -39,7 +39,13 @@ async def test_endpoint_count_follows_adds_changes_and_removals() -> None:
     tracker = ChangeTracker()
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    proxier = Proxier(tracker, Datapath(FakeSwitch(), pl.PipelineConfig(), 1), node_name="n")
+    proxier = build_core(
+        AgentConfig(node_name="n"),
+        FakeSwitch(),
+        NodeFacts(),
+        semantics=Semantics.NONE,
+        tracker=tracker,
+    ).proxier
     tracker.on_service_add(_service("web", "10.96.0.1"))
     tracker.on_service_add(_service("api", "10.96.0.2"))
     tracker.on_endpoint_slice_add(_slice("web-1", "web", "10.0.0.1", "10.0.0.2"))

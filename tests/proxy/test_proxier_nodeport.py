@@ -3,8 +3,9 @@ ServiceLB flows it stages (the lab's tests/lab/test_nodeport.py sends the traffi
 
 from __future__ import annotations
 
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
+from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.model import IPFamily, ServiceState, ServiceType, TrafficPolicy
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.proxy.proxier import DROP, FORWARD, Proxier, select_endpoints
@@ -44,14 +45,14 @@ def test_etp_local_drops_outside_and_short_circuits_in_cluster_clients() -> None
     ]
 
 
-def _rig(**kw):
-    recorder = Recorder()
-    tracker = ChangeTracker()
-    tracker.on_synced(SYNC_SERVICES)
-    tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    config = pl.PipelineConfig(node_ips=(NODE_IP,))
-    proxier = Proxier(tracker, Datapath(recorder, config, 1), node_name=NODE, node_ports=True, **kw)
-    return tracker, proxier
+def _rig() -> tuple[ChangeTracker, Proxier]:
+    """The agent's core on a recording switch, on a node whose IP accepts NodePorts."""
+    config = AgentConfig(node_name=NODE, node_ip=(str(NODE_IP),))
+    core = build_core(config, Recorder(), NodeFacts(), semantics=Semantics.NONE)
+    assert core.proxier.node_ports and core.proxier.node_port_ips == (NODE_IP,)
+    core.tracker.on_synced(SYNC_SERVICES)
+    core.tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    return core.tracker, core.proxier
 
 
 def _service_lb(proxier: Proxier) -> list[str]:
@@ -61,7 +62,7 @@ def _service_lb(proxier: Proxier) -> list[str]:
 
 
 async def test_staged_flows_nodeport_short_circuit_and_node_ip_frontends() -> None:
-    tracker, proxier = _rig(node_port_ips=(NODE_IP,))
+    tracker, proxier = _rig()
     apply(
         tracker,
         nodeport(external_traffic_policy=TrafficPolicy.LOCAL),

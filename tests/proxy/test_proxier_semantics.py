@@ -26,7 +26,16 @@ from ovsproxy.model import (
 )
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
-from ovsproxy.proxy.proxier import DROP, FORWARD, REJECT, Proxier, select_endpoints
+from ovsproxy.proxy.followers import ClusterIPsFollower
+from ovsproxy.proxy.proxier import (
+    DROP,
+    FORWARD,
+    REJECT,
+    FrontendEndpoints,
+    InstalledService,
+    Proxier,
+    select_endpoints,
+)
 from ovsproxy.proxy.tracker import ChangeTracker
 from tests.fakes.switch import FakeSwitch
 
@@ -375,7 +384,7 @@ async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
         tracker,
         Datapath(recorder, pl.PipelineConfig(), 1),
         node_name=NODE,
-        on_cluster_ips=on_cluster_ips,
+        followers=[ClusterIPsFollower(on_cluster_ips)],
         conntrack=recorder,  # type: ignore[arg-type]
         send=recorder.send,
     )
@@ -448,3 +457,32 @@ async def test_forwards_names_the_frontends_with_endpoints_once_the_switch_has_t
     tracker.on_service_delete("ns", "web")
     await proxier.sync()
     assert not proxier.forwards(tcp, v4, 80)
+
+
+async def test_each_side_frontend_map_is_built_once_per_changed_port(rig, monkeypatch) -> None:
+    """A changed UDP port with affinity, rejects on, standalone (mid-stream), a flush pending:
+    every use after the change (untranslated flushes, pairs back, forwarding, UDP flushes,
+    learned deletes) reads the old and the new map built once each."""
+    tracker, proxier, rec = rig
+    built: list[str] = []
+    original = InstalledService.frontend_endpoints
+
+    def counted(self: InstalledService) -> FrontendEndpoints:
+        built.append(str(self.state.port.name))
+        return original(self)
+
+    monkeypatch.setattr(InstalledService, "frontend_endpoints", counted)
+    p = port("10.96.0.1", protocol=Protocol.UDP, name="dns", affinity_timeout=60)
+    apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])
+    await proxier.sync()
+    assert built == ["ns/dns:p/UDP"]  # new only: nothing was there before
+    assert proxier.mid_stream is not None and rec.pending  # every consumer is on
+    built.clear()
+    rec.log.clear()
+    apply(tracker, port("10.96.0.1", protocol=Protocol.UDP, name="dns"), [ep("10.0.0.2")])
+    await proxier.sync()
+    assert built == ["ns/dns:p/UDP"] * 2  # old and new, once each
+    assert proxier.forwards(17, ip("10.96.0.1"), 80)
+    assert rec.kinds() == ["restored", "bundle", "send", "flush"]  # send: learned flows
+    (flushes,) = rec.take("flush")
+    assert FlushFilter(Protocol.UDP, ip("10.96.0.1"), 80, ip("10.0.0.1"), 8080) in flushes

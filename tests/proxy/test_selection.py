@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core
+from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.model import (
     Endpoint,
     IPFamily,
@@ -30,7 +31,6 @@ from ovsproxy.model import (
 from ovsproxy.proxy.categorize import categorize_endpoints, topology_mode
 from ovsproxy.proxy.group_ids import EXTERNAL
 from ovsproxy.proxy.proxier import DROP, FORWARD, REJECT, Proxier, select_endpoints
-from ovsproxy.proxy.tracker import ChangeTracker
 from tests.fakes.switch import FakeSwitch
 
 NODE = "node-a"
@@ -205,14 +205,9 @@ def test_any_port_selects_what_categorisation_decides(state, node_ports, short_c
 
 def _proxier() -> tuple[Proxier, FakeSwitch]:
     switch = FakeSwitch()
-    proxier = Proxier(
-        ChangeTracker(),
-        Datapath(switch, pl.PipelineConfig(), 1),
-        node_name=NODE,
-        zone=ZONE,
-        reject_action=(),
-    )
-    return proxier, switch
+    config = AgentConfig(node_name=NODE, zone=ZONE)
+    core = build_core(config, switch, NodeFacts(), semantics=Semantics.NONE)
+    return core.proxier, switch
 
 
 def _groups_staged(proxier: Proxier) -> dict[object, set[int]]:

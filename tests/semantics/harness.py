@@ -1,5 +1,6 @@
-"""A small agent for end-to-end semantics tests: Channel + Datapath + Proxier + ChangeTracker
-against the real sandbox OVS, fed with model values, and real clients in pod namespaces."""
+"""A small agent for end-to-end semantics tests: the agent's core (``agent.core.build_core``)
+over a channel to the real sandbox OVS, fed with model values, and real clients in pod
+namespaces."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.conntrack import vswitchd_appctl
+from ovsproxy.agent.core import NodeFacts, build_core
+from ovsproxy.config import AgentConfig
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.semantics import ServiceSemantics
 from ovsproxy.lab.evidence import RigNode, probe
@@ -159,24 +160,10 @@ def endpoint(
     return Endpoint(address, port, node_name=node, **kw)
 
 
-async def make_world(
-    sandbox: Sandbox, proxier_cls: type[Proxier] = Proxier, **proxier_kw: Any
-) -> World:
-    dp: Datapath | None = None
-
-    async def hook() -> None:
-        assert dp is not None
-        await dp.on_connected()
-
-    channel = Channel(sandbox.openflow, on_connected=hook)
-    dp = Datapath(channel, pl.PipelineConfig(), generation=1)
-    appctl = vswitchd_appctl(sandbox.openflow)  # what the agent finds for a local switch
-    assert appctl is not None
-    semantics = ServiceSemantics(channel, dp, appctl=appctl, sweep_interval=3600)
-    channel.on_packet_in = semantics.handle
-    semantics.wrap_on_connected()
-    await channel.start()
-    tracker = ChangeTracker()
+async def make_world(sandbox: Sandbox, **tuning: Any) -> World:
+    """The agent's core (``agent.core.build_core``, the Service semantics live) over a channel
+    to the sandbox's switch, started; ``tuning``: ``build_core``'s (e.g. ``max_ovs_timeout``).
+    The affinity sweeper runs every hour: a test sweeps when it means to."""
 
     async def pods() -> list[PodPort]:
         return [
@@ -184,7 +171,10 @@ async def make_world(
             for p in sandbox.pods.values()
         ]
 
-    kwargs = {"node_name": NODE, "pods": pods, **semantics.proxier_kwargs(), **proxier_kw}
-    proxier = proxier_cls(tracker, dp, **kwargs)
-    semantics.rejector.forwards = proxier.forwards  # as agent.wiring.build_proxier does
-    return World(sandbox, channel, dp, tracker, proxier, semantics)
+    channel = Channel(sandbox.openflow)
+    config = AgentConfig(node_name=NODE, node_ports=False)
+    tuning.setdefault("sweep_interval", 3600.0)
+    core = build_core(config, channel, NodeFacts(pods=pods), **tuning)
+    assert core.semantics is not None and core.semantics.conntrack.appctl is not None
+    await channel.start()
+    return World(sandbox, channel, core.datapath, core.tracker, core.proxier, core.semantics)

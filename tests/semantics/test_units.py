@@ -275,7 +275,7 @@ async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
     await flusher.close()
 
 
-async def test_wired_semantics_install_the_meter_before_the_replay_and_give_proxier_hooks() -> None:
+async def test_wired_semantics_install_the_meter_before_the_replay() -> None:
     from ovsproxy.datapath.semantics import ServiceSemantics
 
     order: list[str] = []
@@ -296,8 +296,6 @@ async def test_wired_semantics_install_the_meter_before_the_replay_and_give_prox
 
     channel = Channel()
     semantics = ServiceSemantics.wired(channel, Datapath())
-    kwargs = semantics.proxier_kwargs()
-    assert set(kwargs) == {"reject_action", "conntrack", "send"}
     await channel.on_connected()
     assert order == ["MeterMod", "replay"]
     assert semantics.status()["reject"]["meter"] == "installed"

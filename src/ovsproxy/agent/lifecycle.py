@@ -30,6 +30,7 @@ from ovsproxy.agent.cleanup import (
     remove_routes,
     remove_switch_state,
 )
+from ovsproxy.agent.core import NodeFacts, build_core, commit_followers
 from ovsproxy.agent.observability import StatusPages, register_metrics
 from ovsproxy.agent.ovsdb_link import OVSDBLink, set_zone_timeouts
 from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
@@ -40,8 +41,6 @@ from ovsproxy.agent.wiring import (
     Components,
     build_host_snat,
     build_node_side,
-    build_openflow,
-    build_proxier,
     build_routes,
     build_source,
     manifest_paths,
@@ -53,7 +52,7 @@ from ovsproxy.datapath.reject import Rejector
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPAddress, IPFamily
-from ovsproxy.openflow import protocol as of
+from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
 from ovsproxy.proxy.runner import SyncRunner
 
@@ -114,14 +113,20 @@ class Agent:
             linux = route_backend_name(cfg.route_backend) == "linux"
             if cfg.mode == pl.Mode.STANDALONE and cfg.manage_routes and linux:
                 cfg = await self._start_host_snat()
-            parts.channel, parts.datapath = build_openflow(
-                cfg, openflow_endpoint, parts.ovsdb, generation, self._on_packet_in
-            )
             if cfg.manage_routes:
                 parts.routes, parts.discoverer = build_routes(cfg, parts.netns)
                 await parts.routes.start()
                 parts.discoverer.subscribe(parts.routes.apply_soon)
-            parts.proxier, parts.semantics = build_proxier(parts, self.pods.current)
+            # The channel (started below) and the core over it; group ids are recorded in
+            # OVSDB for the next run.
+            parts.channel = Channel(openflow_endpoint)
+            node = NodeFacts(
+                generation, OVSDBGroupRegistry(parts.ovsdb, cfg.bridge), self.pods.current
+            )
+            followers = commit_followers(parts.node_side, parts.discoverer)
+            parts.take_core(
+                build_core(cfg, parts.channel, node, followers=followers, tracker=parts.tracker)
+            )
             parts.runner = SyncRunner(
                 self.syncer,
                 min_interval=cfg.min_sync_interval,
@@ -251,10 +256,6 @@ class Agent:
 
             assert isinstance(source, KubernetesSource)
             source.service_cidrs(ServiceCIDRHandler(parts.discoverer))
-
-    def _on_packet_in(self, packet_in: of.PacketIn) -> None:
-        if self.parts.semantics is not None:
-            self.parts.semantics.handle(packet_in)
 
     def _first_sync(self) -> None:
         if self.parts.sandbox is not None and self.pages.http is not None:

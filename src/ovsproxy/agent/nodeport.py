@@ -1,14 +1,15 @@
 """The node side of NodePorts, external IPs and load-balancer IPs, following the proxier.
 
-After every proxier commit (``Proxier(on_services=...)``) ``NodeSide.after_sync`` gets the
-Service ports that sync touched and:
+Two of the proxier's followers (``proxy.followers``), in this order, get the Service ports
+each commit touched:
 
-* updates the ``CaptureTracker`` for each of them and sends its pending change to the
-  ``inet ovsproxy`` nftables table in one transaction (work proportional to the change; the
-  first sync, or one after drift, rebuilds the table whole); a full sync also verifies the
-  table against what we installed;
-* makes the healthCheckNodePort servers match the Services that have one, with this node's
-  ready local endpoint counts.
+* ``NodeSide.after_commit`` updates the ``CaptureTracker`` for each of them and sends its
+  pending change to the ``inet ovsproxy`` nftables table in one transaction (work proportional
+  to the change; the first sync, or one after drift, rebuilds the table whole); a full sync
+  also verifies the table against what we installed;
+* ``HealthChecks.after_commit`` (the node side's ``health_checks``) makes the
+  healthCheckNodePort servers match the Services that have one, with this node's ready local
+  endpoint counts.
 
 ``start`` installs the policy routing that takes captured packets to the gateway
 (``routes.capture``), makes the gateway's IPv4 reverse-path filter loose when it is strict
@@ -24,7 +25,6 @@ rp_filter stays loose. See docs/nodeport.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
@@ -33,11 +33,73 @@ from ovsproxy.config import AgentConfig
 from ovsproxy.healthcheck import ProxyHealth, ServiceHealthServers, desired_health_checks
 from ovsproxy.model import IPAddress, IPFamily, ServicePortName, ServiceState
 from ovsproxy.model.node import UnservedPath
+from ovsproxy.proxy.followers import Committed
 from ovsproxy.routes import rpfilter
 from ovsproxy.routes.backend import RouteBackendError
 from ovsproxy.routes.capture import CaptureRoutes
 
 log = logging.getLogger("ovsproxy.agent")
+
+
+class HealthChecks:
+    """kube-proxy's healthCheckNodePort servers of one agent, following each commit (see the
+    module docstring); started by the node side, which knows the addresses to listen on."""
+
+    def __init__(self, node_name: str, health: ProxyHealth, netns: str | None) -> None:
+        self.node_name = node_name
+        self.health = health
+        self.netns = netns
+        self.servers: ServiceHealthServers | None = None
+        # Service ports with a healthCheckNodePort: what the servers are computed from.
+        self._checked: dict[ServicePortName, ServiceState] = {}
+
+    def start(self, addresses: list[str] | None) -> None:
+        """``addresses``: where the servers listen (None: every address)."""
+        self.servers = ServiceHealthServers(
+            self.health.is_healthy, addresses=addresses, netns=self.netns
+        )
+
+    async def after_commit(self, committed: Committed) -> None:
+        changed = False
+        for name, state in committed.touched.items():
+            if state is not None and state.port.health_check_node_port:
+                self._checked[name] = state
+                changed = True
+            elif self._checked.pop(name, None) is not None:
+                changed = True
+        if (changed or committed.full) and self.servers is not None:
+            result = await self.servers.update(
+                desired_health_checks(self._checked.values(), self.node_name)
+            )
+            for key in result.started:
+                log.info("health check of %s/%s: serving", *key)
+            for key in result.stopped:
+                log.info("health check of %s/%s: stopped", *key)
+
+    @property
+    def running(self) -> int:
+        return len(self.servers.running) if self.servers is not None else 0
+
+    def status(self) -> list[dict[str, Any]]:
+        servers = self.servers
+        out: list[dict[str, Any]] = []
+        if servers is not None:
+            for key, port in sorted(servers.running.items()):
+                status, _headers, _body = servers.answer(key)
+                out.append({"service": f"{key[0]}/{key[1]}", "port": port, "status": status})
+            for key, why in sorted(servers.failed.items()):
+                out.append({"service": f"{key[0]}/{key[1]}", "failed": why})
+        return out
+
+    def dump(self) -> list[str]:
+        running = self.servers.running if self.servers is not None else {}
+        return [
+            f"health-check {key[0]}/{key[1]} port {port}" for key, port in sorted(running.items())
+        ]
+
+    async def close(self) -> None:
+        if self.servers is not None:
+            await self.servers.close()
 
 
 class NodeSide:
@@ -50,13 +112,12 @@ class NodeSide:
         self.node_ips: tuple[IPAddress, ...] = config.node_ips
         # Where node_ips came from: "config", "Node" (the API's Node object) or "devices"
         self.node_ips_from = "config" if config.node_ips else "devices"
+        # Those of node_ips that accept NodePorts: computed when the node IPs change
+        self.node_port_ips = self.addresses.node_port_ips(self.node_ips)
         self.tracker = CaptureTracker()
         self.table = CaptureTable(netns)
         self.routes = CaptureRoutes(config.gateway, netns)
-        self.health = health
-        self.servers: ServiceHealthServers | None = None
-        # Service ports with a healthCheckNodePort: what the servers are computed from.
-        self._checked: dict[ServicePortName, ServiceState] = {}
+        self.health_checks = HealthChecks(config.node_name, health, netns)
         # Counts for metrics and status, kept per touched port (not recounted per sync).
         self._node_ports: set[ServicePortName] = set()
         self._source_ranges: dict[ServicePortName, int] = {}
@@ -78,10 +139,10 @@ class NodeSide:
             raise RuntimeError(f"{exc} (or run with --no-node-ports)") from None
         await self.routes.open()
         if not self.node_ips and node_object_ips:
-            self.node_ips, self.node_ips_from = node_object_ips, "Node"
+            self._take_node_ips(node_object_ips, "Node")
             log.info("node IPs (from the Node object): %s", _text(self.node_ips))
         if not self.node_ips:
-            self.node_ips = tuple(await self.routes.node_addresses())
+            self._take_node_ips(tuple(await self.routes.node_addresses()), "devices")
             log.info("node IPs (from the node's devices): %s", _text(self.node_ips))
         if not self.node_ips:
             log.warning("no node IP found: NodePorts are not captured (give --node-ip)")
@@ -89,15 +150,11 @@ class NodeSide:
         self.tracker.set_node_ips(self.node_ips, self.addresses)
         if await self.table.adopt():
             log.info("capture table: adopted the one a previous run left (patched, not rebuilt)")
-        selected = self.addresses.select(self.node_ips)
+        node_port_ips = self.node_port_ips
         # kube-proxy: every address when nodePortAddresses is empty, else the selected IPs.
-        listen = None if not self.config.node_port_addresses else [str(ip) for ip in selected]
-        self.servers = ServiceHealthServers(
-            self.health.is_healthy, addresses=listen, netns=self.netns
-        )
-        log.info(
-            "NodePorts on %s", _text(tuple(ip for ip in self.node_ips if ip in selected)) or "none"
-        )
+        listen = None if not self.config.node_port_addresses else [str(ip) for ip in node_port_ips]
+        self.health_checks.start(listen)
+        log.info("NodePorts on %s", _text(node_port_ips) or "none")
 
     async def _ensure_policy_routes(self) -> None:
         """The capture's rule and route per family; a missing gateway (the CNI has not made
@@ -152,23 +209,20 @@ class NodeSide:
         if self.node_ips_from == "config" or not node_ips or node_ips == self.node_ips:
             return False
         log.info("node IPs (from the Node object): %s", _text(node_ips))
-        self.node_ips, self.node_ips_from = node_ips, "Node"
+        self._take_node_ips(node_ips, "Node")
         self.tracker.set_node_ips(self.node_ips, self.addresses)
         self._routes_ok = False  # a new family needs its policy route: ensured at the next sync
         return True
 
-    @property
-    def node_port_ips(self) -> tuple[IPAddress, ...]:
-        selected = self.addresses.select(self.node_ips)
-        return tuple(ip for ip in self.node_ips if ip in selected)
+    def _take_node_ips(self, node_ips: tuple[IPAddress, ...], origin: str) -> None:
+        self.node_ips, self.node_ips_from = node_ips, origin
+        self.node_port_ips = self.addresses.node_port_ips(node_ips)
 
-    async def after_sync(
-        self, touched: Mapping[ServicePortName, ServiceState | None], full: bool
-    ) -> None:
+    async def after_commit(self, committed: Committed) -> None:
         """Follow one proxier commit (see the module docstring)."""
+        touched, full = committed.touched, committed.full
         if not self._routes_ok:
             await self._ensure_policy_routes()
-        health_changed = False
         for name, state in touched.items():
             port = state.port if state is not None else None
             self.tracker.update(port, name=name)
@@ -180,11 +234,6 @@ class NodeSide:
                 self._source_ranges[name] = len(port.load_balancer_source_ranges)
             else:
                 self._source_ranges.pop(name, None)
-            if state is not None and state.port.health_check_node_port:
-                self._checked[name] = state
-                health_changed = True
-            elif self._checked.pop(name, None) is not None:
-                health_changed = True
         try:
             if full and self.table.installed is not None and not await self.table.verify():
                 log.warning("capture table differs from what we installed: rebuilding it")
@@ -213,14 +262,6 @@ class NodeSide:
                 self.last.bytes,
                 self.last.seconds,
             )
-        if (health_changed or full) and self.servers is not None:
-            result = await self.servers.update(
-                desired_health_checks(self._checked.values(), self.config.node_name)
-            )
-            for key in result.started:
-                log.info("health check of %s/%s: serving", *key)
-            for key in result.stopped:
-                log.info("health check of %s/%s: stopped", *key)
 
     @property
     def node_port_count(self) -> int:
@@ -231,16 +272,6 @@ class NodeSide:
         return sum(self._source_ranges.values())
 
     def status(self) -> dict[str, Any]:
-        servers = self.servers
-        health_checks = []
-        if servers is not None:
-            for key, port in sorted(servers.running.items()):
-                status, _headers, _body = servers.answer(key)
-                health_checks.append(
-                    {"service": f"{key[0]}/{key[1]}", "port": port, "status": status}
-                )
-            for key, why in sorted(servers.failed.items()):
-                health_checks.append({"service": f"{key[0]}/{key[1]}", "failed": why})
         last = self.last
         return {
             "node_ips": [str(ip) for ip in self.node_ips],
@@ -255,7 +286,7 @@ class NodeSide:
             "errors": self.errors,
             "policy_routes": self.policy_routes,
             "rp_filter": self.rp_filter,
-            "health_checks": health_checks,
+            "health_checks": self.health_checks.status(),
         }
 
     def dump(self) -> list[str]:
@@ -267,13 +298,10 @@ class NodeSide:
         for (name, family), elements in sorted(state.sets.items(), key=lambda kv: str(kv[0])):
             for element in sorted(elements, key=str):
                 lines.append(f"capture {name.value}-v{int(family)} " + " ".join(map(str, element)))
-        for key, port in sorted((self.servers.running if self.servers else {}).items()):
-            lines.append(f"health-check {key[0]}/{key[1]} port {port}")
-        return lines
+        return lines + self.health_checks.dump()
 
     async def close(self) -> None:
-        if self.servers is not None:
-            await self.servers.close()
+        await self.health_checks.close()
         await self.table.close()
         await self.routes.close()
 

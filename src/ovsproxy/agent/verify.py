@@ -25,6 +25,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
+from ovsproxy.agent.core import NodeFacts, Semantics, build_core, commit_followers
 from ovsproxy.agent.installed import (
     compare_capture,
     compare_routes,
@@ -40,17 +41,13 @@ from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.compare import Difference, GroupView
-from ovsproxy.datapath.datapath import Datapath
-from ovsproxy.datapath.reject import Rejector
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
-from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 log = logging.getLogger("ovsproxy.verify")
 
@@ -105,8 +102,8 @@ async def build_desired(
     capture_node_ips: tuple[IPAddress, ...] | None = None,
 ) -> Desired:
     """What a fresh agent with this configuration installs (see the module docstring);
-    with ``capture_node_ips``, the capture table's content on a node with those IPs."""
-    tracker = ChangeTracker()
+    with ``capture_node_ips``, the capture table's content on a node with those IPs (the
+    NodePort frontends are those of ``config.node_ip``: ``desired_for`` sets it to them)."""
     discoverer = None
     if config.manage_routes:
         from ovsproxy.servicecidr import ServiceCIDRDiscoverer
@@ -114,27 +111,19 @@ async def build_desired(
         discoverer = ServiceCIDRDiscoverer(
             configured=config.service_cidr, use_api=not manifest_paths(config)
         )
-    # a one-shot process: nothing to keep out of the collector
-    datapath = Datapath(compare.RecordingSwitch(), config.pipeline, generation, freeze_gc=False)
 
     async def current_pods() -> list[PodPort]:
         return pods
 
-    addresses = NodePortAddresses.parse(config.node_port_addresses)
-    ips = capture_node_ips or ()
-    selected = addresses.select(ips)
-    proxier = Proxier(
-        tracker,
-        datapath,
-        node_name=config.node_name,
-        zone=config.zone,
-        pods=current_pods,
-        on_cluster_ips=ClusterIPFeed(discoverer) if discoverer is not None else None,
-        # As the agent wires it: NodePort flows only where the node side captures.
-        node_ports=capture_node_ips is not None,
-        node_port_ips=tuple(ip for ip in ips if ip in selected),
-        reject_action=Rejector(None).reject_action,
+    core = build_core(
+        config,
+        compare.RecordingSwitch(),
+        NodeFacts(generation, pods=current_pods),
+        semantics=Semantics.FLOWS,
+        followers=commit_followers(None, discoverer),
+        freeze_gc=False,  # a one-shot process: nothing to keep out of the collector
     )
+    tracker, datapath, proxier = core.tracker, core.datapath, core.proxier
     source = build_source(config, tracker)
     try:
         await source.start()
@@ -164,7 +153,7 @@ async def build_desired(
         capture = desired_state(
             (installed.state.port for installed in proxier.services.values()),
             capture_node_ips,
-            addresses,
+            NodePortAddresses.parse(config.node_port_addresses),
         )
     return Desired(
         flows=dict(datapath.installed_flows),

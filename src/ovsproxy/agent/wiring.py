@@ -2,9 +2,9 @@
 
 Which source (manifests or the Kubernetes API), which route backend (by platform, or forced
 with ``route_backend``), the node side of NodePorts (``build_node_side``), the host-SNAT addresses
-(``build_host_snat``), the OpenFlow channel
-and the datapath over it, the Service semantics and the proxier. ``Components`` holds what one
-run has built so far: the other agent modules (sync, observability, lifecycle) read it.
+(``build_host_snat``). The core (datapath, Service semantics, proxier and what follows each
+commit) is ``agent.core.build_core``'s. ``Components`` holds what one run has built so far: the
+other agent modules (sync, observability, lifecycle) read it.
 """
 
 from __future__ import annotations
@@ -16,27 +16,23 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ovsproxy.config import ROUTE_BACKENDS, AgentConfig, ConfigError
-from ovsproxy.datapath.datapath import Datapath
-from ovsproxy.datapath.semantics import ServiceSemantics
 from ovsproxy.lab import EXAMPLES
-from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.connection import Channel
-from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
-from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
-from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
+    from ovsproxy.agent.core import Core
     from ovsproxy.agent.hostsnat import HostSNAT
     from ovsproxy.agent.node import NodeWatcher
     from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
+    from ovsproxy.datapath.datapath import Datapath
+    from ovsproxy.datapath.semantics import ServiceSemantics
     from ovsproxy.healthcheck import ProxyHealth
-    from ovsproxy.model.node import PodPort
+    from ovsproxy.openflow.connection import Channel
+    from ovsproxy.ovs.ovsdb import OVSDB
     from ovsproxy.ovs.sandbox import Sandbox
+    from ovsproxy.proxy.proxier import Proxier
     from ovsproxy.proxy.runner import SyncRunner
     from ovsproxy.routes import RouteBackend, RouteManager
     from ovsproxy.servicecidr import ServiceCIDRDiscoverer
@@ -69,6 +65,11 @@ class Components:
     host_snat: HostSNAT | None = None  # standalone, with routes: host-SNAT addresses
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
     node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
+
+    def take_core(self, core: Core) -> None:
+        """The core built over ``channel`` (``agent.core.build_core``) becomes this run's."""
+        self.tracker, self.datapath = core.tracker, core.datapath
+        self.proxier, self.semantics = core.proxier, core.semantics
 
 
 # -- the source -------------------------------------------------------------------------------
@@ -156,54 +157,3 @@ def build_host_snat(config: AgentConfig, netns: str | None) -> HostSNAT:
     from ovsproxy.agent.hostsnat import HostSNAT
 
     return HostSNAT(config, netns)
-
-
-# -- OpenFlow, datapath, proxier --------------------------------------------------------------
-
-
-def build_openflow(
-    config: AgentConfig,
-    endpoint: str,
-    ovsdb: OVSDB,
-    generation: int,
-    on_packet_in: Callable[[of.PacketIn], None],
-) -> tuple[Channel, Datapath]:
-    """The channel (not started) and the datapath over it; every (re)connection replays the
-    datapath (``Datapath.on_connected``). Group ids are recorded in OVSDB for the next run."""
-    holder: list[Datapath] = []
-
-    async def on_connected() -> None:
-        await holder[0].on_connected()
-
-    channel = Channel(endpoint, on_connected=on_connected, on_packet_in=on_packet_in)
-    datapath = Datapath(
-        channel, config.pipeline, generation, registry=OVSDBGroupRegistry(ovsdb, config.bridge)
-    )
-    holder.append(datapath)
-    return channel, datapath
-
-
-def build_proxier(
-    parts: Components, pods: Callable[[], Awaitable[list[PodPort]]]
-) -> tuple[Proxier, ServiceSemantics]:
-    """The proxier over the datapath, with the Service semantics (reject, conntrack flush,
-    affinity sweep) wired to the channel, the ClusterIPs fed to the route discoverer and, with
-    node-side capture, its NodePort frontends and the capture table following each sync."""
-    assert parts.channel is not None and parts.datapath is not None
-    config = parts.config
-    semantics = ServiceSemantics.wired(parts.channel, parts.datapath)
-    feed = ClusterIPFeed(parts.discoverer) if parts.discoverer is not None else None
-    proxier = Proxier(
-        parts.tracker,
-        parts.datapath,
-        node_name=config.node_name,
-        zone=config.zone,
-        pods=pods,
-        on_cluster_ips=feed,
-        node_ports=parts.node_side is not None,
-        node_port_ips=parts.node_side.node_port_ips if parts.node_side is not None else (),
-        on_services=parts.node_side.after_sync if parts.node_side is not None else None,
-        **semantics.proxier_kwargs(),
-    )
-    semantics.rejector.forwards = proxier.forwards
-    return proxier, semantics

@@ -92,6 +92,12 @@ class NodePortAddresses:
                 chosen.update(ip for ip in of_family if any(ip in c for c in cidrs))
         return frozenset(chosen)
 
+    def node_port_ips(self, node_ips: Sequence[IPAddress]) -> tuple[IPAddress, ...]:
+        """The node IPs that accept NodePort traffic, in the node IPs' order (the one place
+        this is decided: the agent's NodePort frontends, its capture and ``verify``)."""
+        selected = self.select(node_ips)
+        return tuple(ip for ip in node_ips if ip in selected)
+
 
 class CaptureSet(enum.StrEnum):
     """The table's sets; the value is the nftables set name (``-v4``/``-v6`` appended)."""

@@ -28,6 +28,9 @@ from ovsproxy.openflow import protocol as of
 
 log = logging.getLogger(__name__)
 
+# Seconds between sweeps (the agent's; the proxier's status says it)
+SWEEP_INTERVAL = 60.0
+
 
 def expired_flows(flows: Iterable[of.FlowDesc]) -> list[of.FlowDesc]:
     """The swept learned flows whose idle age has reached the timeout in their cookie."""
@@ -70,7 +73,9 @@ class SweepStats:
 class AffinitySweeper:
     """``await sweeper.sweep_once()`` or run ``sweeper.run()`` as a task."""
 
-    def __init__(self, channel: Any, tables: pl.Tables, *, interval: float = 60.0) -> None:
+    def __init__(
+        self, channel: Any, tables: pl.Tables, *, interval: float = SWEEP_INTERVAL
+    ) -> None:
         self.channel = channel
         self.tables = tables
         self.interval = interval

@@ -9,10 +9,10 @@
 * ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
   runs it as a task; ``close`` stops it).
 
-The agent builds it with ``ServiceSemantics.wired(channel, datapath)`` (meter hook installed,
-sweeper started), registers ``semantics.handle`` as the channel's packet-in callback (or calls
-it from its own) and passes ``semantics.proxier_kwargs()`` to ``Proxier``; ``status()`` is
-plain data.
+``agent.core.build_core`` builds it with ``ServiceSemantics.wired(channel, datapath)`` (meter
+hook installed, sweeper started), registers ``semantics.handle`` as the channel's packet-in
+callback and hands its reject action, conntrack flusher and the channel's ``send`` to the
+``Proxier``; ``status()`` is plain data.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import contextlib
 import logging
 from typing import Any
 
-from ovsproxy.datapath.affinity import AffinitySweeper
+from ovsproxy.datapath.affinity import SWEEP_INTERVAL, AffinitySweeper
 from ovsproxy.datapath.conntrack import AppCtl, ConntrackFlusher, vswitchd_appctl
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.datapath.stale_reset import StaleResetFlusher, is_invalid_rst
@@ -38,7 +38,7 @@ class ServiceSemantics:
         datapath: Any,
         *,
         appctl: AppCtl | None = None,
-        sweep_interval: float = 60.0,
+        sweep_interval: float = SWEEP_INTERVAL,
         rejector: Rejector | None = None,
     ) -> None:
         self.channel = channel
@@ -50,12 +50,14 @@ class ServiceSemantics:
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
-    def wired(cls, channel: Any, datapath: Any) -> ServiceSemantics:
+    def wired(
+        cls, channel: Any, datapath: Any, *, sweep_interval: float = SWEEP_INTERVAL
+    ) -> ServiceSemantics:
         """What the agent runs: the reject meter installed before the datapath's replay on
         every (re)connection (``wrap_on_connected``), the affinity sweeper started. The UDP
         flush waits for the switch's revalidators through its ovs-appctl when it is local."""
         appctl = vswitchd_appctl(str(getattr(channel, "endpoint", "")))
-        semantics = cls(channel, datapath, appctl=appctl)
+        semantics = cls(channel, datapath, appctl=appctl, sweep_interval=sweep_interval)
         semantics.wrap_on_connected()
         semantics.start()
         return semantics
@@ -65,13 +67,6 @@ class ServiceSemantics:
             self.stale_resets.handle(packet_in)
         else:
             self.rejector.handle(packet_in)
-
-    def proxier_kwargs(self) -> dict[str, Any]:
-        return {
-            "reject_action": self.rejector.reject_action,
-            "conntrack": self.conntrack,
-            "send": self.channel.send,
-        }
 
     def wrap_on_connected(self) -> None:
         """Install the reject meter first on every (re)connection, then run the existing hook

@@ -37,12 +37,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
 from ovsproxy.datapath.datapath import CommitStats, Datapath, DatapathError
 from ovsproxy.model import (
@@ -59,6 +60,7 @@ from ovsproxy.model.problems import PortConflict
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topology_mode
 from ovsproxy.proxy.claims import ClaimResolver
+from ovsproxy.proxy.followers import Committed, Follower
 from ovsproxy.proxy.group_ids import CLUSTER_IPS, EXTERNAL, IN_CLUSTER, GroupIDs, GroupKey
 from ovsproxy.proxy.mid_stream import Contribution, MidStreamIndex
 from ovsproxy.proxy.mid_stream import contribution as mid_stream_contribution
@@ -70,6 +72,9 @@ log = logging.getLogger(__name__)
 MAX_ISOLATION_ROUNDS = 4
 
 PIPELINE_OWNER = ("pipeline",)
+
+# Every frontend (address, L4 port) of a Service port and the endpoints its traffic goes to
+FrontendEndpoints = dict[tuple[IPAddress, int], frozenset[tuple[IPAddress, int]]]
 
 
 # -- endpoint selection (pure) ------------------------------------------------------------
@@ -370,11 +375,9 @@ class InstalledService:
             for f in self.families.values()
         )
 
-    def frontend_endpoints(
-        self,
-    ) -> dict[tuple[IPAddress, int], frozenset[tuple[IPAddress, int]]]:
+    def frontend_endpoints(self) -> FrontendEndpoints:
         """Every frontend (address, L4 port) and the endpoints its traffic goes to."""
-        out: dict[tuple[IPAddress, int], frozenset[tuple[IPAddress, int]]] = {}
+        out: FrontendEndpoints = {}
         port = self.state.port
         for sel in self.families.values():
             internal = frozenset((ep.ip, ep.port) for ep in sel.endpoints)
@@ -422,27 +425,27 @@ class SyncResult:
     programming_latencies: tuple[float, ...] = ()
 
 
-def _udp_pairs_back(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
-    """The flush filters of (frontend, endpoint) pairs of a UDP port that ``new`` has and
-    ``old`` had not (a frontend new to it: its frontend-wide filter too)."""
-    port = new.state.port
-    if port.protocol != Protocol.UDP:
+def _udp_pairs_back(
+    protocol: Protocol, before: FrontendEndpoints, after: FrontendEndpoints
+) -> list[FlushFilter]:
+    """The flush filters of (frontend, endpoint) pairs of a UDP port that ``after`` has and
+    ``before`` had not (a frontend new to it: its frontend-wide filter too)."""
+    if protocol != Protocol.UDP:
         return []
-    old_map = old.frontend_endpoints() if old is not None else {}
-    if old is not None and old.state.port.protocol != port.protocol:
-        old_map = {}
     back = []
-    for (ip, l4_port), endpoints in new.frontend_endpoints().items():
-        before = old_map.get((ip, l4_port))
-        if before is None:
-            back.append(FlushFilter(port.protocol, ip, l4_port))
-            before = frozenset()
-        back += [FlushFilter(port.protocol, ip, l4_port, *ep) for ep in endpoints - before]
+    for (ip, l4_port), endpoints in after.items():
+        had = before.get((ip, l4_port))
+        if had is None:
+            back.append(FlushFilter(protocol, ip, l4_port))
+            had = frozenset()
+        back += [FlushFilter(protocol, ip, l4_port, *ep) for ep in endpoints - had]
     return back
 
 
-def _frontends_new(old: InstalledService | None, new: InstalledService) -> list[FlushFilter]:
-    """The untranslated-entry filters of the frontends ``new`` has and ``old`` had not.
+def _frontends_new(
+    protocol: Protocol, before: FrontendEndpoints, after: FrontendEndpoints
+) -> list[FlushFilter]:
+    """The untranslated-entry filters of the frontends ``after`` has and ``before`` had not.
 
     Before its Service port existed, a packet to a frontend was committed as a plain
     connection (ServiceLB COMMIT) and forwarded as it was. A client that sends again on the
@@ -453,15 +456,19 @@ def _frontends_new(old: InstalledService | None, new: InstalledService) -> list[
     never translated either; each retransmission keeps the entry alive, so the connect waits
     about a minute. Only entries whose reply comes from the frontend itself go: nothing a
     Service translated. (kube-proxy flushes UDP entries of Service IPs that gain endpoints.)"""
-    port = new.state.port
-    before = set()
-    if old is not None and old.state.port.protocol == port.protocol:
-        before = set(old.frontend_endpoints())
     return [
-        FlushFilter.untranslated(port.protocol, ip, l4_port)
-        for ip, l4_port in new.frontend_endpoints()
+        FlushFilter.untranslated(protocol, ip, l4_port)
+        for ip, l4_port in after
         if (ip, l4_port) not in before
     ]
+
+
+def _mid_stream_contribution(
+    installed: InstalledService | None, frontend_endpoints: FrontendEndpoints
+) -> Contribution:
+    if installed is None or installed.state.port.protocol != Protocol.TCP:
+        return {}
+    return mid_stream_contribution(frontend_endpoints)
 
 
 class Proxier:
@@ -470,7 +477,8 @@ class Proxier:
     Service-semantics hooks (all optional; ``datapath.semantics.ServiceSemantics`` provides
     them): ``reject_action`` for frontends without any usable endpoint (empty: drop),
     ``conntrack`` to flush UDP entries of removed endpoints, ``send`` to send messages outside
-    the bundle (deleting learned affinity flows) after a commit.
+    the bundle (deleting learned affinity flows) after a commit. ``followers`` see each commit
+    after that (``proxy.followers``). ``agent.core.build_core`` builds it with all of them.
     """
 
     def __init__(
@@ -481,25 +489,20 @@ class Proxier:
         node_name: str,
         zone: str | None = None,
         pods: Callable[[], Awaitable[list[PodPort]]] | None = None,
-        on_cluster_ips: Callable[[frozenset[IPAddress]], Awaitable[None]] | None = None,
         reject_action: tuple[of.Action, ...] = (),
         conntrack: ConntrackFlusher | None = None,
         send: Callable[[Sequence[of.Message]], Awaitable[None]] | None = None,
         max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT,
-        sweep_interval: float | None = 60.0,
+        sweep_interval: float | None = SWEEP_INTERVAL,
         node_ports: bool = False,
         node_port_ips: Sequence[IPAddress] = (),
-        on_services: Callable[
-            [Mapping[ServicePortName, ServiceState | None], bool], Awaitable[None]
-        ]
-        | None = None,
+        followers: Sequence[Follower] = (),
     ) -> None:
         self.tracker = tracker
         self.datapath = datapath
         self.node_name = node_name
         self.zone = zone
         self._pods = pods
-        self._on_cluster_ips = on_cluster_ips
         self._reject_action = reject_action
         self.conntrack = conntrack
         self._send = send
@@ -507,9 +510,8 @@ class Proxier:
         # NodePort frontends (the node captures NodePort traffic to the virtual NodePort IP)
         self.node_ports = node_ports
         self.node_port_ips = tuple(node_port_ips)  # this node's IPs that accept NodePorts
-        # After each commit: the Service ports it touched (None: removed) and whether it was
-        # a full sync; the node-side capture and health checks follow them.
-        self._on_services = on_services
+        # What follows each commit, in this order (``proxy.followers``)
+        self.followers = tuple(followers)
         config = datapath.config
         self.ctx = svc.Context(
             tables=datapath.tables,
@@ -550,7 +552,6 @@ class Proxier:
         self.conflicts: tuple[PortConflict, ...] = ()
         self.conflicts_refused = 0
         self._claims_unpublished = False
-        self._cluster_ips_version = -1  # what on_cluster_ips last got
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
         # (IP protocol, frontend address, L4 port) of every frontend with usable endpoints,
@@ -653,25 +654,22 @@ class Proxier:
             self._endpoint_total -= len(previous.endpoints)
             self._after_change(previous, None)
 
-    def _mid_stream_contribution(self, installed: InstalledService | None) -> Contribution:
-        if installed is None or installed.state.port.protocol != Protocol.TCP:
-            return {}
-        return mid_stream_contribution(installed.frontend_endpoints())
-
     def _update_forwarding(
-        self, old: InstalledService | None, new: InstalledService | None
+        self,
+        old: InstalledService | None,
+        old_map: FrontendEndpoints,
+        new: InstalledService | None,
+        new_map: FrontendEndpoints,
     ) -> None:
         """Queue the change of the frontends with usable endpoints (``forwards``); applied
         after the commit, so that ``forwards`` says what the switch has."""
         pending = self._forwarding_pending
         if old is not None:
             proto = old.state.port.protocol.ip_proto
-            pending += [(False, (proto, ip, p)) for ip, p in old.frontend_endpoints()]
+            pending += [(False, (proto, ip, p)) for ip, p in old_map]
         if new is not None:
             proto = new.state.port.protocol.ip_proto
-            pending += [
-                (True, (proto, ip, p)) for (ip, p), eps in new.frontend_endpoints().items() if eps
-            ]
+            pending += [(True, (proto, ip, p)) for (ip, p), eps in new_map.items() if eps]
 
     def forwards(self, ip_proto: int, address: IPAddress, port: int) -> bool:
         """Whether traffic to that frontend goes to an endpoint now (installed state); the
@@ -681,34 +679,44 @@ class Proxier:
     def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
         pairs that went away, and deletes of learned affinity flows that no longer apply;
-        update the frontends per TCP endpoint (the mid-stream flows, standalone)."""
+        update the frontends per TCP endpoint (the mid-stream flows, standalone).
+
+        Each side's frontend -> endpoints map is built once here, for every use below."""
+        old_map = old.frontend_endpoints() if old is not None else {}
+        new_map = new.frontend_endpoints() if new is not None else {}
+        # What the other side had of the same L4 protocol (a protocol change shares nothing)
+        same_l4 = (
+            old is not None
+            and new is not None
+            and old.state.port.protocol == new.state.port.protocol
+        )
         if self.mid_stream is not None:
             self.mid_stream.update(
-                self._mid_stream_contribution(old), self._mid_stream_contribution(new)
+                _mid_stream_contribution(old, old_map), _mid_stream_contribution(new, new_map)
             )
-        if new is not None and self.conntrack is not None and self.conntrack.pending:
-            self.conntrack.restored(_udp_pairs_back(old, new))
         if new is not None:
-            self._flushes.update(dict.fromkeys(_frontends_new(old, new)))
+            protocol = new.state.port.protocol
+            before = old_map if same_l4 else {}
+            if self.conntrack is not None and self.conntrack.pending:
+                self.conntrack.restored(_udp_pairs_back(protocol, before, new_map))
+            self._flushes.update(dict.fromkeys(_frontends_new(protocol, before, new_map)))
         if self._reject_action:
-            self._update_forwarding(old, new)
+            self._update_forwarding(old, old_map, new, new_map)
         if old is None:
             return
         old_port = old.state.port
         if old_port.protocol != Protocol.UDP and not old_port.session_affinity:
-            return  # (most ports: nothing to do, and nothing to compute)
+            return  # (most ports: nothing more to do)
         new_port = new.state.port if new is not None else None
-        same_l4 = new_port is not None and new_port.protocol == old_port.protocol
-        old_map = old.frontend_endpoints()
-        new_map = new.frontend_endpoints() if new is not None and same_l4 else {}
+        after = new_map if same_l4 else {}  # what the old frontends still have
         if old_port.protocol == Protocol.UDP:
             count = 0
             for (ip, l4_port), endpoints in old_map.items():
-                if (ip, l4_port) not in new_map:
+                if (ip, l4_port) not in after:
                     self._flushes[FlushFilter(old_port.protocol, ip, l4_port)] = None
                     count += 1
                     continue
-                for ep_ip, ep_port in sorted(endpoints - new_map[ip, l4_port], key=str):
+                for ep_ip, ep_port in sorted(endpoints - after[ip, l4_port], key=str):
                     f = FlushFilter(old_port.protocol, ip, l4_port, ep_ip, ep_port)
                     self._flushes[f] = None
                     count += 1
@@ -721,7 +729,7 @@ class Proxier:
                 and new_port.affinity_timeout == old_port.affinity_timeout
             )
             for ip, l4_port in old_map:
-                if not keep or (ip, l4_port) not in new_map:
+                if not keep or (ip, l4_port) not in after:
                     key = (old_port.protocol, l4_port, ip)
                     self._learned_deletes[key] = svc.learned_flows_delete(
                         self.ctx, old_port, ip, l4_port
@@ -834,14 +842,12 @@ class Proxier:
         self._trigger_times.clear()
         self._synced_once = True
         await self._post_commit()
-        if self._on_services is not None:
-            await self._on_services(touched, full)
-        version = self.tracker.cluster_ips_version
-        if self._on_cluster_ips is not None and version != self._cluster_ips_version:
-            # Only when an address came or went: rebuilding the set of every ClusterIP on each
-            # endpoint change would make every sync cost the size of the cluster.
-            await self._on_cluster_ips(self.tracker.cluster_ips())
-            self._cluster_ips_version = version
+        if self.followers:
+            commit_view = Committed(
+                touched, full, self.tracker.cluster_ips_version, self.tracker.cluster_ips
+            )
+            for follower in self.followers:
+                await follower.after_commit(commit_view)
         self._publish()
         result = SyncResult(
             changed=changed,

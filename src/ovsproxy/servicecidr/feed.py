@@ -8,8 +8,9 @@ from ovsproxy.servicecidr.discoverer import ServiceCIDRDiscoverer
 
 
 class ClusterIPFeed:
-    """``Proxier(on_cluster_ips=ClusterIPFeed(discoverer))``: called after each sync with the
-    complete set of ClusterIPs; hands the discoverer only the difference."""
+    """Called with the complete set of ClusterIPs after a sync that changed it (the proxier's
+    follower ``proxy.followers.ClusterIPsFollower(ClusterIPFeed(discoverer))``); hands the
+    discoverer only the difference."""
 
     def __init__(self, discoverer: ServiceCIDRDiscoverer) -> None:
         self.discoverer = discoverer
