@@ -195,6 +195,8 @@ def test_nodeport_from_outside_and_from_a_pod(lab: Lab) -> None:
                 assert result["frontend"] == f"tcp,nw_dst={node_ip},tp_dst={node_port}"
             else:
                 assert "capture table DNATs" in result["before_ovs"]
+                # externalTrafficPolicy Cluster: OVS sees (and hashes) the gateway's address
+                assert "masquerades 192.168.50.100 to 10.244.1.1" in result["before_ovs"]
             traced = pod_of(lab, result["endpoint"])
             answer = request(netns, node_ip, node_port, sport, "tcp")
             assert answer["counts"] == {traced: 1}, (src, sport, result["endpoint"], answer)

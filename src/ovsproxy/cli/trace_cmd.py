@@ -24,7 +24,7 @@ from ovsproxy.cli.status_cmd import ADDRESS_HELP, _get
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import trace as tr
 from ovsproxy.model import IPAddress, IPFamily
-from ovsproxy.model.node import VIRTUAL_MAC, PodPort
+from ovsproxy.model.node import NODE_CAPTURE_MARK, VIRTUAL_MAC, PodPort
 
 DEFAULT_SOURCE_PORT = 40000
 
@@ -243,6 +243,20 @@ def traced_address(dest: Destination, source: Source) -> tuple[IPAddress, str]:
     return virtual, f"the node's capture table DNATs {dest.text} to {virtual} (not traced)"
 
 
+CAPTURED_KINDS = ("NodePort", "external IP", "LoadBalancer IP")
+
+
+def masqueraded(dest: Destination, source: Source) -> bool:
+    """Whether the node's capture table masquerades the connection before OVS sees it: a
+    captured frontend (NodePort, external or load-balancer IP) reached from outside OVS (the
+    node, another host) of a Service with externalTrafficPolicy Cluster (``capture.render``'s
+    nat-postrouting). OVS then sees the gateway's address as the source (its port kept when
+    the kernel's conntrack has it free), and hashes that."""
+    if source.kind == "pod" or dest.kind not in CAPTURED_KINDS or dest.service is None:
+        return False
+    return str(dest.service.get("external_traffic_policy", "Cluster")) != "Local"
+
+
 def service_context(dest: Destination) -> dict[str, Any]:
     """What the agent says about the destination's family: its action, reason and the
     endpoints it leaves out (and why) — the external selection for external, load-balancer
@@ -379,6 +393,23 @@ def _node_source_ip(netns: str | None, dst: IPAddress) -> IPAddress:
     return src
 
 
+def _masquerade_source(netns: str | None, traced: IPAddress) -> IPAddress:
+    """The address the node's kernel masquerades a captured connection to: the preferred
+    source of the capture's policy route (the mark's table, out the gateway) to ``traced``."""
+    cmd = ["ip", "-j", "route", "get", str(traced), "mark", hex(NODE_CAPTURE_MARK)]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    routes = json.loads(done.stdout or "[]") if done.returncode == 0 else []
+    src = _ip(str(routes[0].get("prefsrc", ""))) if routes else None
+    if src is None:
+        raise TraceError(
+            f"the node's capture route to {traced} has no source address to masquerade to: "
+            f"{(done.stderr or done.stdout).strip()}"
+        )
+    return src
+
+
 def _switch_facts(ovs: Mapping[str, Any]) -> tuple[list[PodPort], int, str]:
     """Pods on the bridge, the gateway's OpenFlow port and MAC (from OVSDB)."""
     from ovsproxy.ovs.ovsdb import OVSDB, OVSDBError
@@ -469,12 +500,25 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     else:
         dst_mac = gw_mac
     traced_ip, before_ovs = traced_address(dest, source)
+    traced_src = src_ip
+    if masqueraded(dest, source):
+        traced_src = _masquerade_source(status.get("node_namespace"), traced_ip)
+        before_ovs = "; ".join(
+            filter(
+                None,
+                [
+                    before_ovs,
+                    f"the node's capture table masquerades {src_ip} to {traced_src} "
+                    "(externalTrafficPolicy Cluster; the source port is kept when free)",
+                ],
+            )
+        )
     flow = tr.trace_flow(
         in_port=source.interface,
         protocol=dest.protocol,
         src_mac=source.mac,
         dst_mac=dst_mac,
-        src_ip=str(src_ip),
+        src_ip=str(traced_src),
         dst_ip=str(traced_ip),
         src_port=source_port,
         dst_port=dest.port,
