@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ovsproxy.config import ROUTE_BACKENDS, AgentConfig, ConfigError
 from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.datapath.semantics import ServiceSemantics
 from ovsproxy.lab import EXAMPLES
 from ovsproxy.openflow import protocol as of
@@ -173,7 +174,8 @@ def build_openflow(
     holder: list[Datapath] = []
 
     async def on_connected() -> None:
-        await holder[0].on_connected()
+        with memory_policy(holder[0]):  # a replay rewrites everything: as a sync
+            await holder[0].on_connected()
 
     channel = Channel(endpoint, on_connected=on_connected, on_packet_in=on_packet_in)
     datapath = Datapath(

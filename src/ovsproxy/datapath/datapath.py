@@ -26,20 +26,10 @@ what was not written, or was staged again (or shared) since: those are planned a
 the bundle already carries, and sent into the same bundle. If the bundle is lost (its
 connection went), the commit discards it and sends everything in a new one.
 
-Garbage collection: a full sync builds over a million long-lived, acyclic values (flows,
-buckets, their matches and actions; CPython never untracks tuple subclasses), and every
-collection of the cyclic collector would traverse them again (most of a 10,000-Service sync
-with the default thresholds, and every full collection afterwards; bench ``full-sync`` reports
-the time still spent in the collector). So:
-
-* the agent's sync runs with the collector paused (``agent.sync``: the proxier stages every
-  changed Service, then awaits the commit; the datapath itself does not switch it for staging);
-* a commit touching more than ``GC_PAUSE_THRESHOLD`` groups and flows runs paused too, and
-  when it succeeds (with ``Datapath.freeze_gc``, the default) everything alive is moved to the
-  permanent generation (``gc.freeze()``) before the collector resumes: the new state is never
-  traversed again. Reference counting still frees whatever becomes garbage later; only
-  reference cycles that exist at that moment (and cycles through frozen objects) are never
-  collected, which for this state (acyclic values in dicts) is nothing.
+Memory: the datapath does not switch the cyclic garbage collector or trim the heap. Whoever
+runs a sync or a replay does, around it (``datapath.memory.memory_policy``: the collector paused,
+and after a big one the new state frozen and the heap's free pages given back); ``touched``
+counts the groups and flows committed, for it to tell a big sync.
 
 On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group id
 it has in our range is rewritten (MODIFY) or deleted, every flow is re-added with the current
@@ -53,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
@@ -83,8 +72,6 @@ from ovsproxy.datapath.plan import (
     owners_of,
     write_owner,
 )
-from ovsproxy.gcpause import gc_paused  # process-wide, nests across threads
-from ovsproxy.heap import release_free_memory
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
 
@@ -107,8 +94,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A commit that touches more groups + flows than this pauses the cyclic GC while it runs.
-GC_PAUSE_THRESHOLD = 5000
 # Streaming: yield to the event loop (so the transport writes) every this many messages.
 _STREAM_YIELD_EVERY = 512
 # The adopting commit is streamed while staging once this many groups + flows are pending...
@@ -181,15 +166,6 @@ class Switch(Protocol):
 
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
         """Cookies of the flows whose cookie matches cookie/mask."""
-
-
-@contextlib.contextmanager
-def _gc_paused(active: bool) -> Iterator[None]:
-    if not active:
-        yield
-        return
-    with gc_paused():
-        yield
 
 
 class _Streaming:
@@ -271,8 +247,9 @@ class Datapath:
     """The datapath's entry point: staging (into ``desired``), committing (planned by
     ``plan``, sent as one bundle), adoption, the drift check and the group-id registry.
 
-    ``freeze_gc``: after a big commit, move what is alive out of the cyclic collector's
-    sight (see above; a one-shot process has nothing to keep out of it).
+    ``freeze_gc``: after a big sync, move what is alive out of the cyclic collector's
+    sight (read by ``datapath.memory.memory_policy``; a one-shot process has nothing to keep out
+    of it).
     ``stream_while_staging``: stream the adopting commit's bundle while its owners are staged
     (see ``_Streaming``)."""
 
@@ -304,6 +281,7 @@ class Datapath:
         self._adopt = True
         self.last_commit = CommitStats()
         self.commits = 0
+        self.touched = 0  # groups + flows of every successful commit's diff, added up
         self._streaming: _Streaming | None = None
         self._abandoned: list[StreamingBundle] = []  # streamed bundles to discard
 
@@ -489,44 +467,34 @@ class Datapath:
         streamed = self._take_streamed(diff)
         if self._abandoned:
             await self._discard_abandoned()
-        big = diff.size > GC_PAUSE_THRESHOLD
-        with _gc_paused(big):
-            try:
-                await self._send(diff, streamed)
-            except asyncio.CancelledError:
-                self._restore(diff)
-                if diff.committing:
-                    self.installed.mark_uncertain(diff.plans)
-                raise
-            except BundleError as exc:  # refused and discarded: nothing was applied
-                self._restore(diff)
-                failed = [failure.message for failure in exc.failures]
-                raise DatapathError(
-                    f"bundle refused: {exc}", owners_of(failed, self.desired)
-                ) from exc
-            except Exception as exc:
-                self._restore(diff)
-                if diff.committing:
-                    # A timeout may hide a commit that succeeded: groups this bundle added are
-                    # of unknown content now, and are rewritten (not re-added) next time.
-                    self.installed.mark_uncertain(diff.plans)
-                elif not isinstance(exc, ChannelError):
-                    raise  # a planning bug: the bundle was discarded, nothing was applied
-                what = (
-                    f"bundle of {diff.stats.messages} messages"
-                    if diff.stats.messages
-                    else "bundle (before all its messages were sent)"
-                )
-                raise DatapathError(f"{what} failed: {exc}") from exc
-            self.installed.record(diff)
-            if big and self.freeze_gc:
-                gc.freeze()  # the collector is paused here: nothing young is traversed first
+        try:
+            await self._send(diff, streamed)
+        except asyncio.CancelledError:
+            self._restore(diff)
+            if diff.committing:
+                self.installed.mark_uncertain(diff.plans)
+            raise
+        except BundleError as exc:  # refused and discarded: nothing was applied
+            self._restore(diff)
+            failed = [failure.message for failure in exc.failures]
+            raise DatapathError(f"bundle refused: {exc}", owners_of(failed, self.desired)) from exc
+        except Exception as exc:
+            self._restore(diff)
+            if diff.committing:
+                # A timeout may hide a commit that succeeded: groups this bundle added are
+                # of unknown content now, and are rewritten (not re-added) next time.
+                self.installed.mark_uncertain(diff.plans)
+            elif not isinstance(exc, ChannelError):
+                raise  # a planning bug: the bundle was discarded, nothing was applied
+            what = (
+                f"bundle of {diff.stats.messages} messages"
+                if diff.stats.messages
+                else "bundle (before all its messages were sent)"
+            )
+            raise DatapathError(f"{what} failed: {exc}") from exc
+        self.installed.record(diff)
+        self.touched += diff.size
         stats = diff.stats
-        if big:
-            # the diff's dicts and lists (and the bundle's runs) go first: then what the
-            # commit freed goes back to the OS (heap.py)
-            del diff, streamed
-            release_free_memory()
         stats.seconds = time.perf_counter() - started
         self.last_commit = stats
         self.commits += 1
