@@ -16,7 +16,6 @@ from ovsproxy.datapath.desired import (
     DatapathError,
     DesiredState,
     EncodedFlow,
-    Owner,
     encoded_flow,
     flow_key,
 )
@@ -102,17 +101,17 @@ def test_an_encoded_flow_has_the_key_of_its_value() -> None:
 
 
 class Sink:
-    """A ``plan.Sink`` that keeps what it is given, as values."""
+    """A ``plan.Stream`` that keeps what it is given, as values."""
 
     def __init__(self, batch: int = 512) -> None:
         self.sent: list[of.Message] = []
         self._batch = batch
 
-    def bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
         kind = of.EncodedFlowMod if msg_type == plan.FLOW_MOD else of.EncodedGroupMod
         self.sent.extend(kind(body).decoded() for body in bodies)
 
-    def message(self, msg: of.Message) -> None:
+    def add(self, msg: of.Message) -> None:
         self.sent.append(msg)
 
     @property
@@ -186,10 +185,10 @@ def test_owners_written_while_staging_are_not_planned_again_unless_staged_since(
     # every group whole with ADD_OR_MOD, then the owner's flows
     assert kinds(early.sent)[0] == "group_add_or_mod" and set(written.groups) == {1, 2}
     b = state.owners[ServicePortName("ns", "b", "http", Protocol.TCP)]
-    old = Owner(b.key, dict(b.groups), dict(b.flows))
+    before = set(b.flows)
     spn, objs = objects("b", 3, gid=2, first=10, vip="10.96.0.2")
-    state.stage(spn, objs.groups, objs.staged)
-    written.restaged(old, b.groups, b.flows)
+    state.stage(spn, objs.groups, objs.staged, written.restaged)
+    assert written.recheck_flows == before | set(b.flows) and written.recheck_groups == {2}
     diff = plan.Diff(*state.take_dirty(), set())
     plan.fold_written(diff, written)
     assert diff.plan_groups == {2}  # group 1 is in the bundle already

@@ -175,17 +175,16 @@ class _Streaming:
     through it). Nothing of it is applied before the commit, which plans only what was not
     written (or was re-staged since) and sends it into the same bundle."""
 
-    __slots__ = ("bundle", "out", "queue", "written")
+    __slots__ = ("bundle", "queue", "written")
 
-    def __init__(self, switch: Switch, bundle: StreamingBundle) -> None:
+    def __init__(self, bundle: StreamingBundle) -> None:
         self.bundle = bundle
-        self.out = _Out(switch, bundle)
         self.written = Written()
         self.queue: list[Owner] = []  # staged, to write
 
 
 class _Out:
-    """Where a commit's messages go (``plan.Sink``): its bundle, opened with the first
+    """Where a commit's messages go (``plan.Stream``): its bundle, opened with the first
     message."""
 
     __slots__ = ("_switch", "bundle", "since")
@@ -201,12 +200,12 @@ class _Out:
             bundle = self.bundle = self._switch.bundle()
         return bundle
 
-    def bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
         if bodies:
             self._bundle().add_bodies(msg_type, bodies)
             self.since += len(bodies)
 
-    def message(self, msg: of.Message) -> None:
+    def add(self, msg: of.Message) -> None:
         self._bundle().add(msg)
         self.since += 1
 
@@ -298,14 +297,8 @@ class Datapath:
             if self.desired.stage(owner, groups, flows) is not None and self._adopt:
                 self._start_streaming()
             return
-        old = self.desired.owners.get(owner)
-        if old is not None:  # what was written for this owner is planned again
-            old_groups, old_flows = old.groups, old.flows
-            self.desired.stage(owner, groups, flows)
-            streaming.written.recheck_flows.update(old_flows, old.flows)
-            streaming.written.recheck_groups.update(old_groups, old.groups)
-            return
-        me = self.desired.stage(owner, groups, flows)
+        # staged again: what was written for this owner is planned again
+        me = self.desired.stage(owner, groups, flows, streaming.written.restaged)
         if me is not None:
             queue = streaming.queue
             queue.append(me)
@@ -331,7 +324,7 @@ class Datapath:
             bundle = self.switch.bundle()
         except (RuntimeError, ChannelError):
             return
-        streaming = self._streaming = _Streaming(self.switch, bundle)
+        streaming = self._streaming = _Streaming(bundle)
         streaming.queue.extend(desired.owners.values())
         self._stream_queued(streaming)
 
@@ -361,7 +354,7 @@ class Datapath:
                 streaming.written,
                 self.desired.dirty_groups,
                 self.installed.replay_groups,
-                streaming.out,
+                bundle,
             )
         except Exception as exc:  # the commit plans everything again, and reports any error
             log.debug("streaming while staging stopped: %s", exc)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -123,16 +123,20 @@ class DesiredState:
         owner: Hashable,
         groups: Iterable[GroupSpec],
         flows: Iterable[of.FlowMod | EncodedFlow],
+        restaged: Callable[[Owner, Iterable[int], Iterable[FlowKey]], None] | None = None,
     ) -> Owner | None:
         """Replace everything ``owner`` wants; returns its ``Owner`` when it is new (it wanted
-        nothing before and wants something now), else None. Raises ``DatapathError`` (and
-        changes nothing) for a group another owner holds."""
+        nothing before and wants something now), else None. ``restaged`` is told of an owner
+        staged again, before its sets are replaced: the ``Owner`` (its sets still the old
+        ones) and the ids of its groups and the keys of its flows now. Raises
+        ``DatapathError`` (and changes nothing) for a group another owner holds."""
         pack = KEY_HEAD.pack
         new_groups = {g.group_id: g for g in groups}
         new_flows: dict[FlowKey, Flow] = {}
         for f in flows:
             if isinstance(f, EncodedFlow):
-                new_flows[f.key] = f.wire
+                key, wire = f
+                new_flows[key] = wire
             else:  # flow_key(f): table, priority, the match's wire
                 new_flows[pack(f.table_id, f.priority) + f.match.wire] = f
         old = self.owners.get(owner)
@@ -161,6 +165,8 @@ class DesiredState:
                 group_owner[gid] = me
             self.dirty_groups.update(new_groups)
             return me
+        if restaged is not None:
+            restaged(old, new_groups, new_flows)
         old_flows = old.flows
         for key, flow in old_flows.items():
             now = new_flows.get(key)

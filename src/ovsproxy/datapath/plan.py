@@ -10,7 +10,7 @@ deletes -- except that flow adds are interleaved with the group messages once th
 they use (most use none: EndpointDNAT) have been sent, so that Open vSwitch takes them in
 while the next groups are planned (planning a group costs us far more than it costs OVS, a
 flow the other way round; a full sync streams in about max(ours, OVS) instead of their sum).
-Messages go out by their encodings, a run per group or owner (``Sink.bodies``): no object per
+Messages go out by their encodings, a run per group or owner (``Sink.add_bodies``): no object per
 message is made for the bundle, which names a failing one by decoding its bytes. Flows staged
 as values are written as values (the bundle keeps what it is given, to name a failure: a
 value keeps its own text, which decoding an action the codec does not model would not give
@@ -63,13 +63,17 @@ class CommitStats:
 
 
 class Sink(Protocol):
-    """Where planned messages go (the datapath's bundle)."""
+    """Where planned messages go: a bundle (``datapath.StreamingBundle`` has these)."""
 
-    def bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
+    def add_bodies(self, msg_type: int, bodies: Sequence[bytes]) -> None:
         """One ``msg_type`` message per body (its encoding without the header)."""
 
-    def message(self, msg: of.Message) -> None:
+    def add(self, msg: of.Message) -> object:
         """One message, as the value it is."""
+
+
+class Stream(Sink, Protocol):
+    """A ``Sink`` that ``emit`` lets write between its messages."""
 
     @property
     def due(self) -> bool:
@@ -246,17 +250,17 @@ def _write_flows(
             after_groups.append(flow)  # after its group(s), or every group
         else:
             values.append(flow)
-    out.bodies(FLOW_MOD, bodies)
+    out.add_bodies(FLOW_MOD, bodies)
     for value in values:
-        out.message(value)
+        out.add(value)
 
 
 def _write_adds(flows: Sequence[Flow], out: Sink) -> None:
     """Write flow adds that need no ordering: encoded ones as a run, values as they are."""
-    out.bodies(FLOW_MOD, [f for f in flows if isinstance(f, bytes)])
+    out.add_bodies(FLOW_MOD, [f for f in flows if isinstance(f, bytes)])
     for flow in flows:
         if not isinstance(flow, bytes):
-            out.message(flow)
+            out.add(flow)
 
 
 def _commands(flows: Sequence[Flow]) -> Counter[int]:
@@ -302,7 +306,9 @@ def flow_adds(diff: Diff, desired: DesiredState, installed: InstalledState) -> l
     return adds
 
 
-def emit(diff: Diff, desired: DesiredState, installed: InstalledState, out: Sink) -> Iterator[None]:
+def emit(
+    diff: Diff, desired: DesiredState, installed: InstalledState, out: Stream
+) -> Iterator[None]:
     """Write the diff's messages to ``out`` in a safe order (the module's docstring), planned
     as they go; yields whenever ``out`` is due to let the transport write. The diff records
     what the switch will hold once they are committed."""
@@ -345,10 +351,11 @@ def emit(diff: Diff, desired: DesiredState, installed: InstalledState, out: Sink
         messages = plan.messages
         if messages:
             for msg in messages:
-                _count(kinds, _GROUP_KINDS[msg.command])
+                name = _GROUP_KINDS[msg.command]
+                kinds[name] = kinds.get(name, 0) + 1
             # The bundle keeps what it is given until its commit (to name failures): the
             # encodings only, not the buckets' values.
-            out.bodies(GROUP_MOD, [msg.wire for msg in messages])
+            out.add_bodies(GROUP_MOD, [msg.wire for msg in messages])
             stats.group_messages += len(messages)
         pending.discard(gid)
         if per_group:
@@ -370,13 +377,13 @@ def emit(diff: Diff, desired: DesiredState, installed: InstalledState, out: Sink
     stats.flows_added = len(add_flows)
     # ...flows before the groups they used.
     for key in delete_keys:
-        out.message(delete_strict(key))
+        out.add(delete_strict(key))
         if out.due:
             yield
     if delete_keys:
         _count(kinds, "flow_delete_strict", len(delete_keys))
     for gen in sorted(diff.stale):
-        out.message(
+        out.add(
             of.FlowMod.delete(
                 cookie=(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (gen << pl.COOKIE_GENERATION_SHIFT),
                 cookie_mask=pl.COOKIE_APP_GENERATION_MASK,
@@ -386,7 +393,7 @@ def emit(diff: Diff, desired: DesiredState, installed: InstalledState, out: Sink
         _count(kinds, "flow_delete", len(diff.stale))
     stats.flows_deleted = len(delete_keys) + len(diff.stale)
     for gid in group_deletes:
-        out.message(delete_group(gid))
+        out.add(delete_group(gid))
         if out.due:
             yield
     if group_deletes:
@@ -401,7 +408,7 @@ def write_owner(
     written: Written,
     dirty_groups: set[int],
     replay_groups: dict[int, InstalledGroup],
-    out: Sink,
+    bundle: Sink,
 ) -> None:
     """Write what a newly staged owner wants into the adopting commit's bundle, as that
     commit would: every group whole with ADD_OR_MOD (the switch may hold an older agent's
@@ -417,12 +424,14 @@ def write_owner(
             continue
         plan = plan_group(spec, None, present_unknown=True, replay=replay_groups.get(gid))
         for msg in plan.messages:
-            _count(kinds, _GROUP_KINDS[msg.command])
+            name = _GROUP_KINDS[msg.command]
+            kinds[name] = kinds.get(name, 0) + 1
             bodies.append(msg.wire)
         sent_groups[gid] = (plan.result, plan.kind)
         stats.groups_added += 1
         stats.group_messages += len(plan.messages)
-    out.bodies(GROUP_MOD, bodies)
+    if bodies:
+        bundle.add_bodies(GROUP_MOD, bodies)
 
     def ready(flow: of.FlowMod) -> bool:  # its groups are written or not to come
         used = groups_used(flow)
@@ -436,9 +445,9 @@ def write_owner(
     if sent_flows.keys().isdisjoint(flows) and all(map(ready, values)):
         # the usual case: in C but for the owner's few flow values
         sent_flows.update(flows)
-        out.bodies(FLOW_MOD, [f for f in flows.values() if isinstance(f, bytes)])
+        bundle.add_bodies(FLOW_MOD, [f for f in flows.values() if isinstance(f, bytes)])
         for value in values:
-            out.message(value)
+            bundle.add(value)
         return
     bodies = []
     add = bodies.append
@@ -449,11 +458,12 @@ def write_owner(
         if isinstance(flow, bytes):
             add(flow)
         elif ready(flow):
-            out.message(flow)
+            bundle.add(flow)
         else:
             continue  # after its group: the commit sends it
         sent_flows[key] = flow
-    out.bodies(FLOW_MOD, bodies)
+    if bodies:
+        bundle.add_bodies(FLOW_MOD, bodies)
 
 
 def fold_written(diff: Diff, written: Written) -> None:
