@@ -330,8 +330,12 @@ def emit(
         want = desired.group(gid)
         sent = streamed.get(gid)
         # what the switch holds once the messages before these are applied
-        have = sent[0] if sent is not None else installed_groups.get(gid)
-        unknown = sent is None and gid in unknown_groups
+        if sent is None:
+            have = installed_groups.get(gid)
+            unknown = gid in unknown_groups
+        else:
+            have, _ = sent
+            unknown = False
         if want is None:
             if have is not None or unknown:
                 group_deletes.append(gid)
