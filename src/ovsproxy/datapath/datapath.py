@@ -175,11 +175,12 @@ class _Streaming:
     through it). Nothing of it is applied before the commit, which plans only what was not
     written (or was re-staged since) and sends it into the same bundle."""
 
-    __slots__ = ("bundle", "queue", "written")
+    __slots__ = ("bundle", "queue", "restaged", "written")
 
     def __init__(self, bundle: StreamingBundle) -> None:
         self.bundle = bundle
-        self.written = Written()
+        self.written = written = Written()
+        self.restaged = written.restaged  # (bound once: staging calls it per owner)
         self.queue: list[Owner] = []  # staged, to write
 
 
@@ -298,7 +299,7 @@ class Datapath:
                 self._start_streaming()
             return
         # staged again: what was written for this owner is planned again
-        me = self.desired.stage(owner, groups, flows, streaming.written.restaged)
+        me = self.desired.stage(owner, groups, flows, streaming.restaged)
         if me is not None:
             queue = streaming.queue
             queue.append(me)
@@ -330,35 +331,29 @@ class Datapath:
 
     def _stream_queued(self, streaming: _Streaming) -> None:
         """Write the owners staged since the last write (a few dozen at a time: building and
-        encoding each in its own tight loop is cheaper than alternating per owner)."""
+        encoding each in its own tight loop is cheaper than alternating per owner), each by
+        ``plan.write_owner``; an owner is skipped while the socket does not keep up (the
+        commit plans what was not written)."""
         queue, streaming.queue = streaming.queue, []
         owners = self.desired.owners
+        bundle, written = streaming.bundle, streaming.written
+        dirty_groups, replay_groups = self.desired.dirty_groups, self.installed.replay_groups
         for owner in queue:
             if self._streaming is not streaming:
                 return  # abandoned
-            if owners.get(owner.key) is owner:  # (not unstaged since)
-                self._stream_owner(streaming, owner)
-
-    def _stream_owner(self, streaming: _Streaming, owner: Owner) -> None:
-        """Write what a newly staged owner wants into the streamed bundle (``plan.write_owner``).
-        Skipped while the socket does not keep up (the commit plans what was not written)."""
-        bundle = streaming.bundle
-        try:
-            if bundle.state != "open":
+            if owners.get(owner.key) is not owner:
+                continue  # unstaged since
+            try:
+                if bundle.state != "open":
+                    self._abandon_streaming()
+                    return
+                if bundle.backlog > STREAM_WHILE_STAGING_BACKLOG:
+                    continue
+                write_owner(owner, written, dirty_groups, replay_groups, bundle)
+            except Exception as exc:  # the commit plans everything again, reports any error
+                log.debug("streaming while staging stopped: %s", exc)
                 self._abandon_streaming()
                 return
-            if bundle.backlog > STREAM_WHILE_STAGING_BACKLOG:
-                return
-            write_owner(
-                owner,
-                streaming.written,
-                self.desired.dirty_groups,
-                self.installed.replay_groups,
-                bundle,
-            )
-        except Exception as exc:  # the commit plans everything again, and reports any error
-            log.debug("streaming while staging stopped: %s", exc)
-            self._abandon_streaming()
 
     def _abandon_streaming(self) -> None:
         streaming, self._streaming = self._streaming, None
