@@ -31,12 +31,12 @@ runs a sync or a replay does, around it (``datapath.memory.memory_policy``: the 
 and after a big one the new state frozen and the heap's free pages given back); ``touched``
 counts the groups and flows committed, for it to tell a big sync.
 
-On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group id
-it has in our range is rewritten (MODIFY) or deleted, every flow is re-added with the current
-generation's cookie, and the flows of older generations are deleted, all in one bundle. This is
-replay after an ovs-vswitchd restart and the hitless hand-over after an agent restart. The ids
-of the groups we installed are kept in a ``GroupRegistry`` (OVSDB, for the agent) across
-restarts; ``drifted`` checks the switch against what was committed.
+On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group
+id it has in our range is rewritten whole (ADD_OR_MOD) or deleted, every flow is re-added with
+the current generation's cookie, and the flows of older generations are deleted, all in one
+bundle. This is replay after an ovs-vswitchd restart and the hitless hand-over after an agent
+restart. The ids of the groups we installed are kept in a ``GroupRegistry`` (OVSDB, for the
+agent) across restarts; ``drifted`` checks the switch against what was committed.
 """
 
 from __future__ import annotations
