@@ -33,7 +33,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.compare import RecordingSwitch
 from ovsproxy.datapath.datapath import Datapath
-from ovsproxy.gcpause import gc_paused
+from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -215,13 +215,15 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
         sent_before = channel.counters.total("sent")[1]
         committing = _time_bundle_commits(channel)
         ovs_before = ovs_cpu(sb)
-        # As the agent's sync runs it (agent.sync): the collector paused around it.
-        with GcTimer() as gct, gc_paused():
+        # As the agent's sync runs it (agent.sync): under the memory policy (the collector
+        # paused around it; then the new state frozen, the heap's free pages given back).
+        with GcTimer() as gct:
             cpu = time.process_time()
             started = time.perf_counter()
-            build_s, stage_s = stage_cluster(dp, ports, ctx)
-            staged = time.perf_counter()
-            stats = await dp.commit()
+            with memory_policy(dp):
+                build_s, stage_s = stage_cluster(dp, ports, ctx)
+                staged = time.perf_counter()
+                stats = await dp.commit()
             done = time.perf_counter()
             cpu = time.process_time() - cpu
         ovs_after = ovs_cpu(sb)

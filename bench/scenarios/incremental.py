@@ -3,7 +3,8 @@
 Live, in one private sandbox, through the whole proxy: EndpointSlice event -> ``ChangeTracker``
 -> ``Proxier.sync`` (checkpoint, categorise, build, stage) -> ``Datapath.commit`` (one bundle)
 -> commit reply. The cluster (10,000 Services x 10 endpoints; 1,000 with ``--quick``) is
-installed first by the proxier's initial sync (``initial_sync_s``).
+installed first by the proxier's initial sync (``initial_sync_s``), under the agent's memory
+policy (``datapath.memory``: the collector paused, then the new state frozen).
 
 * ``noop_messages``: an unchanged full resync (every Service re-staged): must be 0, and
   nothing is written to the switch at all (``noop_wire_bytes``).
@@ -37,6 +38,7 @@ from bench import dp
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.groups import MAX_BUNDLED_MESSAGE, GroupSpec, plan_group
+from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.model import Endpoint, EndpointSlice, IPFamily, Service, SlicePort
 from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
@@ -93,7 +95,8 @@ async def _proxy(sb: Any, services: int) -> tuple[Channel, Proxier, dp.Cluster, 
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
     started = time.perf_counter()
-    await proxier.sync()
+    with memory_policy(datapath):  # as the agent's sync runs it (agent.sync)
+        await proxier.sync()
     return channel, proxier, ports, time.perf_counter() - started
 
 

@@ -9,8 +9,8 @@ warm caches), which reports its VmRSS (``/proc/self/status``) after each layer:
   ``Datapath``;
 * ``installed``: after the commit (to a switch that accepts everything and keeps nothing, so
   what a real bundle holds until its reply is not in it): the installed-state cache, which
-  shares the flows and the groups' buckets with the desired state, after the datapath gave
-  the heap's free pages back to the OS.
+  shares the flows and the groups' buckets with the desired state, after the memory policy
+  around the sync (``datapath.memory``) gave the heap's free pages back to the OS.
 
 What it measures is the datapath and the model in one process, as the agent holds them; the
 agent's whole resident set (with the informers' objects, the proxier's trackers, the
@@ -56,7 +56,7 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     from ovsproxy.datapath import services as svc
     from ovsproxy.datapath.compare import RecordingSwitch
     from ovsproxy.datapath.datapath import Datapath
-    from ovsproxy.gcpause import gc_paused
+    from ovsproxy.datapath.memory import memory_policy
 
     rss = {"baseline": _rss_kb()}
     ports = dp.cluster(services, endpoints)
@@ -66,7 +66,7 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
         # A switch that keeps nothing: only our own state is measured.
         datapath = Datapath(RecordingSwitch(), dp.CONFIG, dp.GENERATION)
         ctx = svc.Context(datapath.tables, dp.GENERATION)
-        with gc_paused():  # as the agent's sync runs (agent.sync)
+        with memory_policy(datapath):  # as the agent's sync runs (agent.sync)
             dp.stage_cluster(datapath, ports, ctx)
             rss["desired"] = _rss_kb()
             await datapath.commit()

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import gc
 import ipaddress
-import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pytest
 
 from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import pipeline as pl
+from ovsproxy.datapath import plan
 from ovsproxy.datapath import services as svc
 from ovsproxy.datapath.datapath import Datapath, DatapathError, flow_key
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
@@ -106,8 +105,8 @@ async def test_flows_and_groups_are_kept_and_sent_as_their_encoding() -> None:
     assert [m.decoded().table_id for m in sent if type(m) is of.EncodedFlowMod] == [
         dp.tables.endpoint_dnat
     ] * 3
-    dnat = [k for k, f in dp._owners[spn].flows.items() if type(f) is bytes]
-    assert len(dnat) == 3 and all(type(dp._installed_flows[k]) is bytes for k in dnat)
+    dnat = [k for k, f in dp.desired.owners[spn].flows.items() if type(f) is bytes]
+    assert len(dnat) == 3 and all(type(dp.installed.flows[k]) is bytes for k in dnat)
     # ...and read back as the values that were staged
     for flow in objs.flows:
         assert dp.installed_flows[flow_key(flow)] == flow
@@ -241,11 +240,11 @@ async def test_a_planning_error_discards_the_bundle_and_keeps_the_diff(
             raise ValueError("planning bug")
         return plan_group(desired, installed, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(dpm, "plan_group", broken)
+    monkeypatch.setattr(plan, "plan_group", broken)
     with pytest.raises(ValueError, match="planning bug"):
         await dp.commit()
     assert switch.discarded == 1 and dp.pending and not dp.installed_groups
-    monkeypatch.setattr(dpm, "plan_group", plan_group)
+    monkeypatch.setattr(plan, "plan_group", plan_group)
     stats = await dp.commit()
     assert stats.groups_added == 2
 
@@ -273,21 +272,19 @@ async def test_resync_deletes_flows_we_installed_and_no_longer_want() -> None:
     assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
 
 
-async def test_staging_leaves_the_collector_alone_and_a_big_commit_freezes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The sync around them pauses the collector (agent.sync), not the datapath."""
+async def test_staging_and_committing_leave_the_collector_alone() -> None:
+    """The sync around them pauses and freezes the collector (datapath.memory), not the
+    datapath: not even a big commit."""
     gc.enable()
+    frozen = gc.get_freeze_count()
     dp, _ = await adopted()
     stage(dp, "a", 2, gid=1)
     assert gc.isenabled()
-    stage(dp, "a", 3, gid=1)
+    for n in range(3, 40):
+        stage(dp, f"s{n}", n, gid=n, first=100 * n, vip=f"10.96.1.{n}")
     await dp.commit()
-    assert gc.isenabled()
-    monkeypatch.setattr(dpm, "GC_PAUSE_THRESHOLD", 1)
-    stage(dp, "a", 4, gid=1)
-    await dp.commit()  # a big commit freezes what is alive before the collector resumes
-    assert gc.isenabled() and gc.get_freeze_count() > 0
+    assert dp.last_commit.messages > 500
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
 def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
@@ -422,7 +419,7 @@ async def test_the_first_commit_is_written_while_staging_and_sends_what_it_would
     first_use = {}
     for at, msg in enumerate(sent):
         if isinstance(msg, of.FlowMod):
-            for gid in dpm._groups_used(msg) or ():
+            for gid in plan.groups_used(msg) or ():
                 first_use.setdefault(gid, at)
     added = {m.group_id: at for at, m in enumerate(sent) if isinstance(m, of.GroupMod)}
     assert first_use and all(added[gid] < at for gid, at in first_use.items())
@@ -457,7 +454,7 @@ async def test_a_socket_that_does_not_keep_up_leaves_the_rest_to_the_commit(
     monkeypatch.setattr(FakeBundle, "backlog", dpm.STREAM_WHILE_STAGING_BACKLOG + 1)
     dp, switch = _fresh(stream=True)
     _cluster(dp, 4)
-    assert dp._streaming is not None and not dp._streaming.flows  # nothing written
+    assert dp._streaming is not None and not dp._streaming.written.flows  # nothing written
     await dp.commit()
     plain, _ = _fresh(stream=False)
     _cluster(plain, 4)
@@ -525,38 +522,3 @@ async def test_a_commit_never_asks_a_bundle_its_length() -> None:
         _cluster(dp, 4)
         await dp.commit()
         assert switch.bundles and not asked
-
-
-async def test_a_big_commit_gives_freed_memory_back_after_its_diff_is_gone(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """After a big commit the heap's free pages go back to the OS (heap.py), once the
-    commit's own lists and dicts are garbage too; small commits (churn) skip it."""
-    released: list[int] = []
-    diffs: weakref.WeakSet[dpm._Commit] = weakref.WeakSet()
-
-    class Tracked(dpm._Commit):
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            diffs.add(self)
-
-    def release() -> bool:
-        released.append(len(diffs))  # the commit's diff (its dirty set...) is garbage by now
-        return True
-
-    monkeypatch.setattr(dpm, "_Commit", Tracked)
-    monkeypatch.setattr(dpm, "release_free_memory", release)
-    dp, _ = await adopted()
-    stage(dp, "a", 3, gid=1)
-    await dp.commit()
-    assert released == []
-    monkeypatch.setattr(dpm, "GC_PAUSE_THRESHOLD", 1)
-    stage(dp, "a", 4, gid=1)
-    await dp.commit()
-    assert released == [0]
-
-
-def test_release_free_memory_works_here() -> None:
-    from ovsproxy.heap import release_free_memory
-
-    assert release_free_memory()  # glibc (Linux): malloc_trim

@@ -418,17 +418,17 @@ async def test_pod_forwarding_is_staged_only_for_pods_that_changed() -> None:
         tracker, dp, node_name=NODE, pods=current, conntrack=recorder, send=recorder.send
     )  # type: ignore[arg-type]
     await proxier.sync()
-    staged = dict(dp._owners[("pod", "p-a")].flows)
+    staged = dict(dp.desired.owners[("pod", "p-a")].flows)
     apply(tracker, port("10.96.0.1"), [ep("10.244.0.2")])
     await proxier.sync()
     # An unchanged pod keeps the very flow values it had: nothing was rebuilt for it.
-    assert all(dp._owners[("pod", "p-a")].flows[k] is f for k, f in staged.items())
+    assert all(dp.desired.owners[("pod", "p-a")].flows[k] is f for k, f in staged.items())
     pods.append(PodPort("p-b", 3, "b", "ns", (ip("10.244.0.3"),), "0a:58:00:00:00:03"))
     await proxier.sync()
-    assert ("pod", "p-b") in dp._owners
+    assert ("pod", "p-b") in dp.desired.owners
     pods.pop(0)
     await proxier.sync()
-    assert ("pod", "p-a") not in dp._owners
+    assert ("pod", "p-a") not in dp.desired.owners
     assert not any(
         "10.244.0.2" in of.format_flow(f)
         for f in dp.installed_flows.values()

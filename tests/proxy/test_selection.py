@@ -212,7 +212,7 @@ def _proxier() -> tuple[Proxier, FakeSwitch]:
 
 def _groups_staged(proxier: Proxier) -> dict[object, set[int]]:
     dp = proxier.datapath
-    return {o: set(dp._owners[o].groups) for o in dp.owners() if dp._owners[o].groups}
+    return {o: set(dp.desired.owners[o].groups) for o in dp.owners() if dp.desired.owners[o].groups}
 
 
 # Ports changing shape between the common case and the others: ids freed by one port are

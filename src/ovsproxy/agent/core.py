@@ -27,6 +27,7 @@ from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.datapath import Datapath, GroupRegistry, Switch
+from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.datapath.semantics import ServiceSemantics
 from ovsproxy.model.node import PodPort
@@ -109,7 +110,12 @@ def build_core(
         switch, config.pipeline, node.generation, registry=node.registry, freeze_gc=freeze_gc
     )
     if isinstance(switch, Channel):
-        switch.on_connected = datapath.on_connected
+
+        async def replay() -> None:
+            with memory_policy(datapath):  # a replay rewrites everything: as a sync
+                await datapath.on_connected()
+
+        switch.on_connected = replay
     wired: ServiceSemantics | None = None
     reject_action: tuple[of.Action, ...] = ()  # (none: frontends without endpoints drop)
     if semantics is Semantics.LIVE:

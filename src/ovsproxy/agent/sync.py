@@ -4,13 +4,14 @@ Around ``Proxier.sync``: on a periodic full sync, a switch that lost flows behin
 rewritten first (``Datapath.drifted``); a failure counts the OVS error by name and marks the
 agent unhealthy; once the sources have synced, the node's routes are converged once from the
 complete ClusterIP list before the agent calls itself healthy and ready, the gauges are set, and
-the proxy health learns that every queued change is in (kube-proxy's ``Updated``). The
-proxier's sync runs with the cyclic garbage collector paused (``gcpause.gc_paused``); last, the
-garbage collector is settled (``gcpause.settle``: what the sync left young is collected, the
-survivors frozen), so that no collection later traverses the cluster's state in the middle of an
-event or a sync; a periodic full resync at least ``COMPACT_EVERY`` after the last compaction
-compacts instead (``gcpause.compact``: a collection over the frozen objects too, for reference
-cycles that became garbage after they were frozen).
+the proxy health learns that every queued change is in (kube-proxy's ``Updated``). The drift
+repair and the proxier's sync run under one memory policy (``datapath.memory.memory_policy``:
+the cyclic garbage collector paused; after a big commit, the new state frozen and the heap's
+free pages given back to the OS); last, the garbage collector is settled (``gcpause.settle``: what
+the sync left young is collected, the survivors frozen), so that no collection later traverses
+the cluster's state in the middle of an event or a sync; a periodic full resync at least
+``COMPACT_EVERY`` after the last compaction compacts instead (``gcpause.compact``: a collection
+over the frozen objects too, for reference cycles that became garbage after they were frozen).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 
 from ovsproxy import gcpause
 from ovsproxy.agent.wiring import Components
+from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.healthcheck import ProxyHealth
 from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPFamily
@@ -69,11 +71,12 @@ class Syncer:
         try:
             if full and datapath.commits and await datapath.drifted():
                 log.warning("switch lost flows or groups behind our back: rewriting all")
-                await datapath.resync_switch()
+                with memory_policy(datapath):
+                    await datapath.resync_switch()
             # The collector is off while the sync builds (a full sync makes over a million
             # long-lived acyclic values: every collection would traverse them again) and on
             # until its commit is in; settled below.
-            with gcpause.gc_paused():
+            with memory_policy(datapath):
                 result = await proxier.sync(full)
         except Exception as exc:
             # An OVS error, raised as is or as the cause of a datapath error: count its name.

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import FlowKey, flow_key
+from ovsproxy.datapath.desired import FlowKey, flow_key
 from ovsproxy.datapath.groups import InstalledGroup, SelectionMethod
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol.actions import format_instructions

@@ -62,7 +62,7 @@ class BucketSpec(NamedTuple):
     @property
     def actions(self) -> tuple[of.Action, ...]:
         """The actions as values (decoded: they are kept encoded)."""
-        wire = self[1]
+        wire = self.wire
         return decode_actions(wire, 0, len(wire))
 
 
@@ -93,7 +93,7 @@ class GroupSpec(NamedTuple):
     selection_method: SelectionMethod | None = None
 
     def by_key(self) -> dict[Hashable, BucketSpec]:
-        return {b[0]: b for b in self.buckets}
+        return {b.key: b for b in self.buckets}
 
 
 class InstalledGroup:
@@ -134,7 +134,7 @@ class InstalledGroup:
         if buckets is None:
             specs = self._specs
             assert specs is not None
-            return {b[0]: b for b in specs}  # not kept: see the class docstring
+            return {b.key: b for b in specs}  # not kept: see the class docstring
         return buckets
 
     @property
@@ -179,7 +179,7 @@ class InstalledGroup:
 
 
 def _bucket_len(spec: BucketSpec) -> int:
-    return len(spec[1]) + BUCKET_OVERHEAD
+    return len(spec.wire) + BUCKET_OVERHEAD
 
 
 def _assign_ids(
@@ -238,14 +238,15 @@ def _group_mod(
         return encoded_group_mod(
             command, group_id, _SELECT, buckets, command_bucket_id=command_bucket_id
         )
+    name, fields = selection_method
     return encoded_group_mod(
         command,
         group_id,
         _SELECT,
         buckets,
         command_bucket_id=command_bucket_id,
-        selection_method=selection_method[0],
-        fields=selection_method[1],
+        selection_method=name,
+        fields=fields,
     )
 
 
@@ -302,7 +303,12 @@ class GroupPlan:
 
 
 def _wires(ids: dict[Hashable, int], wanted: dict[Hashable, BucketSpec], keys: Any) -> list[bytes]:
-    return [bucket_wire(ids[k], wanted[k][1], wanted[k][2]) for k in keys]
+    wires: list[bytes] = []
+    add = wires.append
+    for k in keys:
+        _, wire, weight = wanted[k]
+        add(bucket_wire(ids[k], wire, weight))
+    return wires
 
 
 def plan_group(
@@ -336,9 +342,9 @@ def plan_group(
     if installed is None:
         # A new group: ids 0..n-1 in the order of the endpoints; the installed state shares
         # the desired tuple (unless an endpoint key repeats: then the last spec of a key wins).
-        if len({s[0] for s in specs}) != len(specs):
+        if len({key for key, _, _ in specs}) != len(specs):
             specs = tuple(desired.by_key().values())
-        wires = [bucket_wire(i, s[1], s[2]) for i, s in enumerate(specs)]
+        wires = [bucket_wire(i, wire, weight) for i, (_, wire, weight) in enumerate(specs)]
         total = sum([len(w) for w in wires])
         command = _ADD_OR_MOD if present_unknown else _ADD
         return GroupPlan(

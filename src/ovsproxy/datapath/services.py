@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import EncodedFlow
+from ovsproxy.datapath.desired import EncodedFlow
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
