@@ -95,7 +95,7 @@ async def _proxy(sb: Any, services: int) -> tuple[Channel, Proxier, dp.Cluster, 
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
     started = time.perf_counter()
-    with memory_policy(datapath):  # as the agent's sync runs it (agent.sync)
+    with memory_policy(core.datapath):  # as the agent's sync runs it (agent.sync)
         await proxier.sync()
     return channel, proxier, ports, time.perf_counter() - started
 
