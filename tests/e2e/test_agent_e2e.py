@@ -380,7 +380,14 @@ ports: [{{name: http, port: 8080, protocol: TCP}}]
 endpoints:
 {addresses}
 """)
-    lab.agent.wait_for(lambda: lab.agent.status()["groups"] == 6, what="the big Service")
+
+    def big_published() -> bool:
+        status = lab.agent.status()
+        names = {s["name"].split(":")[0] for s in status["services"]}
+        # published once its new frontend's flushes settled, after the groups are counted
+        return status["groups"] == 6 and "demo/big" in names
+
+    lab.agent.wait_for(big_published, what="the big Service")
     before = {gid for s in lab.agent.status()["services"] for gid in s["group_ids"].values()}
     lab.agent.stop()
     (lab.manifests / "shop-multiport.yaml").unlink()  # deleted while no agent runs
