@@ -218,6 +218,14 @@ def port_trouble(text: str) -> list[str]:
     return out
 
 
+def counted_flows(sandbox: Any) -> str:
+    """``dump-flows`` once the revalidators have finished a round: OpenFlow flow counters are
+    pulled from the datapath's flows by the revalidators, so a packet of the last half second
+    may not be counted yet (a SYN retransmitted 0.5 s before the read was missing, CI)."""
+    sandbox.appctl("revalidator/wait")
+    return str(sandbox.ofctl("dump-flows"))
+
+
 def drop_flows(text: str) -> list[str]:
     """Flows of a ``dump-flows`` whose action is to drop and that matched a packet."""
     out = []
@@ -459,7 +467,7 @@ class Evidence:
                     + port_trouble(sandbox.appctl("dpctl/show", "-s", "netdev@ovs-netdev"))
                 ),
             ),
-            "drop_flows": _attempt("dump-flows", lambda: drop_flows(sandbox.ofctl("dump-flows"))),
+            "drop_flows": _attempt("dump-flows", lambda: drop_flows(counted_flows(sandbox))),
             "agent": _attempt("/status", lambda: agent_state(node.status_url)),
         }
 
