@@ -377,10 +377,13 @@ def render_text(result: Mapping[str, Any]) -> list[str]:
 
 
 # -- I/O ------------------------------------------------------------------------------------
-def _node_source_ip(netns: str | None, dst: IPAddress) -> IPAddress:
+def _node_source_ip(netns: str | None, dst: IPAddress, mark: int | None = None) -> IPAddress:
     """The address the node's kernel would send from to ``dst`` (its route's preferred
-    source)."""
+    source); with ``mark``, of the route packets with that mark take (the capture's policy
+    route: the address a captured connection is masqueraded to)."""
     cmd = ["ip", "-j", "route", "get", str(dst)]
+    if mark is not None:
+        cmd += ["mark", hex(mark)]
     if netns:
         cmd = ["ip", "netns", "exec", netns, *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -390,23 +393,6 @@ def _node_source_ip(netns: str | None, dst: IPAddress) -> IPAddress:
     src = _ip(str(routes[0].get("prefsrc", ""))) if routes else None
     if src is None:
         raise TraceError(f"the node's route to {dst} has no source address: {done.stdout}")
-    return src
-
-
-def _masquerade_source(netns: str | None, traced: IPAddress) -> IPAddress:
-    """The address the node's kernel masquerades a captured connection to: the preferred
-    source of the capture's policy route (the mark's table, out the gateway) to ``traced``."""
-    cmd = ["ip", "-j", "route", "get", str(traced), "mark", hex(NODE_CAPTURE_MARK)]
-    if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    routes = json.loads(done.stdout or "[]") if done.returncode == 0 else []
-    src = _ip(str(routes[0].get("prefsrc", ""))) if routes else None
-    if src is None:
-        raise TraceError(
-            f"the node's capture route to {traced} has no source address to masquerade to: "
-            f"{(done.stderr or done.stdout).strip()}"
-        )
     return src
 
 
@@ -502,7 +488,7 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     traced_ip, before_ovs = traced_address(dest, source)
     traced_src = src_ip
     if masqueraded(dest, source):
-        traced_src = _masquerade_source(status.get("node_namespace"), traced_ip)
+        traced_src = _node_source_ip(status.get("node_namespace"), traced_ip, NODE_CAPTURE_MARK)
         before_ovs = "; ".join(
             filter(
                 None,
