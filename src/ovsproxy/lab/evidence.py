@@ -218,12 +218,12 @@ def port_trouble(text: str) -> list[str]:
     return out
 
 
-def counted_flows(sandbox: Any) -> str:
+def counted_flows(sandbox: Sandbox) -> str:
     """``dump-flows`` once the revalidators have finished a round: OpenFlow flow counters are
     pulled from the datapath's flows by the revalidators, so a packet of the last half second
     may not be counted yet (a SYN retransmitted 0.5 s before the read was missing, CI)."""
     sandbox.appctl("revalidator/wait")
-    return str(sandbox.ofctl("dump-flows"))
+    return sandbox.ofctl("dump-flows")
 
 
 def drop_flows(text: str) -> list[str]:
