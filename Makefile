@@ -10,11 +10,16 @@ run: setup
 demo: setup
 	.venv/bin/ovsproxy demo $(ARGS)
 
+# Two worker processes, a test file each (module-scoped sandboxes and labs stay shared
+# within a file): the suite mostly waits on switches, kernels and traffic, not on the CPU.
+# ARGS="-n 0" runs it in one process.
+PYTEST_WORKERS = -n 2 --dist loadfile
+
 test: setup
-	.venv/bin/python -m pytest $(ARGS)
+	.venv/bin/python -m pytest $(PYTEST_WORKERS) $(ARGS)
 
 test-fast: setup
-	.venv/bin/python -m pytest -m "not slow" $(ARGS)
+	.venv/bin/python -m pytest $(PYTEST_WORKERS) -m "not slow" $(ARGS)
 
 # The Kubernetes Service conformance tests on the 3-node lab (root); records the endpoint
 # latency figures in bench/results.
