@@ -66,7 +66,7 @@ V4, LOOPBACK, V6, V4_2, OTHER = "192.168.50.1", "127.0.0.1", "fd00::1", "192.168
         ({"node_port_addresses": ("192.168.0.0/16",)}, True, (V4, V6, V4_2)),  # IPv6: every one
         ({"node_port_addresses": ("primary",)}, True, (V4, V6)),
         ({"node_ports": False}, False, ()),
-        ({"manage_routes": False}, False, ()),  # no capture without the routes
+        ({"manage_routes": False}, False, ()),  # no steering without the routes
     ],
 )
 def test_node_port_frontends_follow_the_configuration(overrides, node_ports, node_port_ips):

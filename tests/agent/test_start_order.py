@@ -1,7 +1,7 @@
 """Start-up order: the source lists while the rest of the agent is set up.
 
 A cold start is mostly the list of Services and EndpointSlices; nothing the tracker records
-needs the node side (capture table, policy routes, health checks), OVSDB or the switch, so
+needs the node side (steering table, policy routes, health checks), OVSDB or the switch, so
 the list must not wait for them.
 """
 
@@ -23,7 +23,7 @@ async def test_the_source_lists_while_the_node_side_is_still_starting(tmp_path: 
         openflow=f"unix:{tmp_path}/br.mgmt",
         metrics_address="127.0.0.1:0",
     )
-    assert config.captures  # the default: node-side capture runs, before OVSDB
+    assert config.steers  # the default: node-side steering runs, before OVSDB
     agent = Agent(config)
     node_side_started = asyncio.Event()
     node_side_may_end = asyncio.Event()

@@ -54,7 +54,7 @@ async def test_a_node_port_taken_is_refused_whole_and_served_once_the_older_goes
     await rig.proxier.sync()
     assert rig.served() == {"old"}
     assert "10.96.0.2" not in rig.flows() and "10.0.0.2" not in rig.flows()
-    assert rig.touched[-1] == {NEW.name: None}  # the capture and health checks never see it
+    assert rig.touched[-1] == {NEW.name: None}  # the steering and health checks never see it
     # published with the sync that applied it (as status and the metric read it), not before
     assert rig.conflicts_seen == [0, 0] and rig.proxier.conflicts_refused == 1
     assert [str(c) for c in rig.proxier.conflicts] == [

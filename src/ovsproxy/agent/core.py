@@ -12,7 +12,7 @@ user runs: all of it over a live channel, only the reject flows (their frontends
 nothing sent), or none.
 
 What follows a commit is a list of followers (``proxy.followers``) the proxier calls in one
-place; the agent's are ``commit_followers``: the node side's capture table, its health-check
+place; the agent's are ``commit_followers``: the node side's steering table, its health-check
 servers, then the route discoverer's ClusterIP feed.
 """
 
@@ -78,7 +78,7 @@ class Core:
 def commit_followers(
     node_side: NodeSide | None, discoverer: ServiceCIDRDiscoverer | None
 ) -> tuple[Follower, ...]:
-    """What follows each commit, in order: the node side's capture table, its health-check
+    """What follows each commit, in order: the node side's steering table, its health-check
     servers, then the route discoverer's ClusterIPs (only when an address came or went)."""
     followers: list[Follower] = []
     if node_side is not None:
@@ -137,9 +137,9 @@ def build_core(
         send=wired.channel.send if wired is not None else None,
         max_ovs_timeout=max_ovs_timeout,
         sweep_interval=sweep_interval,
-        # NodePort flows only where the node side captures NodePort traffic
-        node_ports=config.captures,
-        node_port_ips=config.node_port_ips if config.captures else (),
+        # NodePort flows only where the node side steers NodePort traffic
+        node_ports=config.steers,
+        node_port_ips=config.node_port_ips if config.steers else (),
         followers=followers,
     )
     if wired is not None:

@@ -8,7 +8,7 @@ owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
 adopts them hitlessly) unless ``cleanup`` is set: then what ``ovsproxy cleanup`` removes of
 what this run set up goes first (``agent.cleanup``), but the virtual next hop's host route and
-neighbour entries stay for a later agent. The capture table, its policy routes and
+neighbour entries stay for a later agent. The steering table, its policy routes and
 the health-check servers are the node side's (``agent.nodeport``); the host-SNAT addresses
 and their neighbour entries ``agent.hostsnat``'s (``--cleanup`` removes those too).
 """
@@ -26,8 +26,8 @@ from ovsproxy.agent import embedded
 from ovsproxy.agent.cleanup import (
     CleanupReport,
     deliberately_left,
-    remove_capture,
     remove_routes,
+    remove_steering,
     remove_switch_state,
 )
 from ovsproxy.agent.core import NodeFacts, build_core, commit_followers
@@ -98,7 +98,7 @@ class Agent:
             source_started = asyncio.create_task(self._start_source(), name="source start")
             self.tasks.append(source_started)
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
-            if cfg.captures:
+            if cfg.steers:
                 cfg = await self._start_node_side(source_started)
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
@@ -170,7 +170,7 @@ class Agent:
         return parts.sandbox.ovsdb, parts.sandbox.openflow
 
     async def _start_node_side(self, source_started: asyncio.Task[None]) -> AgentConfig:
-        """The capture's policy routes and node IPs, before the datapath: the pipeline marks
+        """The steering table's policy routes and node IPs, before the datapath: the pipeline marks
         the node's own packets by its IPs (discovered ones included)."""
         parts = self.parts
         node_side = parts.node_side = build_node_side(self.config, parts.netns, self.proxy_health)
@@ -217,7 +217,7 @@ class Agent:
         return watcher.host_ips
 
     def _node_ips_changed(self, node_ips: tuple[IPAddress, ...]) -> None:
-        """The Node's addresses changed: the capture table, the Classifier's node-IP flows and
+        """The Node's addresses changed: the steering table, the Classifier's node-IP flows and
         the NodePort frontends follow, in a full sync."""
         parts = self.parts
         node_side, proxier, runner = parts.node_side, parts.proxier, parts.runner
@@ -320,7 +320,7 @@ async def cleanup(parts: Components) -> None:
     if parts.routes is not None:
         await remove_routes(parts.routes, next_hop=False, neighbours=False, report=report)
     if parts.node_side is not None:
-        await remove_capture(parts.node_side.table, parts.node_side.routes, report)
+        await remove_steering(parts.node_side.table, parts.node_side.routes, report)
     if parts.host_snat is not None:
         try:
             report.removed += await parts.host_snat.cleanup()

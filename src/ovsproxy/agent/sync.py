@@ -119,7 +119,7 @@ class Syncer:
         if node_side is not None:
             m.node_ports.set(node_side.node_port_count)
             m.source_ranges.set(node_side.source_range_count)
-            m.capture_elements.set(node_side.element_count)
+            m.steering_elements.set(node_side.element_count)
             m.health_check_servers.set(node_side.health_checks.running)
         first = not self.ready.is_set()
         if first:

@@ -61,7 +61,7 @@ class Components:
     source: ManifestSource | KubernetesSource | None = None
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
-    node_side: NodeSide | None = None  # NodePort/external capture and health checks
+    node_side: NodeSide | None = None  # NodePort/external steering and health checks
     host_snat: HostSNAT | None = None  # standalone, with routes: host-SNAT addresses
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
     node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
@@ -146,7 +146,7 @@ def build_routes(
 
 
 def build_node_side(config: AgentConfig, netns: str | None, health: ProxyHealth) -> NodeSide:
-    """NodePort, external IP and LB IP capture with its health checks (``config.captures``)."""
+    """NodePort, external IP and LB IP steering with its health checks (``config.steers``)."""
     from ovsproxy.agent.nodeport import NodeSide
 
     return NodeSide(config, netns, health)
