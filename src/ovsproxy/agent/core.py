@@ -12,7 +12,7 @@ user runs: all of it over a live channel, only the reject flows (their frontends
 nothing sent), or none.
 
 What follows a commit is a list of followers (``proxy.followers``) the proxier calls in one
-place; the agent's are ``commit_followers``: the node side's steering table, its health-check
+place; the agent's are ``commit_followers``: the node ingress's steering table, its health-check
 servers, then the route discoverer's ClusterIP feed.
 """
 
@@ -39,7 +39,7 @@ from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 if TYPE_CHECKING:
-    from ovsproxy.agent.nodeport import NodeSide
+    from ovsproxy.agent.nodeport import NodeIngress
     from ovsproxy.servicecidr import ServiceCIDRDiscoverer
 
 
@@ -76,13 +76,13 @@ class Core:
 
 
 def commit_followers(
-    node_side: NodeSide | None, discoverer: ServiceCIDRDiscoverer | None
+    node_ingress: NodeIngress | None, discoverer: ServiceCIDRDiscoverer | None
 ) -> tuple[Follower, ...]:
-    """What follows each commit, in order: the node side's steering table, its health-check
+    """What follows each commit, in order: the node ingress's steering table, its health-check
     servers, then the route discoverer's ClusterIPs (only when an address came or went)."""
     followers: list[Follower] = []
-    if node_side is not None:
-        followers += (node_side, node_side.health_checks)
+    if node_ingress is not None:
+        followers += (node_ingress, node_ingress.health_checks)
     if discoverer is not None:
         followers.append(ClusterIPsFollower(ClusterIPFeed(discoverer)))
     return tuple(followers)
@@ -137,7 +137,7 @@ def build_core(
         send=wired.channel.send if wired is not None else None,
         max_ovs_timeout=max_ovs_timeout,
         sweep_interval=sweep_interval,
-        # NodePort flows only where the node side steers NodePort traffic
+        # NodePort flows only where the node ingress steers NodePort traffic
         node_ports=config.steers,
         node_port_ips=config.node_port_ips if config.steers else (),
         followers=followers,

@@ -1,13 +1,14 @@
-"""The node side of NodePorts, external IPs and load-balancer IPs, following the proxier.
+"""The node's own entry points into Services (``NodeIngress``): NodePorts, external IPs and
+load-balancer IPs, following the proxier.
 
 Two of the proxier's followers (``proxy.followers``), in this order, get the Service ports
 each commit touched:
 
-* ``NodeSide.after_commit`` updates the ``SteeringTracker`` for each of them and sends its
+* ``NodeIngress.after_commit`` updates the ``SteeringTracker`` for each of them and sends its
   pending change to the ``inet ovsproxy`` nftables table in one transaction (work proportional
   to the change; the first sync, or one after drift, rebuilds the table whole); a full sync
   also verifies the table against what we installed;
-* ``HealthChecks.after_commit`` (the node side's ``health_checks``) makes the
+* ``HealthChecks.after_commit`` (the node ingress's ``health_checks``) makes the
   healthCheckNodePort servers match the Services that have one, with this node's ready local
   endpoint counts.
 
@@ -43,7 +44,7 @@ log = logging.getLogger("ovsproxy.agent")
 
 class HealthChecks:
     """kube-proxy's healthCheckNodePort servers of one agent, following each commit (see the
-    module docstring); started by the node side, which knows the addresses to listen on."""
+    module docstring); started by the node ingress, which knows the addresses to listen on."""
 
     def __init__(self, node_name: str, health: ProxyHealth, netns: str | None) -> None:
         self.node_name = node_name
@@ -102,8 +103,9 @@ class HealthChecks:
             await self.servers.close()
 
 
-class NodeSide:
-    """The steering table, its policy routes and the health-check servers of one agent."""
+class NodeIngress:
+    """The node's own entry points into Services: the steering table, its policy routes and the
+    health-check servers of one agent."""
 
     def __init__(self, config: AgentConfig, netns: str | None, health: ProxyHealth) -> None:
         self.config = config
