@@ -29,7 +29,7 @@ from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.datapath import Datapath, GroupRegistry, Switch
 from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.datapath.reject import Rejector
-from ovsproxy.datapath.semantics import ServiceSemantics
+from ovsproxy.datapath.semantics import SemanticsHelpers
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -72,7 +72,7 @@ class Core:
     tracker: ChangeTracker
     datapath: Datapath
     proxier: Proxier
-    semantics: ServiceSemantics | None  # Semantics.LIVE only
+    semantics: SemanticsHelpers | None  # Semantics.LIVE only
 
 
 def commit_followers(
@@ -116,12 +116,12 @@ def build_core(
                 await datapath.on_connected()
 
         switch.on_connected = replay
-    wired: ServiceSemantics | None = None
+    wired: SemanticsHelpers | None = None
     reject_action: tuple[of.Action, ...] = ()  # (none: frontends without endpoints drop)
     if semantics is Semantics.LIVE:
         if not isinstance(switch, Channel):
             raise TypeError(f"Service semantics run over a Channel, not {type(switch).__name__}")
-        wired = ServiceSemantics.wired(switch, datapath, sweep_interval=sweep_interval)
+        wired = SemanticsHelpers.wired(switch, datapath, sweep_interval=sweep_interval)
         switch.on_packet_in = wired.handle
         reject_action = wired.rejector.reject_action
     elif semantics is Semantics.FLOWS:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.datapath.datapath import Datapath
-    from ovsproxy.datapath.semantics import ServiceSemantics
+    from ovsproxy.datapath.semantics import SemanticsHelpers
     from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.openflow.connection import Channel
     from ovsproxy.ovs.ovsdb import OVSDB
@@ -56,7 +56,7 @@ class Components:
     ovsdb_link: OVSDBLink | None = None  # the start-up connection's state
     channel: Channel | None = None
     datapath: Datapath | None = None
-    semantics: ServiceSemantics | None = None
+    semantics: SemanticsHelpers | None = None
     proxier: Proxier | None = None
     runner: SyncRunner | None = None
     source: ManifestSource | KubernetesSource | None = None
