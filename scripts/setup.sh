@@ -37,7 +37,7 @@ fi
 if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
   missing+=("python3-venv")
 fi
-# libnftables' Python binding (ovsproxy.capture loads it from here when the venv cannot import it)
+# libnftables' Python binding (ovsproxy.steering loads it from here when the venv cannot import it)
 if [ ! -f /usr/lib/python3/dist-packages/nftables/__init__.py ]; then
   missing+=("python3-nftables")
 fi

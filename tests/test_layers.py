@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("agent",),  # one run of the agent: wiring, sync, pods, observability, lifecycle
     ("config",),  # the agent's validated settings (they name pipeline values: mode, tables)
-    ("proxy", "routes", "capture"),  # capture: the node's nftables table, as routes its routes
+    ("proxy", "routes", "steering"),  # steering: the node's nftables table; routes: its routes
     # healthcheck imports only the model: it sits below the proxy, which is to feed it
     ("datapath", "sources", "servicecidr", "healthcheck", "ovs", "lab"),
     ("openflow",),

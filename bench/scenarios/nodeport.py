@@ -1,18 +1,18 @@
-"""NodePort capture: adding one Service to a table that already holds many.
+"""NodePort steering: adding one Service to a table that already holds many.
 
 Real nftables in a private network namespace (needs root). For each size (1,000 and 10,000
 Services; ``--quick``: 100 and 1,000), in the same run:
 
 1. ``first_sync``: the tracker fed every Service, then one full rebuild transaction of the
    ``inet ovsproxy`` table (time, JSON bytes, elements).
-2. ``add_one``: one more NodePort Service, from ``CaptureTracker.update`` to libnftables'
+2. ``add_one``: one more NodePort Service, from ``SteeringTracker.update`` to libnftables'
    return (the kernel has committed): median time (``add_one_transaction_ms``: the part on
    the nft worker thread, without the hand-off from the event loop), and the transaction's
    size in JSON bytes and elements (each Service is dual-stack: one element per family); then
    the Service is removed again (``remove_one``), so every round starts from the same table.
    The two sizes' tables exist side by side and their rounds alternate.
 3. ``recompute_add_one``: the same add through the from-scratch path (``desired_state`` over
-   every Service, then ``CaptureTable.sync`` diffing it against what is installed), for
+   every Service, then ``SteeringTable.sync`` diffing it against what is installed), for
    contrast: that path's CPU work grows with the table, the transaction does not.
 
 Figures compare the sizes: ``add_one_time_ratio`` and ``add_one_bytes_ratio`` (the larger size
@@ -33,8 +33,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses
-from ovsproxy.capture.desired import desired_state
 from ovsproxy.model import (
     IPAddress,
     Protocol,
@@ -43,9 +41,11 @@ from ovsproxy.model import (
     ServiceType,
 )
 from ovsproxy.ovs.namespaces import create_netns, delete_netns
+from ovsproxy.steering import NodePortAddresses, SteeringTable, SteeringTracker
+from ovsproxy.steering.desired import desired_state
 
 NAME = "nodeport"
-DESCRIPTION = "NodePort capture: time and nft transaction size to add one Service, 1k vs 10k"
+DESCRIPTION = "NodePort steering: time and nft transaction size to add one Service, 1k vs 10k"
 
 NODE_IPS: list[IPAddress] = [
     ipaddress.ip_address("192.168.50.1"),
@@ -110,8 +110,8 @@ class _Setup:
         create_netns(self.netns)  # recorded first: a killed run's namespace is swept
         self.addresses = NodePortAddresses()
         self.ports = [service(i) for i in range(1, n + 1)]
-        self.tracker = CaptureTracker(NODE_IPS, self.addresses)
-        self.table = CaptureTable(self.netns)
+        self.tracker = SteeringTracker(NODE_IPS, self.addresses)
+        self.table = SteeringTable(self.netns)
         self.figures: dict[str, Any] = {}
         self.add_s: list[float] = []
         self.add_tx_s: list[float] = []

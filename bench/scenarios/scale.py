@@ -108,7 +108,7 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def run(quick: bool) -> dict[str, Any]:
     sizes = QUICK_SIZES if quick else SIZES
     with tempfile.TemporaryDirectory(prefix="ovsproxy-bench-scale-") as tmp:
-        for services in sizes:  # outside any event loop (the baseline's capture runs one)
+        for services in sizes:  # outside any event loop (the baseline's steering runs one)
             directory = Path(tmp)
             write_ofctl_files(directory, services, ENDPOINTS)
             (directory / "groups").rename(directory / f"groups-{services}")

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from ovsproxy.capture.desired import NodePortAddresses
 from ovsproxy.datapath.pipeline import Mode, PipelineConfig
 from ovsproxy.model import IPAddress
 from ovsproxy.sources.convert import check_service_proxy_name
+from ovsproxy.steering.desired import NodePortAddresses
 
 
 class ConfigError(ValueError):
@@ -54,7 +54,7 @@ class AgentConfig:
     zone: str | None = None
     # this node's IPs, primary of each family first (empty: read from the node's devices)
     node_ip: tuple[str, ...] = ()
-    # NodePort, external IP and LB IP capture (standalone; needs the routes)
+    # NodePort, external IP and LB IP steering (standalone; needs the routes)
     node_ports: bool = True
     # kube-proxy's nodePortAddresses: CIDRs or "primary"; empty: every node IP
     node_port_addresses: tuple[str, ...] = ()
@@ -103,8 +103,8 @@ class AgentConfig:
         return NodePortAddresses.parse(self.node_port_addresses).node_port_ips(node_ips)
 
     @property
-    def captures(self) -> bool:
-        """Node-side capture runs: asked for, standalone, and with the node's routes."""
+    def steers(self) -> bool:
+        """Node-side steering runs: asked for, standalone, and with the node's routes."""
         return self.node_ports and self.mode == Mode.STANDALONE and self.manage_routes
 
     @property

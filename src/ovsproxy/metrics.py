@@ -110,7 +110,7 @@ class Metrics:
             "Service ports with a NodePort captured on this node.",
             registry=r,
         )
-        self.capture_elements = Gauge(
+        self.steering_elements = Gauge(
             "ovsproxy_capture_elements",
             "Elements of the node's capture table's sets (NodePorts, external and LB IPs, "
             "source ranges).",

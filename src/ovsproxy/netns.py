@@ -1,7 +1,7 @@
 """Joining a network namespace from a worker thread (a leaf helper: imports nothing of ours).
 
 A socket, netlink or not, belongs to the namespace of the thread that creates it, and keeps it
-for its life. So the node-side parts that must act inside the node's namespace (the capture
+for its life. So the node-side parts that must act inside the node's namespace (the steering
 table's libnftables context, the health-check servers' listening sockets) run their creating
 calls on one worker thread that has joined it with ``setns``; the event loop's thread never
 changes namespace.

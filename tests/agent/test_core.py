@@ -66,7 +66,7 @@ V4, LOOPBACK, V6, V4_2, OTHER = "192.168.50.1", "127.0.0.1", "fd00::1", "192.168
         ({"node_port_addresses": ("192.168.0.0/16",)}, True, (V4, V6, V4_2)),  # IPv6: every one
         ({"node_port_addresses": ("primary",)}, True, (V4, V6)),
         ({"node_ports": False}, False, ()),
-        ({"manage_routes": False}, False, ()),  # no capture without the routes
+        ({"manage_routes": False}, False, ()),  # no steering without the routes
     ],
 )
 def test_node_port_frontends_follow_the_configuration(overrides, node_ports, node_port_ips):
@@ -84,14 +84,14 @@ async def test_followers_see_each_commit_in_order_and_cluster_ips_only_when_they
         async def after_commit(self, committed: Committed) -> None:
             seen.append(("health checks", sorted(map(str, committed.touched))))
 
-    class NodeSide:
+    class NodeIngress:
         health_checks = HealthChecks()
 
         async def after_commit(self, committed: Committed) -> None:
-            seen.append(("node side", sorted(map(str, committed.touched))))
+            seen.append(("node ingress", sorted(map(str, committed.touched))))
 
     discoverer = ServiceCIDRDiscoverer(configured=(), use_api=False)
-    followers = commit_followers(NodeSide(), discoverer)
+    followers = commit_followers(NodeIngress(), discoverer)
     added: list[frozenset[IPAddress]] = []
     discoverer.add_cluster_ips = lambda ips: (  # type: ignore[method-assign]
         added.append(frozenset(ips)),
@@ -111,12 +111,12 @@ async def test_followers_see_each_commit_in_order_and_cluster_ips_only_when_they
     tracker.on_service_add(Service("ns", "web", (ServicePort(name, (ip("10.96.0.1"),), 80),)))
     await core.proxier.sync()
     assert seen == [
-        ("node side", ["ns/web/TCP"]),
+        ("node ingress", ["ns/web/TCP"]),
         ("health checks", ["ns/web/TCP"]),
         ("cluster IPs", ["10.96.0.1"]),
     ]
     tracker.on_service_update(Service("ns", "web", (ServicePort(name, (ip("10.96.0.1"),), 81),)))
     await core.proxier.sync()
     # the same ClusterIP: not handed on again
-    assert seen[3:] == [("node side", ["ns/web/TCP"]), ("health checks", ["ns/web/TCP"])]
+    assert seen[3:] == [("node ingress", ["ns/web/TCP"]), ("health checks", ["ns/web/TCP"])]
     assert added == [frozenset({ip("10.96.0.1")})]

@@ -1,5 +1,5 @@
 """Kubernetes' NodePort e2e tests (test/e2e/network/service.go and conntrack.go), ported to the
-3-node lab: the API server allocates the nodePorts (30000-32767), the agents capture node-IP
+3-node lab: the API server allocates the nodePorts (30000-32767), the agents steer node-IP
 traffic on them (nftables) and forward it through OVS.
 
 Reachability "over the NodePort" means, as upstream's checkNodePortServiceReachability, the

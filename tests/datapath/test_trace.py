@@ -361,7 +361,7 @@ def test_load_balancer_source_ranges() -> None:
     assert source_range_block(OUTSIDE.ips[0], lb) == ""
     blocked = source_range_block(STRANGER.ips[0], lb)
     assert "192.168.50.100 is in none of 203.0.113.0/24" in blocked
-    # only load-balancer IPs are restricted (kube-proxy's semantics, capture.desired)
+    # only load-balancer IPs are restricted (kube-proxy's semantics, steering.desired)
     external = resolve_destination("192.0.2.7:80", [LB], None, [4])
     assert source_range_block(STRANGER.ips[0], external) == ""
     # ranges of the other family do not restrict this one

@@ -6,7 +6,7 @@ test fake: real HTTP list/watch), a real OVS and the node's real nftables table.
   sync is needed.
 * The node IPs are the Node's addresses (an address on no device of the node: scanning the
   devices would never find it), and a changed address set moves the NodePort frontends (the
-  OpenFlow flows and the capture table's ``nodeport-ips`` set) to the new IPs.
+  OpenFlow flows and the steering table's ``nodeport-ips`` set) to the new IPs.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ async def test_node_ips_are_the_nodes_addresses_and_follow_them(world: World) ->
     log = world.agent.log()
     assert f"node IPs (from the Node object): {FIRST_IP}" in log
     assert "from the node's devices" not in log
-    # The Node's address changes: the NodePort frontends and the capture table follow.
+    # The Node's address changes: the NodePort frontends and the steering table follow.
     world.api.apply("nodes", node(SECOND_IP))
     await until(
         lambda: world.agent.status()["node_ports"]["node_ips"] == [SECOND_IP], "the new node IP"
@@ -184,7 +184,7 @@ async def test_node_ips_are_the_nodes_addresses_and_follow_them(world: World) ->
         ),
         "NodePort flows on the new node IP",
     )
-    await until(lambda: world.nodeport_ips() == {SECOND_IP}, "the capture table's new node IP")
+    await until(lambda: world.nodeport_ips() == {SECOND_IP}, "the steering table's new node IP")
     # `ovsproxy verify` takes the node IPs where the agent does: the Node's addresses.
     result = await asyncio.to_thread(world.verify)
     assert result.returncode == 0, result.stdout + result.stderr

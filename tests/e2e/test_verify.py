@@ -242,12 +242,12 @@ endpoints:
 """
 
 
-def test_verify_checks_the_capture_table(node: Node) -> None:
+def test_verify_checks_the_steering_table(node: Node) -> None:
     (node.manifests / "np.yaml").write_text(NODEPORT_SERVICE)
     node.agent.wait_for(
         lambda: "30080" in node.sandbox.exec("nft", "list", "table", "inet", "ovsproxy").stdout,
         timeout=30,
-        what="the NodePort in the capture table",
+        what="the NodePort in the steering table",
     )
     clean = node.wait_clean()
     assert clean.returncode == 0, clean.stdout + clean.stderr

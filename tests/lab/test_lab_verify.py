@@ -1,5 +1,5 @@
 """`ovsproxy verify` on every node of a 3-node lab: clean when converged (Services with
-endpoints on every node), exit 1 on the node whose flow, route and capture-table element (its
+endpoints on every node), exit 1 on the node whose flow, route and steering-table element (its
 own node IP, read from its devices) were deleted by hand (and only there), clean again once
 that node's agent has repaired them."""
 

@@ -1,5 +1,5 @@
 """NodePort, external IP and load-balancer IP Services across a 3-node dual-stack lab (issue
-14's acceptance): the external client reaches node IPs and LB IPs, the nodes capture that
+14's acceptance): the external client reaches node IPs and LB IPs, the nodes steer that
 traffic into OVS (nftables table + policy routes) and select endpoints as for ClusterIPs.
 
 One lab for the module: web-N serves on node N; client-N is a client pod on node N; the
@@ -366,7 +366,7 @@ def test_load_balancer_source_ranges_allow_and_deny(
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_ip_mode_proxy_is_not_captured(lab: Lab, cluster_lb: LabService, family: int) -> None:
+def test_ip_mode_proxy_is_not_steered(lab: Lab, cluster_lb: LabService, family: int) -> None:
     proxy = (PROXY_V4, PROXY_V6)[family]
     assert get(lab.external_netns, proxy, 8081, timeout=1)["status"] == 0
     for node in lab.nodes.values():
@@ -447,7 +447,7 @@ def test_one_client_port_for_a_clusterip_and_a_nodeport_of_one_endpoint_at_once(
     see one 4-tuple for two connections (the soak's last losses, docs/DESIGN.md). With
     externalTrafficPolicy Cluster the NodePort connection is masqueraded (kube-proxy's
     semantics): web-2 sees node-2's gateway for it, the client itself for the other, and both
-    are answered. Fails without the capture table's masquerade (the second connect times
+    are answered. Fails without the steering table's masquerade (the second connect times
     out)."""
     svc = nodeport_service(lab, "np-two-paths", 60, 30120, pods=("web-2",))
     install(lab, svc)
@@ -622,7 +622,7 @@ def foreign_ruleset(netns: str) -> str:
     return "".join(out)
 
 
-def capture_state(netns: str) -> tuple[bool, str, str]:
+def steering_state(netns: str) -> tuple[bool, str, str]:
     """(our table present, our policy rules, our table's routes) in ``netns``."""
     tables = sh("ip", "netns", "exec", netns, "nft", "list", "tables")
     rules = sh("ip", "-n", netns, "rule") + sh("ip", "-n", netns, "-6", "rule")
@@ -663,7 +663,7 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     assert last is not None and last["kind"] != "rebuild", last
     install(lab, nodeport_service(lab, "np-more", 44, 30104))  # a sync that patches the table
     assert foreign_ruleset(node.netns) == before
-    assert capture_state(node.netns)[0]
+    assert steering_state(node.netns)[0]
     saved = lab.agent_args
     hops = {str(pl.VIRTUAL_SERVICE_IP[f]) for f in IPFamily}
     lab.stop_agent("node-2")
@@ -671,14 +671,14 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
     try:
         lab.start_agent("node-2")
         lab.stop_agent("node-2")
-        assert capture_state(node.netns) == (False, "", "")
+        assert steering_state(node.netns) == (False, "", "")
         assert foreign_ruleset(node.netns) == before
         # The host-SNAT addresses' neighbour entries went; the virtual next hop's stay.
         assert permanent_neighbours(node.netns) == hops
         # A first start on a node without our table (the rebuild path) leaves the rest alone.
         lab.agent_args = saved
         lab.start_agent("node-2")
-        assert capture_state(node.netns)[0]
+        assert steering_state(node.netns)[0]
         assert foreign_ruleset(node.netns) == before
     finally:
         lab.agent_args = saved
@@ -687,7 +687,7 @@ def test_the_rest_of_the_ruleset_across_restart_syncs_and_cleanup(
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "inet", "someone-else")
         sh("ip", "netns", "exec", node.netns, "nft", "delete", "table", "ip", "legacy")
         remove(lab, nodeport_service(lab, "np-more", 44, 30104))
-    assert capture_state(node.netns)[0]
+    assert steering_state(node.netns)[0]
     snat = set(lab.agent_status("node-2")["ovs"]["host_snat_ips"])
     assert snat == {"10.244.2.254", "fd00:10:244:2:ffff:ffff:ffff:fffe"}  # made again
     assert permanent_neighbours(node.netns) == hops | snat
@@ -753,7 +753,7 @@ def test_a_time_wait_collision_across_nodes_recovers_with_both_agents_down(lab: 
 
 
 def test_agent_restart_under_nodeport_traffic(lab: Lab, cluster_np: LabService) -> None:
-    """No request is lost while node-2's agent stops and starts (flows, groups, the capture
+    """No request is lost while node-2's agent stops and starts (flows, groups, the steering
     table and its routes stay). After the module's other traffic, source ports get reused
     within the endpoints' TIME_WAIT: the switch recovers those connections alone (above)."""
     target = [
@@ -780,7 +780,7 @@ def test_a_strict_rp_filter_is_loosened_on_the_gateway(
 ) -> None:
     """node-1 as a distribution may set it up: strict reverse-path filtering (all=1) and a
     default route. The restarted agent makes gw0's rp_filter loose (2), so the replies of
-    captured connections (source: the virtual NodePort IP, the LB IP, the external IP) that
+    steered connections (source: the virtual NodePort IP, the LB IP, the external IP) that
     leave OVS through gw0 are not dropped: from outside, every endpoint answers."""
     node = lab.nodes["node-1"]
     ext_v4 = str(lab.external_ips[0])

@@ -160,7 +160,7 @@ def test_local_policy_from_the_wrong_node_says_dropped_and_why(lab: Lab) -> None
 
 
 def test_nodeport_from_outside_and_from_a_pod(lab: Lab) -> None:
-    """A NodePort traced from the external client (through the node's capture table, then
+    """A NodePort traced from the external client (through the node's steering table, then
     OVS) and from a pod (matched in OVS at once), each against a real request. Runs once the
     agent reports NodePorts in /status (the NodePort wiring)."""
     if "node_ports" not in lab.agent_status("node-1"):

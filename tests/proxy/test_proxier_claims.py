@@ -1,5 +1,5 @@
 """The proxier refuses a Service port that claims what an older Service holds (a nodePort, a
-healthCheckNodePort, an address:port): nothing of it is staged, the node side is told it is
+healthCheckNodePort, an address:port): nothing of it is staged, the node ingress is told it is
 gone, and it is served once the older one goes. Against a recording switch; the lab's
 tests/lab/test_port_conflicts.py sends the traffic."""
 
@@ -17,12 +17,12 @@ NODE_IP = ip("192.168.50.1")
 
 class Rig:
     """The agent's core on a recording switch, with NodePorts on ``NODE_IP``; it follows
-    each commit as the node side does."""
+    each commit as the node ingress does."""
 
     def __init__(self) -> None:
         config = AgentConfig(node_name=NODE, node_ip=(str(NODE_IP),))
         self.touched: list[dict[ServicePortName, ServiceState | None]] = []
-        self.conflicts_seen: list[int] = []  # published conflicts while the node side followed
+        self.conflicts_seen: list[int] = []  # published conflicts while the node ingress followed
         core = build_core(
             config, Recorder(), NodeFacts(), semantics=Semantics.NONE, followers=[self]
         )
@@ -54,7 +54,7 @@ async def test_a_node_port_taken_is_refused_whole_and_served_once_the_older_goes
     await rig.proxier.sync()
     assert rig.served() == {"old"}
     assert "10.96.0.2" not in rig.flows() and "10.0.0.2" not in rig.flows()
-    assert rig.touched[-1] == {NEW.name: None}  # the capture and health checks never see it
+    assert rig.touched[-1] == {NEW.name: None}  # the steering and health checks never see it
     # published with the sync that applied it (as status and the metric read it), not before
     assert rig.conflicts_seen == [0, 0] and rig.proxier.conflicts_refused == 1
     assert [str(c) for c in rig.proxier.conflicts] == [

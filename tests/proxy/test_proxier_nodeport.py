@@ -26,7 +26,7 @@ def test_a_nodeport_is_an_external_frontend_on_the_virtual_nodeport_ip() -> None
     sel = select_endpoints(state, IPFamily.IPv4, NODE, None, node_ports=True)
     assert sel.node_port_frontends == (VIP4,)
     assert sel.external_endpoints == sel.endpoints and not sel.external_differs
-    # without capture, no NodePort frontend
+    # without steering, no NodePort frontend
     assert select_endpoints(state, IPFamily.IPv4, NODE, None).node_port_frontends == ()
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from ovsproxy.agent.hostsnat import HOST_SNAT_PATHS, HostSNAT
-from ovsproxy.agent.nodeport import NodeSide
+from ovsproxy.agent.nodeport import NodeIngress
 from ovsproxy.agent.observability import StatusPages, register_metrics
 from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.wiring import Components
@@ -239,10 +239,10 @@ def test_a_strict_rp_filter_on_the_gateway_is_made_loose(netns: Netns) -> None:
     assert rpfilter.read(netns.gateway, netns.name) == rpfilter.RPFilter(all=1, device=0)
     assert rpfilter.read(netns.gateway, netns.name).strict
 
-    side = NodeSide(load(gateway=netns.gateway, netns=netns.name), netns.name, ProxyHealth())
-    side._check_rp_filter()
+    ingress = NodeIngress(load(gateway=netns.gateway, netns=netns.name), netns.name, ProxyHealth())
+    ingress._check_rp_filter()
     assert rpfilter.read(netns.gateway, netns.name) == rpfilter.RPFilter(all=1, device=2)
-    assert side.unserved == [] and side.rp_filter["effective"] == 2, side.rp_filter
+    assert ingress.unserved == [] and ingress.rp_filter["effective"] == 2, ingress.rp_filter
     out = subprocess.run(
         ["ip", "netns", "exec", netns.name, "sysctl", "-n", "net.ipv4.conf.all.rp_filter"],
         capture_output=True,

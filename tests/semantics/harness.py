@@ -13,7 +13,7 @@ from typing import Any
 from ovsproxy.agent.core import NodeFacts, build_core
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath.datapath import Datapath
-from ovsproxy.datapath.semantics import ServiceSemantics
+from ovsproxy.datapath.semantics import SemanticsHelpers
 from ovsproxy.lab.evidence import RigNode, probe
 from ovsproxy.model import (
     Endpoint,
@@ -49,7 +49,7 @@ class World:
     datapath: Datapath
     tracker: ChangeTracker
     proxier: Proxier
-    semantics: ServiceSemantics
+    semantics: SemanticsHelpers
     synced: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 

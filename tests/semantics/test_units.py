@@ -276,7 +276,7 @@ async def test_flusher_keeps_openflow_after_an_ordinary_error() -> None:
 
 
 async def test_wired_semantics_install_the_meter_before_the_replay() -> None:
-    from ovsproxy.datapath.semantics import ServiceSemantics
+    from ovsproxy.datapath.semantics import SemanticsHelpers
 
     order: list[str] = []
 
@@ -295,7 +295,7 @@ async def test_wired_semantics_install_the_meter_before_the_replay() -> None:
         tables = TABLES
 
     channel = Channel()
-    semantics = ServiceSemantics.wired(channel, Datapath())
+    semantics = SemanticsHelpers.wired(channel, Datapath())
     await channel.on_connected()
     assert order == ["MeterMod", "replay"]
     assert semantics.status()["reject"]["meter"] == "installed"

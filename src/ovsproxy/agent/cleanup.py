@@ -15,8 +15,8 @@ Ours, told by construction (nothing else is touched):
   a host-SNAT address's),
   and, in standalone mode, every permanent neighbour entry on the gateway that resolves to the
   virtual MAC (the next hop's and a host-SNAT address's) (``remove_routes``);
-* node-side capture: the ``inet ovsproxy`` nftables table, the fwmark rule and the routes of
-  our table (``remove_capture``).
+* node-side steering: the ``inet ovsproxy`` nftables table, the fwmark rule and the routes of
+  our table (``remove_steering``).
 
 Left on purpose (``deliberately_left``, printed by the command and listed in the docs): the
 bridge, its ports and the gateway device (the CNI's or the operator's), conntrack entries
@@ -32,7 +32,6 @@ import contextlib
 from dataclasses import dataclass, field
 
 from ovsproxy.agent.wiring import build_route_backend, route_backend_name
-from ovsproxy.capture import CaptureTable
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.datapath import Datapath
@@ -42,7 +41,8 @@ from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry, encode_id_ranges
 from ovsproxy.routes import RouteManager
 from ovsproxy.routes.backend import GatewayNotFoundError
-from ovsproxy.routes.capture import CaptureRoutes
+from ovsproxy.routes.steering import SteeringRoutes
+from ovsproxy.steering import SteeringTable
 
 
 @dataclass(slots=True)
@@ -160,10 +160,10 @@ async def remove_routes(
         report.errors.append(f"virtual next hop: {type(exc).__name__}: {exc}")
 
 
-async def remove_capture(
-    table: CaptureTable, routes: CaptureRoutes, report: CleanupReport, *, required: bool = True
+async def remove_steering(
+    table: SteeringTable, routes: SteeringRoutes, report: CleanupReport, *, required: bool = True
 ) -> None:
-    """The ``inet ovsproxy`` table, then the capture's policy rules and routes. Without
+    """The ``inet ovsproxy`` table, then the steering table's policy rules and routes. Without
     ``required``, a node whose libnftables binding is missing gets a note, not an error (no
     agent with this configuration could have made the table)."""
     try:
@@ -194,7 +194,7 @@ async def cleanup_node(config: AgentConfig, *, timeout: float = 30.0) -> Cleanup
     await _clean_switch(config, report, timeout)
     gateway_present = await _clean_routes(config, report)
     if route_backend_name(config.route_backend) == "linux":
-        await _clean_capture(config, report)
+        await _clean_steering(config, report)
     if not gateway_present:
         report.notes.append(
             f"no gateway device {config.gateway}: no Service routes or neighbour entries "
@@ -257,12 +257,12 @@ async def _clean_routes(config: AgentConfig, report: CleanupReport) -> bool:
     return True
 
 
-async def _clean_capture(config: AgentConfig, report: CleanupReport) -> None:
-    table = CaptureTable(config.netns)
-    routes = CaptureRoutes(config.gateway, config.netns)
+async def _clean_steering(config: AgentConfig, report: CleanupReport) -> None:
+    table = SteeringTable(config.netns)
+    routes = SteeringRoutes(config.gateway, config.netns)
     try:
         await routes.open()
-        await remove_capture(table, routes, report, required=config.captures)
+        await remove_steering(table, routes, report, required=config.steers)
     except Exception as exc:
         report.errors.append(f"capture policy routing: {type(exc).__name__}: {exc}")
     finally:

@@ -12,7 +12,7 @@ user runs: all of it over a live channel, only the reject flows (their frontends
 nothing sent), or none.
 
 What follows a commit is a list of followers (``proxy.followers``) the proxier calls in one
-place; the agent's are ``commit_followers``: the node side's capture table, its health-check
+place; the agent's are ``commit_followers``: the node ingress's steering table, its health-check
 servers, then the route discoverer's ClusterIP feed.
 """
 
@@ -29,7 +29,7 @@ from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.datapath import Datapath, GroupRegistry, Switch
 from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.datapath.reject import Rejector
-from ovsproxy.datapath.semantics import ServiceSemantics
+from ovsproxy.datapath.semantics import SemanticsHelpers
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -39,7 +39,7 @@ from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.servicecidr.feed import ClusterIPFeed
 
 if TYPE_CHECKING:
-    from ovsproxy.agent.nodeport import NodeSide
+    from ovsproxy.agent.nodeport import NodeIngress
     from ovsproxy.servicecidr import ServiceCIDRDiscoverer
 
 
@@ -72,17 +72,17 @@ class Core:
     tracker: ChangeTracker
     datapath: Datapath
     proxier: Proxier
-    semantics: ServiceSemantics | None  # Semantics.LIVE only
+    semantics: SemanticsHelpers | None  # Semantics.LIVE only
 
 
 def commit_followers(
-    node_side: NodeSide | None, discoverer: ServiceCIDRDiscoverer | None
+    node_ingress: NodeIngress | None, discoverer: ServiceCIDRDiscoverer | None
 ) -> tuple[Follower, ...]:
-    """What follows each commit, in order: the node side's capture table, its health-check
+    """What follows each commit, in order: the node ingress's steering table, its health-check
     servers, then the route discoverer's ClusterIPs (only when an address came or went)."""
     followers: list[Follower] = []
-    if node_side is not None:
-        followers += (node_side, node_side.health_checks)
+    if node_ingress is not None:
+        followers += (node_ingress, node_ingress.health_checks)
     if discoverer is not None:
         followers.append(ClusterIPsFollower(ClusterIPFeed(discoverer)))
     return tuple(followers)
@@ -116,12 +116,12 @@ def build_core(
                 await datapath.on_connected()
 
         switch.on_connected = replay
-    wired: ServiceSemantics | None = None
+    wired: SemanticsHelpers | None = None
     reject_action: tuple[of.Action, ...] = ()  # (none: frontends without endpoints drop)
     if semantics is Semantics.LIVE:
         if not isinstance(switch, Channel):
             raise TypeError(f"Service semantics run over a Channel, not {type(switch).__name__}")
-        wired = ServiceSemantics.wired(switch, datapath, sweep_interval=sweep_interval)
+        wired = SemanticsHelpers.wired(switch, datapath, sweep_interval=sweep_interval)
         switch.on_packet_in = wired.handle
         reject_action = wired.rejector.reject_action
     elif semantics is Semantics.FLOWS:
@@ -137,9 +137,9 @@ def build_core(
         send=wired.channel.send if wired is not None else None,
         max_ovs_timeout=max_ovs_timeout,
         sweep_interval=sweep_interval,
-        # NodePort flows only where the node side captures NodePort traffic
-        node_ports=config.captures,
-        node_port_ips=config.node_port_ips if config.captures else (),
+        # NodePort flows only where the node ingress steers NodePort traffic
+        node_ports=config.steers,
+        node_port_ips=config.node_port_ips if config.steers else (),
         followers=followers,
     )
     if wired is not None:

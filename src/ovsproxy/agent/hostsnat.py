@@ -9,7 +9,7 @@ it. For each address chosen the gateway gets its neighbour entry to the virtual 
 (``routes.hostsnat``). A family without one leaves two paths unserved, reported with the
 reason in the log, ``/status`` (``host_snat``, ``unserved_paths``) and
 ``ovsproxy_unserved_paths``: the node's own Service connections to endpoints on other nodes,
-and captured (externalTrafficPolicy Cluster) ones to endpoints on other nodes. ``--cleanup``
+and steered (externalTrafficPolicy Cluster) ones to endpoints on other nodes. ``--cleanup``
 removes the neighbour entries (and host routes) it made.
 """
 

@@ -1,7 +1,7 @@
 """What the node holds, for ``ovsproxy verify``: our groups read over OpenFlow (probed where
 OVS cannot describe them), our Service routes through the route backend, and the routes
-compared with the desired prefixes; the ``inet ovsproxy`` capture table through libnftables
-(compared by ``capture.compare``), and the node IPs and host-SNAT addresses its desired
+compared with the desired prefixes; the ``inet ovsproxy`` steering table through libnftables
+(compared by ``steering.compare``), and the node IPs and host-SNAT addresses its desired
 content depends on (the Node object's addresses with the Kubernetes API as the source, as the
 agent takes them). Nothing on the node is changed: a probe is a bundle built to fail, and
 nothing of a failed bundle is applied.
@@ -16,8 +16,6 @@ from typing import Any
 
 from ovsproxy.agent.hostsnat import HostSNAT
 from ovsproxy.agent.wiring import build_route_backend, manifest_paths, route_backend_name
-from ovsproxy.capture import CaptureState, CaptureTable
-from ovsproxy.capture.compare import compare_table
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
@@ -27,7 +25,9 @@ from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import BundleError, Channel
-from ovsproxy.routes.capture import CaptureRoutes
+from ovsproxy.routes.steering import SteeringRoutes
+from ovsproxy.steering import SteeringState, SteeringTable
+from ovsproxy.steering.compare import compare_table
 
 log = logging.getLogger("ovsproxy.verify")
 
@@ -194,7 +194,7 @@ def compare_routes(
 
 async def node_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
     """The node's IPs as the agent decides them: configured; else, with the Kubernetes API as
-    the source, the Node object's addresses; else read from the node's devices (the capture
+    the source, the Node object's addresses; else read from the node's devices (the steering
     table's content and the Classifier's node-IP flows depend on them)."""
     if config.node_ips:
         return config.node_ips
@@ -202,7 +202,7 @@ async def node_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
         ips = await node_object_ips(config)
         if ips:
             return ips
-    routes = CaptureRoutes(config.gateway, config.netns)
+    routes = SteeringRoutes(config.gateway, config.netns)
     await routes.open()
     try:
         return tuple(await routes.node_addresses())
@@ -245,14 +245,14 @@ async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
     return convert_node(items[0]).host_ips if items else ()
 
 
-async def read_capture_table(config: AgentConfig) -> dict[str, Any] | None:
+async def read_steering_table(config: AgentConfig) -> dict[str, Any] | None:
     """The ``inet ovsproxy`` table as listed (None: absent)."""
-    table = CaptureTable(config.netns)
+    table = SteeringTable(config.netns)
     try:
         return await table.listing()
     finally:
         await table.close()
 
 
-def compare_capture(listing: dict[str, Any] | None, desired: CaptureState) -> list[Difference]:
+def compare_steering(listing: dict[str, Any] | None, desired: SteeringState) -> list[Difference]:
     return [Difference(d.kind, d.what, d.text, d.detail) for d in compare_table(listing, desired)]

@@ -3,13 +3,13 @@
 sources -> tracker -> proxier -> datapath (OpenFlow) and routes, on one event loop. With the
 Kubernetes API as the source, this node's Node object is watched too (``agent.node``): its
 eligibility for /healthz, and its addresses as the node IPs unless they are configured (the
-node side waits up to ``NODE_WAIT`` for the Node's first list, then scans the devices). That loop
+node ingress waits up to ``NODE_WAIT`` for the Node's first list, then scans the devices). That loop
 owns all mutable state; blocking libraries (ovsdbapp, the sandbox's subprocesses) run through
 ``asyncio.to_thread``. Shutdown leaves flows, groups and routes in place (a restarted agent
 adopts them hitlessly) unless ``cleanup`` is set: then what ``ovsproxy cleanup`` removes of
 what this run set up goes first (``agent.cleanup``), but the virtual next hop's host route and
-neighbour entries stay for a later agent. The capture table, its policy routes and
-the health-check servers are the node side's (``agent.nodeport``); the host-SNAT addresses
+neighbour entries stay for a later agent. The steering table, its policy routes and
+the health-check servers are the node ingress's (``agent.nodeport``); the host-SNAT addresses
 and their neighbour entries ``agent.hostsnat``'s (``--cleanup`` removes those too).
 """
 
@@ -26,8 +26,8 @@ from ovsproxy.agent import embedded
 from ovsproxy.agent.cleanup import (
     CleanupReport,
     deliberately_left,
-    remove_capture,
     remove_routes,
+    remove_steering,
     remove_switch_state,
 )
 from ovsproxy.agent.core import NodeFacts, build_core, commit_followers
@@ -40,7 +40,7 @@ from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
     Components,
     build_host_snat,
-    build_node_side,
+    build_node_ingress,
     build_routes,
     build_source,
     manifest_paths,
@@ -92,14 +92,14 @@ class Agent:
         cfg, parts = self.config, self.parts
         log.info("ovsproxy %s starting (mode %s)", __version__, cfg.mode)
         try:
-            # The source lists (and converts) while the node side, OVSDB and the switch are
+            # The source lists (and converts) while the node ingress, OVSDB and the switch are
             # set up: the tracker only records until the first sync, requested once all are
             # there. (It needs nothing of them, and the list is most of a cold start.)
             source_started = asyncio.create_task(self._start_source(), name="source start")
             self.tasks.append(source_started)
             ovsdb_endpoint, openflow_endpoint = await self._start_ovs()
-            if cfg.captures:
-                cfg = await self._start_node_side(source_started)
+            if cfg.steers:
+                cfg = await self._start_node_ingress(source_started)
             # /healthz, /metrics and /status answer while OVSDB is awaited (not healthy yet).
             parts.ovsdb_link = OVSDBLink(ovsdb_endpoint)
             register_metrics(self.metrics, self.health, parts, self.syncer.openflow_errors)
@@ -123,7 +123,7 @@ class Agent:
             node = NodeFacts(
                 generation, OVSDBGroupRegistry(parts.ovsdb, cfg.bridge), self.pods.current
             )
-            followers = commit_followers(parts.node_side, parts.discoverer)
+            followers = commit_followers(parts.node_ingress, parts.discoverer)
             parts.take_core(
                 build_core(cfg, parts.channel, node, followers=followers, tracker=parts.tracker)
             )
@@ -141,7 +141,7 @@ class Agent:
                 runner.request()
 
             parts.tracker.set_notify(changed)
-            if parts.node is not None and parts.node_side is not None:
+            if parts.node is not None and parts.node_ingress is not None:
                 parts.node.follow(self._node_ips_changed)
             await parts.channel.start(wait=False)
             if not await wait_for_switch(parts.channel, stop):
@@ -169,15 +169,17 @@ class Agent:
         parts.netns = parts.sandbox.netns
         return parts.sandbox.ovsdb, parts.sandbox.openflow
 
-    async def _start_node_side(self, source_started: asyncio.Task[None]) -> AgentConfig:
-        """The capture's policy routes and node IPs, before the datapath: the pipeline marks
+    async def _start_node_ingress(self, source_started: asyncio.Task[None]) -> AgentConfig:
+        """The steering table's policy routes and node IPs, before the datapath: the pipeline marks
         the node's own packets by its IPs (discovered ones included)."""
         parts = self.parts
-        node_side = parts.node_side = build_node_side(self.config, parts.netns, self.proxy_health)
-        await node_side.start(await self._node_object_ips(source_started))
+        node_ingress = parts.node_ingress = build_node_ingress(
+            self.config, parts.netns, self.proxy_health
+        )
+        await node_ingress.start(await self._node_object_ips(source_started))
         if not self.config.node_ip:
             self.config = dataclasses.replace(
-                self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
+                self.config, node_ip=tuple(str(ip) for ip in node_ingress.node_ips)
             )
             parts.config = self.config
         return self.config
@@ -217,17 +219,17 @@ class Agent:
         return watcher.host_ips
 
     def _node_ips_changed(self, node_ips: tuple[IPAddress, ...]) -> None:
-        """The Node's addresses changed: the capture table, the Classifier's node-IP flows and
+        """The Node's addresses changed: the steering table, the Classifier's node-IP flows and
         the NodePort frontends follow, in a full sync."""
         parts = self.parts
-        node_side, proxier, runner = parts.node_side, parts.proxier, parts.runner
-        if node_side is None or not node_side.set_node_ips(node_ips):
+        node_ingress, proxier, runner = parts.node_ingress, parts.proxier, parts.runner
+        if node_ingress is None or not node_ingress.set_node_ips(node_ips):
             return
         self.config = parts.config = dataclasses.replace(
-            self.config, node_ip=tuple(str(ip) for ip in node_side.node_ips)
+            self.config, node_ip=tuple(str(ip) for ip in node_ingress.node_ips)
         )
         if proxier is not None:
-            proxier.set_node_ips(node_side.node_ips, node_side.node_port_ips)
+            proxier.set_node_ips(node_ingress.node_ips, node_ingress.node_port_ips)
         if runner is not None:
             runner.request(full=True)
 
@@ -283,9 +285,9 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
     if parts.routes is not None:
         with contextlib.suppress(Exception):
             await parts.routes.stop()
-    if parts.node_side is not None:
+    if parts.node_ingress is not None:
         with contextlib.suppress(Exception):
-            await parts.node_side.close()
+            await parts.node_ingress.close()
     if parts.host_snat is not None:
         with contextlib.suppress(Exception):
             await parts.host_snat.close()
@@ -319,8 +321,8 @@ async def cleanup(parts: Components) -> None:
         report.errors.append("OpenFlow not connected: flows, groups and the meter stay")
     if parts.routes is not None:
         await remove_routes(parts.routes, next_hop=False, neighbours=False, report=report)
-    if parts.node_side is not None:
-        await remove_capture(parts.node_side.table, parts.node_side.routes, report)
+    if parts.node_ingress is not None:
+        await remove_steering(parts.node_ingress.table, parts.node_ingress.routes, report)
     if parts.host_snat is not None:
         try:
             report.removed += await parts.host_snat.cleanup()

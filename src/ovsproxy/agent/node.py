@@ -5,7 +5,7 @@ selector picks the one Node named ``--node-name``). On every add and update it g
 to the proxy health, so ``/healthz`` answers 503 from the event on while the node is being
 deleted or is tainted ``ToBeDeletedByClusterAutoscaler``, and once it is deleted (``/livez``
 and the datapath are not affected). A changed address set goes to ``follow``'s callback (the
-agent re-syncs the NodePort frontends and the capture table on the new node IPs). The Node's
+agent re-syncs the NodePort frontends and the steering table on the new node IPs). The Node's
 podCIDRs are kept on the value (``node.pod_cidrs``) for whoever needs them.
 """
 

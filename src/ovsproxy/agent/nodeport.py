@@ -1,24 +1,25 @@
-"""The node side of NodePorts, external IPs and load-balancer IPs, following the proxier.
+"""The node's own entry points into Services (``NodeIngress``): NodePorts, external IPs and
+load-balancer IPs, following the proxier.
 
 Two of the proxier's followers (``proxy.followers``), in this order, get the Service ports
 each commit touched:
 
-* ``NodeSide.after_commit`` updates the ``CaptureTracker`` for each of them and sends its
+* ``NodeIngress.after_commit`` updates the ``SteeringTracker`` for each of them and sends its
   pending change to the ``inet ovsproxy`` nftables table in one transaction (work proportional
   to the change; the first sync, or one after drift, rebuilds the table whole); a full sync
   also verifies the table against what we installed;
-* ``HealthChecks.after_commit`` (the node side's ``health_checks``) makes the
+* ``HealthChecks.after_commit`` (the node ingress's ``health_checks``) makes the
   healthCheckNodePort servers match the Services that have one, with this node's ready local
   endpoint counts.
 
-``start`` installs the policy routing that takes captured packets to the gateway
-(``routes.capture``), makes the gateway's IPv4 reverse-path filter loose when it is strict
-(``routes.rpfilter``: captured replies come back through it; checked again with the policy
+``start`` installs the policy routing that takes steered packets to the gateway
+(``routes.steering``), makes the gateway's IPv4 reverse-path filter loose when it is strict
+(``routes.rpfilter``: steered replies come back through it; checked again with the policy
 routes until they are in place), and decides the node's IPs (configured; else the Node
 object's addresses, with the Kubernetes API as the source; else read from the node's devices)
 and, from ``node_port_addresses``, which of them accept NodePorts. ``set_node_ips`` takes the
 Node's new addresses later (the agent then re-syncs the NodePort frontends). ``--cleanup``
-deletes the table and the policy routes (``agent.cleanup.remove_capture``); the gateway's
+deletes the table and the policy routes (``agent.cleanup.remove_steering``); the gateway's
 rp_filter stays loose. See docs/nodeport.md.
 """
 
@@ -27,8 +28,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ovsproxy.capture import CaptureTable, CaptureTracker, NodePortAddresses, SyncResult
-from ovsproxy.capture.table import load_binding
 from ovsproxy.config import AgentConfig
 from ovsproxy.healthcheck import ProxyHealth, ServiceHealthServers, desired_health_checks
 from ovsproxy.model import IPAddress, IPFamily, ServicePortName, ServiceState
@@ -36,14 +35,16 @@ from ovsproxy.model.node import UnservedPath
 from ovsproxy.proxy.followers import Committed
 from ovsproxy.routes import rpfilter
 from ovsproxy.routes.backend import RouteBackendError
-from ovsproxy.routes.capture import CaptureRoutes
+from ovsproxy.routes.steering import SteeringRoutes
+from ovsproxy.steering import NodePortAddresses, SteeringTable, SteeringTracker, SyncResult
+from ovsproxy.steering.table import load_binding
 
 log = logging.getLogger("ovsproxy.agent")
 
 
 class HealthChecks:
     """kube-proxy's healthCheckNodePort servers of one agent, following each commit (see the
-    module docstring); started by the node side, which knows the addresses to listen on."""
+    module docstring); started by the node ingress, which knows the addresses to listen on."""
 
     def __init__(self, node_name: str, health: ProxyHealth, netns: str | None) -> None:
         self.node_name = node_name
@@ -102,8 +103,9 @@ class HealthChecks:
             await self.servers.close()
 
 
-class NodeSide:
-    """The capture table, its policy routes and the health-check servers of one agent."""
+class NodeIngress:
+    """The node's own entry points into Services: the steering table, its policy routes and the
+    health-check servers of one agent."""
 
     def __init__(self, config: AgentConfig, netns: str | None, health: ProxyHealth) -> None:
         self.config = config
@@ -114,16 +116,16 @@ class NodeSide:
         self.node_ips_from = "config" if config.node_ips else "devices"
         # Those of node_ips that accept NodePorts: computed when the node IPs change
         self.node_port_ips = self.addresses.node_port_ips(self.node_ips)
-        self.tracker = CaptureTracker()
-        self.table = CaptureTable(netns)
-        self.routes = CaptureRoutes(config.gateway, netns)
+        self.tracker = SteeringTracker()
+        self.table = SteeringTable(netns)
+        self.routes = SteeringRoutes(config.gateway, netns)
         self.health_checks = HealthChecks(config.node_name, health, netns)
         # Counts for metrics and status, kept per touched port (not recounted per sync).
         self._node_ports: set[ServicePortName] = set()
         self._source_ranges: dict[ServicePortName, int] = {}
         self.element_count = 0  # elements of the table's sets
         self.last: SyncResult | None = None
-        self.errors = 0  # failed capture syncs
+        self.errors = 0  # failed steering syncs
         self.policy_routes: list[str] = []
         self._routes_ok = False
         # The gateway's IPv4 reverse-path filter as found and left (status), and what it
@@ -157,7 +159,7 @@ class NodeSide:
         log.info("NodePorts on %s", _text(node_port_ips) or "none")
 
     async def _ensure_policy_routes(self) -> None:
-        """The capture's rule and route per family; a missing gateway (the CNI has not made
+        """The steering table's rule and route per family; a missing gateway (the CNI has not made
         it yet) is logged and retried after the next sync."""
         families = sorted({IPFamily.of(ip) for ip in self.node_ips}) or list(IPFamily)
         try:
@@ -171,7 +173,7 @@ class NodeSide:
         self._check_rp_filter()
 
     def _check_rp_filter(self) -> None:
-        """Replies of captured connections leave OVS through the gateway with a source the
+        """Replies of steered connections leave OVS through the gateway with a source the
         node does not route there: a strict rp_filter drops them; make the gateway's loose."""
         gateway = self.config.gateway
         self.unserved = []
@@ -204,7 +206,7 @@ class NodeSide:
 
     def set_node_ips(self, node_ips: tuple[IPAddress, ...]) -> bool:
         """The Node object's new addresses (configured IPs stay): whether the node IPs
-        changed. The capture table follows at the next sync; the health-check servers keep
+        changed. The steering table follows at the next sync; the health-check servers keep
         the addresses they listen on (see docs/nodeport.md)."""
         if self.node_ips_from == "config" or not node_ips or node_ips == self.node_ips:
             return False
@@ -290,7 +292,7 @@ class NodeSide:
         }
 
     def dump(self) -> list[str]:
-        """The capture table's elements as we installed them, one per line (for /dump)."""
+        """The steering table's elements as we installed them, one per line (for /dump)."""
         state = self.table.installed
         if state is None:
             return ["# capture table inet ovsproxy: not installed"]

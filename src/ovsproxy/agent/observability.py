@@ -116,7 +116,7 @@ def register_metrics(
         "ovsproxy_capture_sync_errors",
         "Failed syncs of the node's capture table.",
         (),
-        lambda: {(): float(parts.node_side.errors)} if parts.node_side is not None else {},
+        lambda: {(): float(parts.node_ingress.errors)} if parts.node_ingress is not None else {},
     )
     health.connected = lambda: parts.channel is not None and parts.channel.connected
     m.openflow_connected.set_function(lambda: float(health.connected()))
@@ -145,12 +145,12 @@ def register_metrics(
 
 
 def unserved_paths(parts: Components) -> list[UnservedPath]:
-    """What the host-SNAT addresses and the node side cannot serve, with the reasons."""
+    """What the host-SNAT addresses and the node ingress cannot serve, with the reasons."""
     out: list[UnservedPath] = []
     if parts.host_snat is not None:
         out += parts.host_snat.unserved(parts.pods.pods if parts.pods else ())
-    if parts.node_side is not None:
-        out += parts.node_side.unserved
+    if parts.node_ingress is not None:
+        out += parts.node_ingress.unserved
     return out
 
 
@@ -246,7 +246,7 @@ class StatusPages:
             "healthy": healthy,
             "last_sync": last_sync,
             "routes": routes,
-            "node_ports": parts.node_side.status() if parts.node_side is not None else None,
+            "node_ports": parts.node_ingress.status() if parts.node_ingress is not None else None,
             "host_snat": parts.host_snat.status() if parts.host_snat is not None else None,
             # Paths this node cannot serve, and why (ovsproxy_unserved_paths)
             "unserved_paths": [
@@ -295,7 +295,7 @@ class StatusPages:
     def dump_text(self) -> str:
         dp = self.parts.datapath
         text = "\n".join(dp.dump()) + "\n" if dp else ""
-        node_side = self.parts.node_side
-        if node_side is not None:
-            text += "".join(f"{line}\n" for line in node_side.dump())
+        node_ingress = self.parts.node_ingress
+        if node_ingress is not None:
+            text += "".join(f"{line}\n" for line in node_ingress.dump())
         return text

@@ -115,12 +115,12 @@ class Syncer:
         m.endpoints.set(proxier.endpoint_count())
         m.groups.set(len(datapath.installed_groups))
         m.flows.set(len(datapath.installed_flows))
-        node_side = parts.node_side
-        if node_side is not None:
-            m.node_ports.set(node_side.node_port_count)
-            m.source_ranges.set(node_side.source_range_count)
-            m.capture_elements.set(node_side.element_count)
-            m.health_check_servers.set(node_side.health_checks.running)
+        node_ingress = parts.node_ingress
+        if node_ingress is not None:
+            m.node_ports.set(node_ingress.node_port_count)
+            m.source_ranges.set(node_ingress.source_range_count)
+            m.steering_elements.set(node_ingress.element_count)
+            m.health_check_servers.set(node_ingress.health_checks.running)
         first = not self.ready.is_set()
         if first:
             self.ready.set()

@@ -7,8 +7,8 @@ proxier stages every Service port, the local pods (standalone) and the pipeline 
 discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
 flows (our cookie) and groups (our id range) through OVS's OpenFlow dumps, our routes (proto
 155) through the route backend, the cookie generation and group-id registry from OVSDB, and
-(when the agent captures NodePorts) the ``inet ovsproxy`` nftables table: its chains, sets and
-every element, against the content the capture tracker derives from the same Service ports
+(when the agent steers NodePorts) the ``inet ovsproxy`` nftables table: its chains, sets and
+every element, against the content the steering tracker derives from the same Service ports
 and the node's IPs.
 
 Nothing is changed on the node. A group too large for OVS to describe (GROUP_DESC over 64 KB,
@@ -27,16 +27,15 @@ from dataclasses import dataclass, field
 
 from ovsproxy.agent.core import NodeFacts, Semantics, build_core, commit_followers
 from ovsproxy.agent.installed import (
-    compare_capture,
     compare_routes,
+    compare_steering,
     node_ips,
-    read_capture_table,
     read_groups,
     read_routes,
+    read_steering_table,
     with_host_snat,
 )
 from ovsproxy.agent.wiring import build_source, manifest_paths
-from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
@@ -48,6 +47,7 @@ from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
 from ovsproxy.proxy.tracker import ChangeTracker
+from ovsproxy.steering import NodePortAddresses, SteeringState, desired_state
 
 log = logging.getLogger("ovsproxy.verify")
 
@@ -58,7 +58,7 @@ class Desired:
     groups: dict[int, GroupView]
     routes: frozenset[IPNetwork] | None  # None: routes not managed
     services: int
-    capture: CaptureState | None = None  # None: no node-side capture
+    steering: SteeringState | None = None  # None: no node-side steering
 
 
 @dataclass
@@ -99,10 +99,10 @@ async def build_desired(
     generation: int,
     *,
     timeout: float = 60.0,
-    capture_node_ips: tuple[IPAddress, ...] | None = None,
+    steering_node_ips: tuple[IPAddress, ...] | None = None,
 ) -> Desired:
     """What a fresh agent with this configuration installs (see the module docstring);
-    with ``capture_node_ips``, the capture table's content on a node with those IPs (the
+    with ``steering_node_ips``, the steering table's content on a node with those IPs (the
     NodePort frontends are those of ``config.node_ip``: ``desired_for`` sets it to them)."""
     discoverer = None
     if config.manage_routes:
@@ -148,11 +148,11 @@ async def build_desired(
     groups = {
         gid: compare.desired_group_view(group) for gid, group in datapath.installed_groups.items()
     }
-    capture = None
-    if capture_node_ips is not None:
-        capture = desired_state(
+    steering = None
+    if steering_node_ips is not None:
+        steering = desired_state(
             (installed.state.port for installed in proxier.services.values()),
-            capture_node_ips,
+            steering_node_ips,
             NodePortAddresses.parse(config.node_port_addresses),
         )
     return Desired(
@@ -160,7 +160,7 @@ async def build_desired(
         groups=groups,
         routes=discoverer.desired() if discoverer is not None else None,
         services=len(proxier.services),
-        capture=capture,
+        steering=steering,
     )
 
 
@@ -203,20 +203,20 @@ async def read_ovsdb(config: AgentConfig) -> OVSDBState:
 
 async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float = 60.0) -> Desired:
     """The desired state for the node whose OVSDB holds ``held`` (and its node IPs)."""
-    ips = await node_ips(config) if config.captures else None
+    ips = await node_ips(config) if config.steers else None
     if ips and not config.node_ip:
         # As the agent does: the IPs it found are its pipeline's node IPs (Classifier flows).
         config = dataclasses.replace(config, node_ip=tuple(str(ip) for ip in ips))
     config = await with_host_snat(config, held.pods)
     return await build_desired(
-        config, held.pods, held.generation or 1, timeout=timeout, capture_node_ips=ips
+        config, held.pods, held.generation or 1, timeout=timeout, steering_node_ips=ips
     )
 
 
 async def compare_node(
     config: AgentConfig, desired: Desired, held: OVSDBState, *, timeout: float = 60.0
 ) -> VerifyReport:
-    """The node's flows, groups, routes and capture table against ``desired`` (one desired
+    """The node's flows, groups, routes and steering table against ``desired`` (one desired
     state can be compared again and again while a node converges to it, as bench chaos does)."""
     assert config.openflow is not None
     generation, registry = held.generation, held.registry
@@ -265,9 +265,9 @@ async def compare_node(
         installed_routes, hops = await read_routes(config)
         diffs += compare_routes(desired.routes, installed_routes, hops, config.gateway)
         report.checked["routes"] = len(desired.routes)
-    if desired.capture is not None:
-        diffs += compare_capture(await read_capture_table(config), desired.capture)
-        report.checked["capture elements"] = desired.capture.size
+    if desired.steering is not None:
+        diffs += compare_steering(await read_steering_table(config), desired.steering)
+        report.checked["capture elements"] = desired.steering.size
     report.differences = diffs
     return report
 

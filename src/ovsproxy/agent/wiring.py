@@ -1,10 +1,11 @@
 """Building the agent's components from its configuration; nothing here starts anything.
 
 Which source (manifests or the Kubernetes API), which route backend (by platform, or forced
-with ``route_backend``), the node side of NodePorts (``build_node_side``), the host-SNAT addresses
-(``build_host_snat``). The core (datapath, Service semantics, proxier and what follows each
-commit) is ``agent.core.build_core``'s. ``Components`` holds what one run has built so far: the
-other agent modules (sync, observability, lifecycle) read it.
+with ``route_backend``), the node ingress: NodePorts, external and load-balancer IPs
+(``build_node_ingress``), the host-SNAT addresses (``build_host_snat``). The core (datapath,
+Service semantics, proxier and what follows each commit) is ``agent.core.build_core``'s.
+``Components`` holds what one run has built so far: the other agent modules (sync,
+observability, lifecycle) read it.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ if TYPE_CHECKING:
     from ovsproxy.agent.core import Core
     from ovsproxy.agent.hostsnat import HostSNAT
     from ovsproxy.agent.node import NodeWatcher
-    from ovsproxy.agent.nodeport import NodeSide
+    from ovsproxy.agent.nodeport import NodeIngress
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
     from ovsproxy.datapath.datapath import Datapath
-    from ovsproxy.datapath.semantics import ServiceSemantics
+    from ovsproxy.datapath.semantics import SemanticsHelpers
     from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.openflow.connection import Channel
     from ovsproxy.ovs.ovsdb import OVSDB
@@ -55,13 +56,13 @@ class Components:
     ovsdb_link: OVSDBLink | None = None  # the start-up connection's state
     channel: Channel | None = None
     datapath: Datapath | None = None
-    semantics: ServiceSemantics | None = None
+    semantics: SemanticsHelpers | None = None
     proxier: Proxier | None = None
     runner: SyncRunner | None = None
     source: ManifestSource | KubernetesSource | None = None
     routes: RouteManager | None = None
     discoverer: ServiceCIDRDiscoverer | None = None
-    node_side: NodeSide | None = None  # NodePort/external capture and health checks
+    node_ingress: NodeIngress | None = None  # NodePort/external steering and health checks
     host_snat: HostSNAT | None = None  # standalone, with routes: host-SNAT addresses
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
     node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
@@ -145,11 +146,11 @@ def build_routes(
     return routes, discoverer
 
 
-def build_node_side(config: AgentConfig, netns: str | None, health: ProxyHealth) -> NodeSide:
-    """NodePort, external IP and LB IP capture with its health checks (``config.captures``)."""
-    from ovsproxy.agent.nodeport import NodeSide
+def build_node_ingress(config: AgentConfig, netns: str | None, health: ProxyHealth) -> NodeIngress:
+    """NodePort, external IP and LB IP steering with its health checks (``config.steers``)."""
+    from ovsproxy.agent.nodeport import NodeIngress
 
-    return NodeSide(config, netns, health)
+    return NodeIngress(config, netns, health)
 
 
 def build_host_snat(config: AgentConfig, netns: str | None) -> HostSNAT:

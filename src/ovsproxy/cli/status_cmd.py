@@ -108,11 +108,11 @@ def render_status(info: dict[str, Any], console: Console) -> None:
     node_ports = info.get("node_ports")
     if node_ports:
         head.add_row("NodePort IPs", ", ".join(node_ports["node_port_ips"]) or "-")
-        last_capture = node_ports.get("last_sync") or {}
+        last_steering_sync = node_ports.get("last_sync") or {}
         head.add_row(
             "capture table",
             f"{node_ports['table']}: {node_ports['elements']} elements"
-            + (f", last sync {last_capture['kind']}" if last_capture else "")
+            + (f", last sync {last_steering_sync['kind']}" if last_steering_sync else "")
             + (f", {node_ports['errors']} failed syncs" if node_ports["errors"] else ""),
         )
         head.add_row("capture routes", "; ".join(node_ports["policy_routes"]) or "-")

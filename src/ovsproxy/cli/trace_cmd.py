@@ -24,7 +24,7 @@ from ovsproxy.cli.status_cmd import ADDRESS_HELP, _get
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import trace as tr
 from ovsproxy.model import IPAddress, IPFamily
-from ovsproxy.model.node import NODE_CAPTURE_MARK, VIRTUAL_MAC, PodPort
+from ovsproxy.model.node import NODE_STEERING_MARK, VIRTUAL_MAC, PodPort
 
 DEFAULT_SOURCE_PORT = 40000
 
@@ -211,9 +211,9 @@ def _node_port(  # noqa: PLR0917 - resolve_destination's own values, passed on
 
 
 def source_range_block(source_ip: IPAddress, dest: Destination) -> str:
-    """Why the node's capture table drops a connection from ``source_ip`` to a load-balancer
+    """Why the node's steering table drops a connection from ``source_ip`` to a load-balancer
     IP before OVS sees it ("" when it does not): ``loadBalancerSourceRanges`` of the LB IP's
-    family, when the Service lists any (kube-proxy's nftables semantics, ``capture.desired``;
+    family, when the Service lists any (kube-proxy's nftables semantics, ``steering.desired``;
     the node-primary-IP exception is not modelled here)."""
     if dest.kind != "LoadBalancer IP" or dest.service is None:
         return ""
@@ -236,23 +236,23 @@ def source_range_block(source_ip: IPAddress, dest: Destination) -> str:
 def traced_address(dest: Destination, source: Source) -> tuple[IPAddress, str]:
     """The destination address OVS sees, and what happened before OVS ("" when nothing): a
     NodePort from outside OVS (the node, another host) reaches it DNATed by the node's
-    capture table to the virtual NodePort IP, its port kept; a pod's reaches OVS as sent."""
+    steering table to the virtual NodePort IP, its port kept; a pod's reaches OVS as sent."""
     if dest.kind != "NodePort" or source.kind == "pod":
         return dest.ip, ""
     virtual = pl.VIRTUAL_NODEPORT_IP[IPFamily.of(dest.ip)]
     return virtual, f"the node's capture table DNATs {dest.text} to {virtual} (not traced)"
 
 
-CAPTURED_KINDS = ("NodePort", "external IP", "LoadBalancer IP")
+STEERED_KINDS = ("NodePort", "external IP", "LoadBalancer IP")
 
 
 def masqueraded(dest: Destination, source: Source) -> bool:
-    """Whether the node's capture table masquerades the connection before OVS sees it: a
-    captured frontend (NodePort, external or load-balancer IP) reached from outside OVS (the
-    node, another host) of a Service with externalTrafficPolicy Cluster (``capture.render``'s
+    """Whether the node's steering table masquerades the connection before OVS sees it: a
+    steered frontend (NodePort, external or load-balancer IP) reached from outside OVS (the
+    node, another host) of a Service with externalTrafficPolicy Cluster (``steering.render``'s
     nat-postrouting). OVS then sees the gateway's address as the source (its port kept when
     the kernel's conntrack has it free), and hashes that."""
-    if source.kind == "pod" or dest.kind not in CAPTURED_KINDS or dest.service is None:
+    if source.kind == "pod" or dest.kind not in STEERED_KINDS or dest.service is None:
         return False
     return str(dest.service.get("external_traffic_policy", "Cluster")) != "Local"
 
@@ -379,8 +379,8 @@ def render_text(result: Mapping[str, Any]) -> list[str]:
 # -- I/O ------------------------------------------------------------------------------------
 def _node_source_ip(netns: str | None, dst: IPAddress, mark: int | None = None) -> IPAddress:
     """The address the node's kernel would send from to ``dst`` (its route's preferred
-    source); with ``mark``, of the route packets with that mark take (the capture's policy
-    route: the address a captured connection is masqueraded to)."""
+    source); with ``mark``, of the route packets with that mark take (the steering table's policy
+    route: the address a steered connection is masqueraded to)."""
     cmd = ["ip", "-j", "route", "get", str(dst)]
     if mark is not None:
         cmd += ["mark", hex(mark)]
@@ -482,13 +482,13 @@ def trace(  # noqa: PLR0917 - click passes the options positionally
     elif source.kind == "pod":
         dst_mac = gw_mac  # a pod addresses everything off its subnet to its gateway
     elif dest.service is not None:
-        dst_mac = VIRTUAL_MAC  # the node's Service (and capture) routes' next hop
+        dst_mac = VIRTUAL_MAC  # the node's Service (and steering) routes' next hop
     else:
         dst_mac = gw_mac
     traced_ip, before_ovs = traced_address(dest, source)
     traced_src = src_ip
     if masqueraded(dest, source):
-        traced_src = _node_source_ip(status.get("node_namespace"), traced_ip, NODE_CAPTURE_MARK)
+        traced_src = _node_source_ip(status.get("node_namespace"), traced_ip, NODE_STEERING_MARK)
         before_ovs = "; ".join(
             filter(
                 None,

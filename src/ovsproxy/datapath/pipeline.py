@@ -63,8 +63,8 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
 Zones: Z = 0xfff0 (IPv4) / 0xffe6 (IPv6) for Service DNAT (and the commits of non-Service
 connections), H = 0xfff1 / 0xffe7 for hairpin SNAT, S = 0xfff2 / 0xffe8
 for host SNAT. The virtual Service IP 169.254.0.253 / fc01::aabb:ccdd:eeff (MAC
-aa:bb:cc:dd:ee:ff) is the next hop of the node's Service routes and of the capture's policy
-route, and the hairpin SNAT source. NodePort traffic arrives DNATed by the node's capture table
+aa:bb:cc:dd:ee:ff) is the next hop of the node's Service routes and of the steering table's policy
+route, and the hairpin SNAT source. NodePort traffic arrives DNATed by the node's steering table
 to the virtual NodePort IP 169.254.0.252 / fc01::aabb:ccdd:eefe, its port kept.
 
 Packet paths in standalone mode, on a node whose pods share its pod CIDR, other nodes' pod
@@ -104,13 +104,13 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
                                      un-SNATs it (zone S), un-DNATs it (zone Z) -> L3Forwarding:
                                      to the virtual MAC, +rpl, Service ct_mark -> TO_NODE: back
                                      out the gateway to the node's MAC.
-    outside         any              the node's capture table (``ovsproxy.capture``) marks it and,
+    outside         any              the node's steering table (``ovsproxy.steering``) marks it and,
       (NodePort,                     for a NodePort, DNATs it to the virtual NodePort IP; the
       LB IP,                         mark's policy route sends it to the virtual next hop through
       external IP)                   the gateway: it arrives as the node's own traffic does
                                      (eth_dst = virtual MAC) and takes the rows "the node ...".
                                      externalTrafficPolicy Cluster: the node's kernel has
-                                     masqueraded it (source = the gateway's address; the capture
+                                     masqueraded it (source = the gateway's address; the steering
                                      table's nat-postrouting), and one DNATed to another node
                                      also gets the host SNAT; Local: a local endpoint sees the
                                      client's address.
@@ -145,10 +145,10 @@ at start (``agent.hostsnat``): ``--host-snat-ip`` when given, else the reserved 
 node's pod CIDR, the one just below its last (``model.hostsnat``; 10.244.1.254 in
 10.244.1.0/24), the pod CIDR being the gateway's connected prefix. The agent also installs its
 permanent neighbour entry to VIRTUAL_MAC on the gateway (``routes.hostsnat``), and for
-captured traffic makes the gateway's IPv4 rp_filter loose when it is strict (the replies
+steered traffic makes the gateway's IPv4 rp_filter loose when it is strict (the replies
 above leave OVS through the gateway with the virtual NodePort IP or an external address as
 source; ``routes.rpfilter``). Without an address for a family (none derivable, or a local pod
-has it: reported in /status and ``ovsproxy_unserved_paths``), the node's own and captured
+has it: reported in /status and ``ovsproxy_unserved_paths``), the node's own and steered
 connections to Services of that family reach local endpoints only; those DNATed to an
 endpoint on another node are not sent anywhere (without the SNAT the endpoint would answer
 the node's own address directly, past OVS, and the reply would never be un-DNATed).
@@ -217,15 +217,15 @@ HAIRPIN_CT_ZONE_V6 = 0xFFE7
 VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_SERVICE_IP
 VIRTUAL_MAC: str = node.VIRTUAL_MAC
 
-# -- node-side capture (NodePort, external IPs, LB IPs; ovsproxy.capture) -------------------
+# -- node-side steering (NodePort, external IPs, LB IPs; ovsproxy.steering) -------------------
 # The node's nftables table DNATs NodePort traffic (dst = an allowed node IP:nodePort) to the
 # virtual NodePort address, keeping the port; OVS then matches (that address, protocol,
 # nodePort) in ServiceLB. The mark and route table are the policy routing that takes every
-# captured packet to gw0 (routes layer). Defined in ovsproxy.model.node, below their three
-# users (this pipeline, the capture table, the route backends).
+# steered packet to gw0 (routes layer). Defined in ovsproxy.model.node, below their three
+# users (this pipeline, the steering table, the route backends).
 VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = node.VIRTUAL_NODEPORT_IP
-NODE_CAPTURE_MARK: int = node.NODE_CAPTURE_MARK
-NODE_CAPTURE_ROUTE_TABLE: int = node.NODE_CAPTURE_ROUTE_TABLE
+NODE_STEERING_MARK: int = node.NODE_STEERING_MARK
+NODE_STEERING_ROUTE_TABLE: int = node.NODE_STEERING_ROUTE_TABLE
 
 
 # Host SNAT (standalone): a connection the node itself sent to a Service and that was DNATed to

@@ -1,16 +1,19 @@
 """The agent-side helpers of the Service semantics, wired together for the agent.
 
-``ServiceSemantics(channel, datapath)`` holds:
+``SemanticsHelpers(channel, datapath)`` holds:
 
 * ``rejector`` (``reject.Rejector``): answers reject packet-ins; its meter is installed from the
   channel's on_connected hook before the datapath replays (``wrap_on_connected``);
 * ``conntrack`` (``conntrack.ConntrackFlusher``): UDP conntrack flushes after endpoint removals,
   again once the datapath is revalidated (``appctl``: ``revalidator/wait``; ``close`` stops it);
+* ``stale_resets`` (``stale_reset.StaleResetFlusher``): deletes the conntrack entry of an
+  invalid TCP RST after a vswitchd restart (``handle`` gives it those packet-ins, the
+  ``rejector`` the others);
 * ``sweeper`` (``affinity.AffinitySweeper``): expires affinity flows above 65,535 s (``start``
   runs it as a task; ``close`` stops it).
 
-``agent.core.build_core`` builds it with ``ServiceSemantics.wired(channel, datapath)`` (meter
-hook installed, sweeper started), registers ``semantics.handle`` as the channel's packet-in
+``agent.core.build_core`` builds it with ``SemanticsHelpers.wired(channel, datapath)`` (meter
+hook installed, sweeper started), registers its ``handle`` as the channel's packet-in
 callback and hands its reject action, conntrack flusher and the channel's ``send`` to the
 ``Proxier``; ``status()`` is plain data.
 """
@@ -31,7 +34,10 @@ from ovsproxy.openflow import protocol as of
 log = logging.getLogger(__name__)
 
 
-class ServiceSemantics:
+class SemanticsHelpers:
+    """The agent-side helpers of the Service semantics that flows alone cannot do (the module
+    docstring lists them)."""
+
     def __init__(
         self,
         channel: Any,
@@ -52,7 +58,7 @@ class ServiceSemantics:
     @classmethod
     def wired(
         cls, channel: Any, datapath: Any, *, sweep_interval: float = SWEEP_INTERVAL
-    ) -> ServiceSemantics:
+    ) -> SemanticsHelpers:
         """What the agent runs: the reject meter installed before the datapath's replay on
         every (re)connection (``wrap_on_connected``), the affinity sweeper started. The UDP
         flush waits for the switch's revalidators through its ovs-appctl when it is local."""

@@ -95,7 +95,7 @@ class ServicePort:
     type: ServiceType = ServiceType.CLUSTER_IP
     node_port: int = 0  # 0 when none
     external_ips: tuple[IPAddress, ...] = ()
-    # Only ingress IPs the nodes capture: an ``ipMode: Proxy`` ingress is left to the LB.
+    # Only ingress IPs the nodes steer: an ``ipMode: Proxy`` ingress is left to the LB.
     load_balancer_ips: tuple[IPAddress, ...] = ()
     traffic_distribution: TrafficDistribution | None = None
     # The Service's healthCheckNodePort (LoadBalancer with externalTrafficPolicy Local); 0: none.

@@ -1,6 +1,6 @@
 """The node's host-SNAT address: which address of its pod CIDR it is, decided without I/O.
 
-In standalone mode a connection the node itself sent (or captured from outside) to a Service
+In standalone mode a connection the node itself sent (or steered in from outside) to a Service
 and DNATed to an endpoint on another node is SNATed to the host-SNAT address, one per IP
 family, so the endpoint's reply is routed back to this node (the other nodes route its pod
 CIDR to it) and into OVS (a permanent neighbour entry on the gateway resolves the address to

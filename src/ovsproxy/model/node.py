@@ -88,16 +88,16 @@ VIRTUAL_SERVICE_IP: dict[IPFamily, IPAddress] = {
 }
 VIRTUAL_MAC = "aa:bb:cc:dd:ee:ff"
 
-# Node-side capture (NodePort, external IPs, LB IPs): the nftables table (ovsproxy.capture)
+# Node-side steering (NodePort, external IPs, LB IPs): the nftables table (ovsproxy.steering)
 # DNATs NodePort traffic to this virtual address, keeping the port, and OVS matches (this
 # address, protocol, nodePort). Antrea's VirtualNodePortDNATIP values.
 VIRTUAL_NODEPORT_IP: dict[IPFamily, IPAddress] = {
     IPFamily.IPv4: ipaddress.IPv4Address("169.254.0.252"),
     IPFamily.IPv6: ipaddress.IPv6Address("fc01::aabb:ccdd:eefe"),
 }
-# Packet mark bit the table ORs into every captured packet so that one policy rule per family
-# (``fwmark MARK/MARK lookup NODE_CAPTURE_ROUTE_TABLE``, the routes layer's) routes all of them
+# Packet mark bit the table ORs into every steered packet so that one policy rule per family
+# (``fwmark MARK/MARK lookup NODE_STEERING_ROUTE_TABLE``, the routes layer's) routes all of them
 # to gw0; other bits of the mark are left alone. Clear of kube-proxy's 0x4000 and 0x8000 and of
 # Antrea's host marks.
-NODE_CAPTURE_MARK = 0x0200_0000
-NODE_CAPTURE_ROUTE_TABLE = 155  # the rule's routing table: default via VIRTUAL_SERVICE_IP, gw0
+NODE_STEERING_MARK = 0x0200_0000
+NODE_STEERING_ROUTE_TABLE = 155  # the rule's routing table: default via VIRTUAL_SERVICE_IP, gw0

@@ -3,8 +3,8 @@
 ``Proxier(followers=...)`` calls every follower's ``after_commit`` in one place, in the order
 given, once the commit is in and its own post-commit work (UDP conntrack flushes, learned-flow
 deletes) is done, and before the sync's state is published as programmed. The agent's are
-built once (``agent.core.commit_followers``): the node side's capture table
-(``agent.nodeport.NodeSide``), its healthCheckNodePort servers (``agent.nodeport.HealthChecks``),
+built once (``agent.core.commit_followers``): the node ingress's steering table
+(``agent.nodeport.NodeIngress``), its healthCheckNodePort servers (``agent.nodeport.HealthChecks``),
 then the ClusterIP feed of the route discoverer (``ClusterIPsFollower`` over
 ``servicecidr.feed.ClusterIPFeed``).
 """

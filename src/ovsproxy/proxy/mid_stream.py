@@ -11,8 +11,8 @@ the mid-stream flow of each endpoint whose frontends changed (one datapath owner
 a change touches only its endpoints' flows).
 
 The frontends counted are those a local pod can send to: ClusterIPs, external and
-load-balancer IPs, and node IP:nodePort; the virtual NodePort IP is the node's capture's, whose
-clients are not local pods.
+load-balancer IPs, and node IP:nodePort; the virtual NodePort IP is the node's steering
+table's, whose clients are not local pods.
 """
 
 from __future__ import annotations

@@ -474,7 +474,7 @@ def _mid_stream_contribution(
 class Proxier:
     """Builds and commits the datapath state of every Service port.
 
-    Service-semantics hooks (all optional; ``datapath.semantics.ServiceSemantics`` provides
+    Service-semantics hooks (all optional; ``datapath.semantics.SemanticsHelpers`` provides
     them): ``reject_action`` for frontends without any usable endpoint (empty: drop),
     ``conntrack`` to flush UDP entries of removed endpoints, ``send`` to send messages outside
     the bundle (deleting learned affinity flows) after a commit. ``followers`` see each commit

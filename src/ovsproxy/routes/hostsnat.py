@@ -1,6 +1,6 @@
 """The gateway side of host SNAT (Linux): the address's neighbour entry, and its route if needed.
 
-The datapath SNATs the node's own Service connections to remote endpoints (and captured
+The datapath SNATs the node's own Service connections to remote endpoints (and steered
 external ones) to the host-SNAT address (``ovsproxy.model.hostsnat``); the endpoint's reply is
 routed to this node and must enter OVS. So, per address, on the gateway::
 

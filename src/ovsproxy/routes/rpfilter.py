@@ -1,6 +1,6 @@
 """The IPv4 reverse-path filter on the gateway (Linux): checked, and loosened when strict.
 
-Replies of captured connections (NodePort, external IP, LB IP) leave OVS through the gateway
+Replies of steered connections (NodePort, external IP, LB IP) leave OVS through the gateway
 with the virtual NodePort IP or the Service's external address as source, none of which the
 node routes through the gateway: a strict reverse-path filter (``rp_filter=1``) on gw0 drops
 them. Linux applies the larger of ``net.ipv4.conf.all.rp_filter`` and the device's value, so

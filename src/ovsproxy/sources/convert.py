@@ -736,7 +736,7 @@ def _load_balancer_ips(
         if ip is None:
             report.bad(("status", "loadBalancer", "ingress", index, "ip"), text, NOT_AN_IP)
         elif mode != "Proxy" and ip not in out:
-            # ipMode Proxy: the load balancer proxies, so nodes must not capture the VIP.
+            # ipMode Proxy: the load balancer proxies, so nodes must not steer the VIP.
             out.append(ip)
     return tuple(out)
 

@@ -1,6 +1,6 @@
-"""The capture table on a real kernel (nftables in namespaces the test creates): its sets,
+"""The steering table on a real kernel (nftables in namespaces the test creates): its sets,
 one transaction per sync sized by the change, cleanup, other tables untouched, and real
-TCP/UDP traffic captured toward gw0 from a client and from the node itself, with
+TCP/UDP traffic steered toward gw0 from a client and from the node itself, with
 loadBalancerSourceRanges enforced for IPv4 and IPv6."""
 
 from __future__ import annotations
@@ -13,16 +13,6 @@ import time
 
 import pytest
 
-from ovsproxy.capture import (
-    CaptureSet,
-    CaptureTable,
-    CaptureTracker,
-    NftablesError,
-    NodePortAddresses,
-    desired_state,
-)
-from ovsproxy.capture.compare import compare_table
-from ovsproxy.capture.render import TABLE
 from ovsproxy.datapath.pipeline import VIRTUAL_NODEPORT_IP
 from ovsproxy.model import (
     IPFamily,
@@ -32,6 +22,16 @@ from ovsproxy.model import (
     ServiceType,
     TrafficPolicy,
 )
+from ovsproxy.steering import (
+    NftablesError,
+    NodePortAddresses,
+    SteeringSet,
+    SteeringTable,
+    SteeringTracker,
+    desired_state,
+)
+from ovsproxy.steering.compare import compare_table
+from ovsproxy.steering.render import TABLE
 
 from .conftest import EXT_V4, EXT_V6, LB_V4, LB_V6, Node
 
@@ -122,7 +122,7 @@ def generations(lines: list[str]) -> int:
 async def test_sets_one_transaction_per_change_cleanup_and_others_untouched(node: Node) -> None:
     node.load_nft(OTHER_TABLE)
     before = ruleset_outside_ours(node)
-    table = CaptureTable(node.node)
+    table = SteeringTable(node.node)
     try:
         base = [svc(n, 30000 + n) for n in range(1, 51)]
         base.append(svc(60, 30060, lb=(LB_V4, LB_V6), ranges=("192.168.50.100/32",)))
@@ -131,8 +131,8 @@ async def test_sets_one_transaction_per_change_cleanup_and_others_untouched(node
         state = await table.read()
         assert state == desired_state(base, NODE_IPS, ADDRESSES)
         assert state is not None
-        assert state.elements(CaptureSet.NODEPORT_IPS, IPFamily.IPv4) == {(ip("192.168.50.1"),)}
-        assert (Protocol.TCP, 30007) in state.elements(CaptureSet.NODEPORTS, IPFamily.IPv6)
+        assert state.elements(SteeringSet.NODEPORT_IPS, IPFamily.IPv4) == {(ip("192.168.50.1"),)}
+        assert (Protocol.TCP, 30007) in state.elements(SteeringSet.NODEPORTS, IPFamily.IPv6)
         listing = node.nft("list", "table", "inet", TABLE)
         assert "tcp . 30050" in listing and "192.168.50.100" in listing
 
@@ -166,7 +166,7 @@ async def test_sets_one_transaction_per_change_cleanup_and_others_untouched(node
 
 
 async def test_drift_is_repaired_by_one_full_rebuild(node: Node) -> None:
-    table = CaptureTable(node.node)
+    table = SteeringTable(node.node)
     try:
         desired = desired_state([svc(1, 30001), svc(2, 30002)], NODE_IPS, ADDRESSES)
         await table.sync(desired)
@@ -201,11 +201,11 @@ async def test_nodeport_traffic_reaches_the_gateway_with_its_port(
     masquerades (the source is the gateway's address, as kube-proxy shows the node's), Local
     keeps the client's."""
     node.serve(30080)
-    table = CaptureTable(node.node)
+    table = SteeringTable(node.node)
     cluster = policy is TrafficPolicy.CLUSTER
     try:
         tcp, udp = svc(1, 30080, policy=policy), svc(2, 30080, protocol=Protocol.UDP, policy=policy)
-        # before capture: nothing listens on the node's own 30080
+        # before steering: nothing listens on the node's own 30080
         assert node.connect(node.client, "192.168.50.1", 30080).startswith("error")
         await table.sync(desired_state([tcp, udp], NODE_IPS, ADDRESSES))
         for dst, client, gateway in (
@@ -220,9 +220,9 @@ async def test_nodeport_traffic_reaches_the_gateway_with_its_port(
             # from the node itself (output hook)
             own = gateway if cluster else dst
             assert node.connect(node.node, dst, 30080) == f"{own}|{vip}|30080"
-        # gw0's own address is not in nodePortAddresses: not captured
+        # gw0's own address is not in nodePortAddresses: not steered
         assert node.connect(node.node, "10.99.0.1", 30080).startswith("error")
-        # the Service removed: no longer captured
+        # the Service removed: no longer steered
         await table.sync(desired_state([], NODE_IPS, ADDRESSES))
         assert node.connect(node.client, "192.168.50.1", 30080).startswith("error")
     finally:
@@ -238,7 +238,7 @@ async def test_nodeport_traffic_reaches_the_gateway_with_its_port(
 async def test_load_balancer_source_ranges(node: Node, dst: str, allowed: str, denied: str) -> None:
     node.serve(80)
     node.serve(30081)
-    table = CaptureTable(node.node)
+    table = SteeringTable(node.node)
     try:
         ranges = ("192.168.50.100/32", "fd50::100/128")
         # externalTrafficPolicy Local: the answers show the client's own address (Cluster
@@ -251,7 +251,7 @@ async def test_load_balancer_source_ranges(node: Node, dst: str, allowed: str, d
             ranges=ranges,
             policy=TrafficPolicy.LOCAL,
         )
-        # without capture the LB IP is not routed to gw0: no answer
+        # without steering the LB IP is not routed to gw0: no answer
         assert "|" not in node.connect(node.client, dst, 80, allowed)  # unreachable, no answer
         await table.sync(desired_state([lb], NODE_IPS, ADDRESSES))
         assert node.connect(node.client, dst, 80, allowed) == f"{allowed}|{dst}|80"
@@ -278,8 +278,8 @@ async def test_load_balancer_source_ranges(node: Node, dst: str, allowed: str, d
 
 
 async def test_tracker_changes_are_patched_and_drift_rebuilds(node: Node) -> None:
-    tracker = CaptureTracker(NODE_IPS, ADDRESSES)
-    table = CaptureTable(node.node)
+    tracker = SteeringTracker(NODE_IPS, ADDRESSES)
+    table = SteeringTable(node.node)
     try:
         for n in range(1, 21):
             tracker.update(svc(n, 30000 + n))
@@ -309,7 +309,7 @@ async def test_tracker_changes_are_patched_and_drift_rebuilds(node: Node) -> Non
 
 
 async def test_a_missing_namespace_is_a_clear_error() -> None:
-    table = CaptureTable("ovsp-cap-no-such-namespace")
+    table = SteeringTable("ovsp-cap-no-such-namespace")
     try:
         with pytest.raises(OSError, match="ovsp-cap-no-such-namespace"):
             await table.sync(desired_state([], NODE_IPS))
@@ -318,7 +318,7 @@ async def test_a_missing_namespace_is_a_clear_error() -> None:
 
 
 async def test_a_rejected_transaction_names_what_failed(node: Node) -> None:
-    table = CaptureTable(node.node)
+    table = SteeringTable(node.node)
     try:
         # a port the kernel cannot hold: libnftables refuses the whole batch
         bad = svc(1, 70000)
@@ -334,10 +334,10 @@ async def test_a_rejected_transaction_names_what_failed(node: Node) -> None:
 
 
 async def test_compare_table_names_each_difference_in_nft_syntax(node: Node) -> None:
-    """What ``ovsproxy verify`` prints for the capture table: nothing when it holds the
+    """What ``ovsproxy verify`` prints for the steering table: nothing when it holds the
     desired state; else each missing or unexpected element, a chain whose rules changed,
     and a missing table. The agent's own check (``verify``) sees the same drift."""
-    table = CaptureTable(node.node)
+    table = SteeringTable(node.node)
     desired = desired_state(
         [svc(1, 30001), svc(2, 30002, external=("192.0.2.7",))], NODE_IPS, ADDRESSES
     )

@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ovsproxy.capture import render
-from ovsproxy.capture.desired import CaptureState, Element, SetKey
-from ovsproxy.capture.table import parse_listing
 from ovsproxy.model import Protocol
+from ovsproxy.steering import render
+from ovsproxy.steering.desired import Element, SetKey, SteeringState
+from ovsproxy.steering.table import parse_listing
 
 MISSING, UNEXPECTED, DIFFERS = "missing", "unexpected", "differs"
 _TABLE = f"{render.FAMILY} {render.TABLE}"
@@ -70,7 +70,7 @@ def _base(chain: dict[str, Any]) -> tuple[str, ...]:
     return tuple(str(chain.get(k)) for k in _BASE)
 
 
-def compare_table(listing: dict[str, Any] | None, desired: CaptureState) -> list[TableDifference]:
+def compare_table(listing: dict[str, Any] | None, desired: SteeringState) -> list[TableDifference]:
     """Every difference between a ``list table inet ovsproxy`` JSON answer (None: the table
     is absent) and the table holding ``desired``: table, chains, sets, then elements."""
     if listing is None:
@@ -118,7 +118,7 @@ def compare_table(listing: dict[str, Any] | None, desired: CaptureState) -> list
 
 
 def _element_differences(
-    installed: CaptureState, desired: CaptureState, present_sets: Iterable[str]
+    installed: SteeringState, desired: SteeringState, present_sets: Iterable[str]
 ) -> list[TableDifference]:
     present = set(present_sets)
     diffs: list[TableDifference] = []

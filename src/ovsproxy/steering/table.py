@@ -16,12 +16,12 @@ written. Every sync is one transaction (one libnftables batch, atomic in the ker
 * first sync, or after a failed one: a full rebuild (``add``+``delete``+recreate the table
   with every element), so whatever state the table was left in is replaced at once;
 * afterwards: only the element adds and deletes between the installed and the desired
-  state (``sync``: diffed here; ``sync_changes``: a ``CaptureTracker``'s pending change, so
+  state (``sync``: diffed here; ``sync_changes``: a ``SteeringTracker``'s pending change, so
   the work is proportional to the change). A patch the kernel rejects (someone deleted our
   table or an element: drift) is answered by a full rebuild in the same sync. ``verify``
   reads the table back and compares (the periodic resync's check; additions by others are
   found there). ``listing`` reads the whole table back for ``ovsproxy verify``
-  (``capture.compare``).
+  (``steering.compare``).
 
 Network namespaces: a netlink socket belongs to the namespace of the thread that opens it,
 so all library calls run on one worker thread that first joins ``netns`` (``setns``), which
@@ -41,17 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ovsproxy.capture import render
-from ovsproxy.capture.desired import (
-    CaptureDiff,
-    CaptureSet,
-    CaptureState,
-    Element,
-    SetKey,
-    diff,
-)
 from ovsproxy.model import IPFamily
 from ovsproxy.netns import enter_netns
+from ovsproxy.steering import render
+from ovsproxy.steering.desired import (
+    Element,
+    SetKey,
+    SteeringDiff,
+    SteeringSet,
+    SteeringState,
+    diff,
+)
 
 DEBIAN_MODULE = Path("/usr/lib/python3/dist-packages/nftables/__init__.py")
 
@@ -101,8 +101,8 @@ class SyncResult:
     error: str | None = None  # a rejected patch that led to this rebuild
 
 
-class CaptureTable:
-    """Makes the node's ``inet ovsproxy`` table hold a ``CaptureState``; nothing else."""
+class SteeringTable:
+    """Makes the node's ``inet ovsproxy`` table hold a ``SteeringState``; nothing else."""
 
     def __init__(self, netns: str | None = None) -> None:
         self.netns = netns
@@ -136,11 +136,11 @@ class CaptureTable:
             raise NftablesError(what, error or "(no message)", len(commands))
         return len(payload), output
 
-    def _installed_state(self) -> CaptureState:
+    def _installed_state(self) -> SteeringState:
         assert self._installed is not None
-        return CaptureState({k: frozenset(v) for k, v in self._installed.items()})
+        return SteeringState({k: frozenset(v) for k, v in self._installed.items()})
 
-    def _rebuild(self, desired: CaptureState, started: float, rejected: str | None) -> SyncResult:
+    def _rebuild(self, desired: SteeringState, started: float, rejected: str | None) -> SyncResult:
         commands = render.full_rebuild(desired)
         self._installed = None
         size, _ = self._run("rebuild", commands)
@@ -148,7 +148,7 @@ class CaptureTable:
         elapsed = time.perf_counter() - started
         return SyncResult("rebuild", desired.size, len(commands), size, elapsed, rejected)
 
-    def _patch(self, change: CaptureDiff, started: float) -> SyncResult | str:
+    def _patch(self, change: SteeringDiff, started: float) -> SyncResult | str:
         """The patch's result, or the kernel's reason for rejecting it (drift)."""
         assert self._installed is not None
         if not change:
@@ -166,7 +166,7 @@ class CaptureTable:
         elapsed = time.perf_counter() - started
         return SyncResult("patch", change.size, len(commands), size, elapsed)
 
-    def _sync_blocking(self, desired: CaptureState) -> SyncResult:
+    def _sync_blocking(self, desired: SteeringState) -> SyncResult:
         started = time.perf_counter()
         rejected: str | None = None
         if self._installed is not None:
@@ -177,7 +177,7 @@ class CaptureTable:
         return self._rebuild(desired, started, rejected)
 
     def _sync_changes_blocking(
-        self, change: CaptureDiff, desired: Callable[[], CaptureState]
+        self, change: SteeringDiff, desired: Callable[[], SteeringState]
     ) -> SyncResult:
         started = time.perf_counter()
         rejected: str | None = None
@@ -207,7 +207,7 @@ class CaptureTable:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     @property
-    def installed(self) -> CaptureState | None:
+    def installed(self) -> SteeringState | None:
         """What the kernel holds as far as we know (None: unknown; O(elements))."""
         return None if self._installed is None else self._installed_state()
 
@@ -216,7 +216,7 @@ class CaptureTable:
         """How many elements the kernel holds as far as we know (0: unknown; O(sets))."""
         return 0 if self._installed is None else sum(len(v) for v in self._installed.values())
 
-    async def sync(self, desired: CaptureState) -> SyncResult:
+    async def sync(self, desired: SteeringState) -> SyncResult:
         """One transaction making the table hold ``desired`` (diffed against what is
         installed: O(elements)); raises ``NftablesError``."""
         result: SyncResult = await self._call(self._sync_blocking, desired)
@@ -224,9 +224,9 @@ class CaptureTable:
         return result
 
     async def sync_changes(
-        self, change: CaptureDiff, desired: Callable[[], CaptureState]
+        self, change: SteeringDiff, desired: Callable[[], SteeringState]
     ) -> SyncResult:
-        """One transaction applying ``change`` (a ``CaptureTracker``'s pending change): work
+        """One transaction applying ``change`` (a ``SteeringTracker``'s pending change): work
         proportional to the change. ``desired`` gives the whole state for a first sync or a
         rebuild after drift."""
         result: SyncResult
@@ -243,7 +243,7 @@ class CaptureTable:
         listing: dict[str, Any] | None = await self._call(self._read_blocking)
         return listing
 
-    async def read(self) -> CaptureState | None:
+    async def read(self) -> SteeringState | None:
         """The table's current set content, parsed back (None when the table is absent)."""
         listing = await self._call(self._read_blocking)
         return None if listing is None else parse_listing(listing)
@@ -310,12 +310,12 @@ def _our_shape(listing: dict[str, Any]) -> bool:
 
 
 _SET_BY_NAME = {
-    render.set_name(name, family): (name, family) for name in CaptureSet for family in IPFamily
+    render.set_name(name, family): (name, family) for name in SteeringSet for family in IPFamily
 }
 
 
-def parse_listing(listing: dict[str, Any]) -> CaptureState:
-    """The sets of a ``list table`` JSON answer as a ``CaptureState`` (for verify and tests)."""
+def parse_listing(listing: dict[str, Any]) -> SteeringState:
+    """The sets of a ``list table`` JSON answer as a ``SteeringState`` (for verify and tests)."""
     import ipaddress
 
     from ovsproxy.model import Protocol
@@ -332,7 +332,7 @@ def parse_listing(listing: dict[str, Any]) -> CaptureState:
             return protocols[raw]
         return ipaddress.ip_address(raw)
 
-    sets: dict[tuple[CaptureSet, IPFamily], frozenset[Element]] = {}
+    sets: dict[tuple[SteeringSet, IPFamily], frozenset[Element]] = {}
     for item in listing.get("nftables", []):
         spec = item.get("set")
         if not spec or spec.get("name") not in _SET_BY_NAME:
@@ -347,8 +347,8 @@ def parse_listing(listing: dict[str, Any]) -> CaptureState:
             else:
                 element = (value(raw),)
             # a host prefix lists as a plain address; the model keeps networks
-            if key[0] is CaptureSet.FIREWALL_ALLOW and not hasattr(element[-1], "prefixlen"):
+            if key[0] is SteeringSet.FIREWALL_ALLOW and not hasattr(element[-1], "prefixlen"):
                 element = (*element[:-1], ipaddress.ip_network(element[-1]))
             elements.add(element)
         sets[key] = frozenset(elements)
-    return CaptureState(sets)
+    return SteeringState(sets)

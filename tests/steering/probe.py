@@ -1,4 +1,4 @@
-"""A TCP/UDP probe for the capture tests, run inside a namespace with ``python -m``.
+"""A TCP/UDP probe for the steering tests, run inside a namespace with ``python -m``.
 
 ``serve PORT ADDRESS...``: answer every TCP connection on PORT (both families) and every UDP
 datagram to PORT on one of the ADDRESSes (one socket each, so the reply leaves from the

@@ -1,4 +1,4 @@
-"""What the node's capture table must hold, computed from the Service ports (pure).
+"""What the node's steering table must hold, computed from the Service ports (pure).
 
 The table is a fixed set of chains whose rules never change; everything that depends on
 Services lives in named sets, keyed by address, protocol and port. So a Service change is a
@@ -14,10 +14,10 @@ Sets (one per IP family where an address is part of the key):
   (``ipMode: Proxy`` ingresses are not in the model: the load balancer proxies those itself).
 * ``firewall``: the load-balancer destinations that have ``loadBalancerSourceRanges``;
   ``firewall-allow``: (destination, source CIDR) pairs allowed to reach them.
-* ``masquerade``: (address, protocol, port) of every frontend whose captured connections are
+* ``masquerade``: (address, protocol, port) of every frontend whose steered connections are
   masqueraded: externalTrafficPolicy Cluster (kube-proxy masquerades these; Local keeps the
   client's address). A NodePort's address is the virtual NodePort IP, the destination its
-  packets have after the capture's DNAT.
+  packets have after the steering table's DNAT.
 
 Source ranges follow kube-proxy's nftables proxier: they restrict traffic to the Service's
 load-balancer IPs only, per family (an LB IP of a family with no range listed is not
@@ -94,12 +94,12 @@ class NodePortAddresses:
 
     def node_port_ips(self, node_ips: Sequence[IPAddress]) -> tuple[IPAddress, ...]:
         """The node IPs that accept NodePort traffic, in the node IPs' order (the one place
-        this is decided: the agent's NodePort frontends, its capture and ``verify``)."""
+        this is decided: the agent's NodePort frontends, its steering and ``verify``)."""
         selected = self.select(node_ips)
         return tuple(ip for ip in node_ips if ip in selected)
 
 
-class CaptureSet(enum.StrEnum):
+class SteeringSet(enum.StrEnum):
     """The table's sets; the value is the nftables set name (``-v4``/``-v6`` appended)."""
 
     NODEPORT_IPS = "nodeport-ips"
@@ -118,16 +118,16 @@ class CaptureSet(enum.StrEnum):
 #   FIREWALL_ALLOW  (address, protocol, port, source network)
 #   MASQUERADE      (address, protocol, port)
 Element = tuple[IPAddress | IPNetwork | Protocol | int, ...]
-SetKey = tuple[CaptureSet, IPFamily]
+SetKey = tuple[SteeringSet, IPFamily]
 
 
 @dataclass(frozen=True, slots=True)
-class CaptureState:
+class SteeringState:
     """The desired (or installed) content of every set, by (set, family)."""
 
     sets: Mapping[SetKey, frozenset[Element]] = field(default_factory=dict)
 
-    def elements(self, name: CaptureSet, family: IPFamily) -> frozenset[Element]:
+    def elements(self, name: SteeringSet, family: IPFamily) -> frozenset[Element]:
         return self.sets.get((name, family), frozenset())
 
     @property
@@ -135,7 +135,7 @@ class CaptureState:
         return sum(len(v) for v in self.sets.values())
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, CaptureState):
+        if not isinstance(other, SteeringState):
             return NotImplemented
         return _nonempty(self.sets) == _nonempty(other.sets)
 
@@ -151,7 +151,7 @@ def desired_state(
     ports: Iterable[ServicePort],
     node_ips: Sequence[IPAddress],
     addresses: NodePortAddresses | None = None,
-) -> CaptureState:
+) -> SteeringState:
     """The table content for these Service ports on a node with these IPs (primary first)."""
     sets: dict[SetKey, set[Element]] = {}
     primary = primary_ips(node_ips)
@@ -160,7 +160,7 @@ def desired_state(
         items.extend(port_elements(port, primary))
     for key, element in items:
         sets.setdefault(key, set()).add(element)
-    return CaptureState({k: frozenset(v) for k, v in sets.items()})
+    return SteeringState({k: frozenset(v) for k, v in sets.items()})
 
 
 def primary_ips(node_ips: Sequence[IPAddress]) -> dict[IPFamily, IPAddress]:
@@ -176,7 +176,7 @@ def node_elements(
 ) -> list[tuple[SetKey, Element]]:
     """The ``nodeport-ips`` elements."""
     return [
-        ((CaptureSet.NODEPORT_IPS, IPFamily.of(ip)), (ip,))
+        ((SteeringSet.NODEPORT_IPS, IPFamily.of(ip)), (ip,))
         for ip in (addresses or NodePortAddresses()).select(node_ips)
     ]
 
@@ -189,15 +189,15 @@ def port_elements(
     masquerade = port.external_traffic_policy is not TrafficPolicy.LOCAL
     if port.node_port:
         for family in port.families:
-            out.append(((CaptureSet.NODEPORTS, family), (port.protocol, port.node_port)))
+            out.append(((SteeringSet.NODEPORTS, family), (port.protocol, port.node_port)))
             if masquerade:
                 frontend = (VIRTUAL_NODEPORT_IP[family], port.protocol, port.node_port)
-                out.append(((CaptureSet.MASQUERADE, family), frontend))
+                out.append(((SteeringSet.MASQUERADE, family), frontend))
     for ip in (*port.external_ips, *port.load_balancer_ips):
         destination = (ip, port.protocol, port.port)
-        out.append(((CaptureSet.EXTERNAL, IPFamily.of(ip)), destination))
+        out.append(((SteeringSet.EXTERNAL, IPFamily.of(ip)), destination))
         if masquerade:
-            out.append(((CaptureSet.MASQUERADE, IPFamily.of(ip)), destination))
+            out.append(((SteeringSet.MASQUERADE, IPFamily.of(ip)), destination))
     if not port.load_balancer_source_ranges:
         return out
     for lb_ip in port.load_balancer_ips:
@@ -206,15 +206,15 @@ def port_elements(
         if not ranges:
             continue  # kube-proxy filters the ranges by family: none here, no restriction
         destination = (lb_ip, port.protocol, port.port)
-        out.append(((CaptureSet.FIREWALL, family), destination))
+        out.append(((SteeringSet.FIREWALL, family), destination))
         for source in ranges:
-            out.append(((CaptureSet.FIREWALL_ALLOW, family), (*destination, source)))
+            out.append(((SteeringSet.FIREWALL_ALLOW, family), (*destination, source)))
         node_ip = primary.get(family)
         if node_ip is not None and any(node_ip in r for r in ranges):
             for own in port.load_balancer_ips:
                 if own.version == family:
                     allow = (*destination, _host(own))
-                    out.append(((CaptureSet.FIREWALL_ALLOW, family), allow))
+                    out.append(((SteeringSet.FIREWALL_ALLOW, family), allow))
     return out
 
 
@@ -223,7 +223,7 @@ def _host(ip: IPAddress) -> IPNetwork:
 
 
 @dataclass(frozen=True, slots=True)
-class CaptureDiff:
+class SteeringDiff:
     """Element adds and deletes that turn one state into another, by (set, family)."""
 
     adds: Mapping[SetKey, frozenset[Element]] = field(default_factory=dict)
@@ -237,7 +237,7 @@ class CaptureDiff:
         return self.size > 0
 
 
-def diff(old: CaptureState, new: CaptureState) -> CaptureDiff:
+def diff(old: SteeringState, new: SteeringState) -> SteeringDiff:
     """The minimal change from ``old`` to ``new``: exactly the elements that differ."""
     adds: dict[SetKey, frozenset[Element]] = {}
     deletes: dict[SetKey, frozenset[Element]] = {}
@@ -248,20 +248,20 @@ def diff(old: CaptureState, new: CaptureState) -> CaptureDiff:
             adds[key] = added
         if removed := before - after:
             deletes[key] = removed
-    return CaptureDiff(adds, deletes)
+    return SteeringDiff(adds, deletes)
 
 
-def apply(state: CaptureState, change: CaptureDiff) -> CaptureState:
+def apply(state: SteeringState, change: SteeringDiff) -> SteeringState:
     """``state`` with ``change`` applied (what the kernel holds after the transaction)."""
     sets = {k: set(v) for k, v in state.sets.items()}
     for key, removed in change.deletes.items():
         sets.setdefault(key, set()).difference_update(removed)
     for key, added in change.adds.items():
         sets.setdefault(key, set()).update(added)
-    return CaptureState({k: frozenset(v) for k, v in sets.items() if v})
+    return SteeringState({k: frozenset(v) for k, v in sets.items() if v})
 
 
-class CaptureTracker:
+class SteeringTracker:
     """The desired state kept up to date incrementally, with the pending change since the last
     ``take_changes``: work per Service update is proportional to that Service's elements.
 
@@ -333,14 +333,14 @@ class CaptureTracker:
         for item in node_elements(self._node_ips, self._addresses):
             self._take(item)
 
-    def state(self) -> CaptureState:
+    def state(self) -> SteeringState:
         """The whole desired state (for a full rebuild or a verify): O(elements)."""
         sets: dict[SetKey, set[Element]] = {}
         for key, element in self._counts:
             sets.setdefault(key, set()).add(element)
-        return CaptureState({k: frozenset(v) for k, v in sets.items()})
+        return SteeringState({k: frozenset(v) for k, v in sets.items()})
 
-    def take_changes(self) -> CaptureDiff:
+    def take_changes(self) -> SteeringDiff:
         """The adds and deletes since the last call (and forget them)."""
         adds: dict[SetKey, set[Element]] = {}
         deletes: dict[SetKey, set[Element]] = {}
@@ -350,7 +350,7 @@ class CaptureTracker:
             deletes.setdefault(key, set()).add(element)
         self._adds.clear()
         self._deletes.clear()
-        return CaptureDiff(
+        return SteeringDiff(
             {k: frozenset(v) for k, v in adds.items()},
             {k: frozenset(v) for k, v in deletes.items()},
         )

@@ -1,17 +1,17 @@
-"""The capture table in libnftables' JSON command language (pure: values in, dicts out).
+"""The steering table in libnftables' JSON command language (pure: values in, dicts out).
 
 One ``inet`` table holds both families. Its chains and rules are fixed; only set elements
-depend on Services (``ovsproxy.capture.desired``)::
+depend on Services (``ovsproxy.steering.desired``)::
 
     prerouting  filter hook prerouting, priority mangle    new connections: firewall; capture-mark
     output      route  hook output,     priority mangle    the same for the node's own traffic
     firewall    LB destination in @firewall-vN and (destination, source) not in
                 @firewall-allow-vN -> drop
     capture-mark  dst in @nodeport-ips-vN and (proto, port) in @nodeports-vN, or
-                (dst, proto, port) in @external-vN -> mark |= NODE_CAPTURE_MARK
+                (dst, proto, port) in @external-vN -> mark |= NODE_STEERING_MARK
     nat-prerouting / nat-output  nat hooks, priority dstnat:
                 NodePort traffic (as above) -> dnat to VIRTUAL_NODEPORT_IP (the port is kept)
-    nat-postrouting  nat hook postrouting, priority srcnat: a captured connection (mark) to
+    nat-postrouting  nat hook postrouting, priority srcnat: a steered connection (mark) to
                 (dst, proto, port) in @masquerade-vN -> masquerade (externalTrafficPolicy
                 Cluster: the endpoint sees the gateway's address, as kube-proxy's
                 masquerade shows it the node's)
@@ -23,7 +23,7 @@ this node's NodePort of the same endpoint gave the endpoint one 4-tuple for two 
 (docs/DESIGN.md, "One client port, two paths to one endpoint").
 
 Marking happens at mangle priority, before DNAT, on the original destination, so every
-packet of a captured connection is marked (NAT rewrites each packet at dstnat priority after
+packet of a steered connection is marked (NAT rewrites each packet at dstnat priority after
 it), and one policy rule on the mark routes it all to gw0. The ``route`` type on output makes
 the kernel re-route the node's own packets once they are marked.
 """
@@ -34,9 +34,9 @@ import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
-from ovsproxy.capture.desired import CaptureDiff, CaptureSet, CaptureState, Element, SetKey
 from ovsproxy.model import IPFamily, Protocol
-from ovsproxy.model.node import NODE_CAPTURE_MARK, VIRTUAL_NODEPORT_IP
+from ovsproxy.model.node import NODE_STEERING_MARK, VIRTUAL_NODEPORT_IP
+from ovsproxy.steering.desired import Element, SetKey, SteeringDiff, SteeringSet, SteeringState
 
 TABLE = "ovsproxy"
 FAMILY = "inet"
@@ -49,22 +49,22 @@ _IP = {IPFamily.IPv4: "ip", IPFamily.IPv6: "ip6"}
 _SUFFIX = {IPFamily.IPv4: "v4", IPFamily.IPv6: "v6"}
 
 
-def set_name(name: CaptureSet, family: IPFamily) -> str:
+def set_name(name: SteeringSet, family: IPFamily) -> str:
     return f"{name.value}-{_SUFFIX[family]}"
 
 
-def _set_type(name: CaptureSet, family: IPFamily) -> list[str] | str:
+def _set_type(name: SteeringSet, family: IPFamily) -> list[str] | str:
     addr = _ADDR[family]
-    if name is CaptureSet.NODEPORT_IPS:
+    if name is SteeringSet.NODEPORT_IPS:
         return addr
-    if name is CaptureSet.NODEPORTS:
+    if name is SteeringSet.NODEPORTS:
         return ["inet_proto", "inet_service"]
-    if name is CaptureSet.FIREWALL_ALLOW:
+    if name is SteeringSet.FIREWALL_ALLOW:
         return [addr, "inet_proto", "inet_service", addr]
     return [addr, "inet_proto", "inet_service"]
 
 
-def element_json(name: CaptureSet, element: Element) -> Any:
+def element_json(name: SteeringSet, element: Element) -> Any:
     """One element as libnftables JSON (a value, or a ``concat`` of values)."""
     parts: list[Any] = []
     for value in element:
@@ -76,7 +76,7 @@ def element_json(name: CaptureSet, element: Element) -> Any:
             parts.append({"prefix": {"addr": str(value.network_address), "len": value.prefixlen}})
         else:
             parts.append(str(value))
-    if name is CaptureSet.NODEPORT_IPS:
+    if name is SteeringSet.NODEPORT_IPS:
         return parts[0]
     return {"concat": parts}
 
@@ -99,10 +99,10 @@ def _tuple(family: IPFamily, *, with_source: bool = False) -> dict[str, Any]:
 
 def _nodeport_match(family: IPFamily) -> list[dict[str, Any]]:
     return [
-        _match(_payload(_IP[family], "daddr"), f"@{set_name(CaptureSet.NODEPORT_IPS, family)}"),
+        _match(_payload(_IP[family], "daddr"), f"@{set_name(SteeringSet.NODEPORT_IPS, family)}"),
         _match(
             {"concat": [{"meta": {"key": "l4proto"}}, _payload("th", "dport")]},
-            f"@{set_name(CaptureSet.NODEPORTS, family)}",
+            f"@{set_name(SteeringSet.NODEPORTS, family)}",
         ),
     ]
 
@@ -111,15 +111,15 @@ def _set_mark() -> dict[str, Any]:
     return {
         "mangle": {
             "key": {"meta": {"key": "mark"}},
-            "value": {"|": [{"meta": {"key": "mark"}}, NODE_CAPTURE_MARK]},
+            "value": {"|": [{"meta": {"key": "mark"}}, NODE_STEERING_MARK]},
         }
     }
 
 
-def _captured() -> dict[str, Any]:
-    """The packet carries the capture mark (set in prerouting/output by capture-mark)."""
-    marked = {"&": [{"meta": {"key": "mark"}}, NODE_CAPTURE_MARK]}
-    return _match(marked, NODE_CAPTURE_MARK)
+def _steered() -> dict[str, Any]:
+    """The packet carries the steering mark (set in prerouting/output by capture-mark)."""
+    marked = {"&": [{"meta": {"key": "mark"}}, NODE_STEERING_MARK]}
+    return _match(marked, NODE_STEERING_MARK)
 
 
 def _rule(chain: str, expr: list[dict[str, Any]]) -> Command:
@@ -145,14 +145,14 @@ def skeleton() -> list[Command]:
         {"add": {"table": {"family": FAMILY, "name": TABLE, "comment": COMMENT}}}
     ]
     for family in IPFamily:
-        for name in CaptureSet:
+        for name in SteeringSet:
             spec: dict[str, Any] = {
                 "family": FAMILY,
                 "table": TABLE,
                 "name": set_name(name, family),
                 "type": _set_type(name, family),
             }
-            if name is CaptureSet.FIREWALL_ALLOW:
+            if name is SteeringSet.FIREWALL_ALLOW:
                 spec["flags"] = ["interval"]  # the source is a prefix
             commands.append({"add": {"set": spec}})
     commands.append(_chain("firewall"))
@@ -167,8 +167,8 @@ def skeleton() -> list[Command]:
         commands.append(_rule(base, [new_only, {"jump": {"target": "firewall"}}]))
         commands.append(_rule(base, [{"jump": {"target": "capture-mark"}}]))
     for family in IPFamily:
-        fw = f"@{set_name(CaptureSet.FIREWALL, family)}"
-        allow = f"@{set_name(CaptureSet.FIREWALL_ALLOW, family)}"
+        fw = f"@{set_name(SteeringSet.FIREWALL, family)}"
+        allow = f"@{set_name(SteeringSet.FIREWALL_ALLOW, family)}"
         commands.append(
             _rule(
                 "firewall",
@@ -181,18 +181,18 @@ def skeleton() -> list[Command]:
             )
         )
         commands.append(_rule("capture-mark", [*_nodeport_match(family), _set_mark()]))
-        external = f"@{set_name(CaptureSet.EXTERNAL, family)}"
+        external = f"@{set_name(SteeringSet.EXTERNAL, family)}"
         commands.append(_rule("capture-mark", [_match(_tuple(family), external), _set_mark()]))
         dnat = {"dnat": {"family": _IP[family], "addr": str(VIRTUAL_NODEPORT_IP[family])}}
         for chain in ("nat-prerouting", "nat-output"):
             commands.append(_rule(chain, [*_nodeport_match(family), {"counter": None}, dnat]))
-        masquerade = f"@{set_name(CaptureSet.MASQUERADE, family)}"
+        masquerade = f"@{set_name(SteeringSet.MASQUERADE, family)}"
         commands.append(
             _rule(
                 "nat-postrouting",
                 [
                     _match(_tuple(family), masquerade),
-                    _captured(),
+                    _steered(),
                     {"counter": None},
                     {"masquerade": None},
                 ],
@@ -216,7 +216,7 @@ def _element_command(verb: str, key: SetKey, elements: Iterable[Element]) -> Com
     }
 
 
-def full_rebuild(state: CaptureState) -> list[Command]:
+def full_rebuild(state: SteeringState) -> list[Command]:
     """One transaction replacing whatever table of ours exists with exactly ``state``.
 
     ``add table`` first so that ``delete table`` cannot fail on a first run; in one batch the
@@ -233,7 +233,7 @@ def full_rebuild(state: CaptureState) -> list[Command]:
     return commands
 
 
-def patch(change: CaptureDiff) -> list[Command]:
+def patch(change: SteeringDiff) -> list[Command]:
     """One transaction applying ``change``: deletes first, then adds (one command per set)."""
     commands: list[Command] = []
     for verb, part in (("delete", change.deletes), ("add", change.adds)):

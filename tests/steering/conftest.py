@@ -1,9 +1,9 @@
-"""A small node for the capture tests, all in namespaces the test creates::
+"""A small node for the steering tests, all in namespaces the test creates::
 
     client ns  192.168.50.100, .200 / fd50::100, ::200   (two sources: allowed and denied)
         | veth
     node ns    eth0 192.168.50.1 / fd50::1   -- the table under test lives here
-        | gw0 10.99.0.1 / fd99::1            (fwmark NODE_CAPTURE_MARK -> table 155 -> gw0)
+        | gw0 10.99.0.1 / fd99::1            (fwmark NODE_STEERING_MARK -> table 155 -> gw0)
     ovs ns     gw0p 10.99.0.2 / fd99::2, owns the virtual NodePort IPs and the LB/external
                IPs, runs the probe server: a stand-in for OVS answering from behind gw0
 
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from ovsproxy.datapath.pipeline import (
-    NODE_CAPTURE_MARK,
-    NODE_CAPTURE_ROUTE_TABLE,
+    NODE_STEERING_MARK,
+    NODE_STEERING_ROUTE_TABLE,
     VIRTUAL_NODEPORT_IP,
 )
 from ovsproxy.model import IPFamily
@@ -148,8 +148,8 @@ def _build(n: Node) -> None:
     for route in ((LB_V6, "fd50::1"), (EXT_V6, "fd50::1")):
         sh("ip", "-n", n.client, "-6", "route", "add", route[0], "via", route[1])
     # What the routes layer will install: one rule and one route per family.
-    table = str(NODE_CAPTURE_ROUTE_TABLE)
-    mark = f"{NODE_CAPTURE_MARK:#x}/{NODE_CAPTURE_MARK:#x}"
+    table = str(NODE_STEERING_ROUTE_TABLE)
+    mark = f"{NODE_STEERING_MARK:#x}/{NODE_STEERING_MARK:#x}"
     for fam, via in (("-4", "10.99.0.2"), ("-6", "fd99::2")):
         sh("ip", "-n", n.node, fam, "rule", "add", "fwmark", mark, "lookup", table)
         sh(

@@ -1,4 +1,4 @@
-"""The capture table's desired content (pure): kube-proxy's nodePortAddresses and source-range
+"""The steering table's desired content (pure): kube-proxy's nodePortAddresses and source-range
 semantics, and diffs proportional to the change."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ovsproxy.capture import (
-    CaptureSet,
-    CaptureTracker,
+from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
+from ovsproxy.steering import (
     NodePortAddresses,
+    SteeringSet,
+    SteeringTracker,
     apply,
     desired_state,
     diff,
     render,
 )
-from ovsproxy.model import IPFamily, Protocol, ServicePort, ServicePortName, ServiceType
 
 ip = ipaddress.ip_address
 net = ipaddress.ip_network
@@ -91,20 +91,20 @@ def test_sets_are_keyed_by_address_protocol_and_port() -> None:
         NODE_IPS,
         NodePortAddresses.parse(["192.168.0.0/16"]),
     )
-    assert state.elements(CaptureSet.NODEPORT_IPS, V4) == {(ip("192.168.50.1"),)}
-    assert state.elements(CaptureSet.NODEPORT_IPS, V6) == {(ip("fd50::1"),), (ip("fd60::1"),)}
-    assert state.elements(CaptureSet.NODEPORTS, V4) == {
+    assert state.elements(SteeringSet.NODEPORT_IPS, V4) == {(ip("192.168.50.1"),)}
+    assert state.elements(SteeringSet.NODEPORT_IPS, V6) == {(ip("fd50::1"),), (ip("fd60::1"),)}
+    assert state.elements(SteeringSet.NODEPORTS, V4) == {
         (Protocol.TCP, 30001),
         (Protocol.UDP, 30002),
     }
     # svc-2 is single-stack IPv4: no IPv6 NodePort (kube-proxy's IPv6 proxier never sees it)
-    assert state.elements(CaptureSet.NODEPORTS, V6) == {(Protocol.TCP, 30001)}
-    assert state.elements(CaptureSet.EXTERNAL, V4) == {
+    assert state.elements(SteeringSet.NODEPORTS, V6) == {(Protocol.TCP, 30001)}
+    assert state.elements(SteeringSet.EXTERNAL, V4) == {
         (ip("192.0.2.1"), Protocol.UDP, 80),
         (ip("203.0.113.1"), Protocol.TCP, 80),
     }
-    assert state.elements(CaptureSet.EXTERNAL, V6) == {(ip("2001:db8::9"), Protocol.UDP, 80)}
-    assert state.elements(CaptureSet.FIREWALL, V4) == frozenset()
+    assert state.elements(SteeringSet.EXTERNAL, V6) == {(ip("2001:db8::9"), Protocol.UDP, 80)}
+    assert state.elements(SteeringSet.FIREWALL, V4) == frozenset()
 
 
 def test_source_ranges_restrict_only_load_balancer_ips() -> None:
@@ -119,29 +119,29 @@ def test_source_ranges_restrict_only_load_balancer_ips() -> None:
     state = desired_state([svc], NODE_IPS)
     lb4 = (ip("203.0.113.1"), Protocol.TCP, 80)
     lb6 = (ip("2001:db8::1"), Protocol.TCP, 80)
-    assert state.elements(CaptureSet.FIREWALL, V4) == {lb4}  # not the external IP
-    assert state.elements(CaptureSet.FIREWALL, V6) == {lb6}
-    assert state.elements(CaptureSet.FIREWALL_ALLOW, V4) == {(*lb4, net("198.51.100.0/24"))}
-    assert state.elements(CaptureSet.FIREWALL_ALLOW, V6) == {(*lb6, net("2001:db8:1::/48"))}
-    # the NodePort is captured from everywhere, as in kube-proxy
-    assert state.elements(CaptureSet.NODEPORTS, V4) == {(Protocol.TCP, 30001)}
+    assert state.elements(SteeringSet.FIREWALL, V4) == {lb4}  # not the external IP
+    assert state.elements(SteeringSet.FIREWALL, V6) == {lb6}
+    assert state.elements(SteeringSet.FIREWALL_ALLOW, V4) == {(*lb4, net("198.51.100.0/24"))}
+    assert state.elements(SteeringSet.FIREWALL_ALLOW, V6) == {(*lb6, net("2001:db8:1::/48"))}
+    # the NodePort is steered from everywhere, as in kube-proxy
+    assert state.elements(SteeringSet.NODEPORTS, V4) == {(Protocol.TCP, 30001)}
     # ranges of one family only: the other family's LB IP is not restricted (kube-proxy
     # filters the ranges by family)
     only_v4 = dataclasses.replace(svc, load_balancer_source_ranges=(net("198.51.100.0/24"),))
     state = desired_state([only_v4], NODE_IPS)
-    assert state.elements(CaptureSet.FIREWALL, V4) == {lb4}
-    assert state.elements(CaptureSet.FIREWALL, V6) == frozenset()
+    assert state.elements(SteeringSet.FIREWALL, V4) == {lb4}
+    assert state.elements(SteeringSet.FIREWALL, V6) == frozenset()
 
 
 def test_a_range_holding_the_node_ip_allows_the_lb_ip_as_source() -> None:
     svc = port(1, lb=("203.0.113.1", "203.0.113.2"), ranges=("192.168.0.0/16",))
-    allow = desired_state([svc], NODE_IPS).elements(CaptureSet.FIREWALL_ALLOW, V4)
+    allow = desired_state([svc], NODE_IPS).elements(SteeringSet.FIREWALL_ALLOW, V4)
     dst = (ip("203.0.113.1"), Protocol.TCP, 80)
     assert (*dst, net("203.0.113.1/32")) in allow
     assert (*dst, net("203.0.113.2/32")) in allow
     # the primary node IP (192.168.50.1) decides; a range around a secondary one does not
     svc = port(1, lb=("203.0.113.1",), ranges=("10.0.0.0/8",))
-    allow = desired_state([svc], NODE_IPS).elements(CaptureSet.FIREWALL_ALLOW, V4)
+    allow = desired_state([svc], NODE_IPS).elements(SteeringSet.FIREWALL_ALLOW, V4)
     assert allow == {(*dst, net("10.0.0.0/8"))}
 
 
@@ -216,7 +216,7 @@ _op = st.tuples(st.integers(0, 6), st.one_of(st.none(), _ports))
 def test_tracker_equals_recomputing_and_its_changes_apply(ops, ips, ip_changes) -> None:
     """After any sequence of Service updates and node IP changes, the tracker's state is the
     from-scratch desired state, and the changes it hands out turn one into the next."""
-    tracker = CaptureTracker(ips)
+    tracker = SteeringTracker(ips)
     current: dict[int, ServicePort] = {}
     installed = tracker.state()
     assert installed == desired_state([], ips)

@@ -1,11 +1,11 @@
-"""The policy routing of node-side capture (Linux): captured packets go to the gateway.
+"""The policy routing of node-side steering (Linux): steered packets go to the gateway.
 
-The capture table (``ovsproxy.capture``) marks every packet of a NodePort, external IP or
-load-balancer IP connection with ``NODE_CAPTURE_MARK``. Per IP family, one rule and one route
+The steering table (``ovsproxy.steering``) marks every packet of a NodePort, external IP or
+load-balancer IP connection with ``NODE_STEERING_MARK``. Per IP family, one rule and one route
 take all of them into OVS::
 
-    ip rule add fwmark MARK/MARK lookup NODE_CAPTURE_ROUTE_TABLE priority 155 proto 155
-    ip route add default via VIRTUAL_SERVICE_IP dev gw0 table NODE_CAPTURE_ROUTE_TABLE proto 155
+    ip rule add fwmark MARK/MARK lookup NODE_STEERING_ROUTE_TABLE priority 155 proto 155
+    ip route add default via VIRTUAL_SERVICE_IP dev gw0 table NODE_STEERING_ROUTE_TABLE proto 155
 
 The next hop is the virtual Service IP that the Service routes use; its permanent neighbour
 entry and host route are the route backend's (``ensure_next_hop``, called first here).
@@ -35,15 +35,15 @@ _AF = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
 _DEFAULT = {IPFamily.IPv4: "0.0.0.0/0", IPFamily.IPv6: "::/0"}
 
 
-class CaptureRoutes:
+class SteeringRoutes:
     """One rule and one default route per family in our table, on one gateway device."""
 
     def __init__(self, gateway: str, netns: str | None = None) -> None:
         self.gateway = gateway
         # Its own netlink socket: the route manager's backend is driven by its worker alone.
         self.backend = LinuxRouteBackend(netns=netns)
-        self.mark = node.NODE_CAPTURE_MARK
-        self.table = node.NODE_CAPTURE_ROUTE_TABLE
+        self.mark = node.NODE_STEERING_MARK
+        self.table = node.NODE_STEERING_ROUTE_TABLE
 
     async def open(self) -> None:
         await self.backend.open()
