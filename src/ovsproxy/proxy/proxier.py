@@ -507,7 +507,7 @@ class Proxier:
         self.conntrack = conntrack
         self._send = send
         self.sweep_interval = sweep_interval
-        # NodePort frontends (the node captures NodePort traffic to the virtual NodePort IP)
+        # NodePort frontends (the node steers NodePort traffic to the virtual NodePort IP)
         self.node_ports = node_ports
         self.node_port_ips = tuple(node_port_ips)  # this node's IPs that accept NodePorts
         # What follows each commit, in this order (``proxy.followers``)
@@ -532,7 +532,7 @@ class Proxier:
         # cost the cluster's size on every endpoint change)
         self._endpoint_total = 0
         # ... and what it is programmed to: published once the sync that carried it is done
-        # (the commit acknowledged, routes and node side updated). /status shows this, so a
+        # (the commit acknowledged, routes and node ingress updated). /status shows this, so a
         # client that waits for it never sends before the flows exist (such a SYN leaves an
         # un-NATed conntrack entry that its retransmissions keep meeting).
         self.programmed: dict[ServicePortName, InstalledService] = {}
