@@ -28,7 +28,7 @@ Phases (seconds; sums of the wrapped calls, wall time where said):
   ``convert_service``/``convert_endpoint_slice`` (``msgspec.convert`` into the Structs, then
   the one converter);
 * sync: the first full ``Proxier.sync`` (wall), of which ``track`` (checkpoint + snapshot),
-  ``build`` (``services.frontend_objects``), ``stage`` (``Datapath.stage``), ``commit``
+  ``build`` (``service_flows.frontend_objects``), ``stage`` (``Datapath.stage``), ``commit``
   (``Datapath.commit``: plan, encode, stream the bundle, OVS's reply); the rest is the
   proxier's own (endpoint selection, group ids, status records);
 * gc: cyclic garbage collections, everywhere (a window's report also gives how many and the
@@ -171,7 +171,7 @@ class Probe:
 
     # -- wiring -------------------------------------------------------------------------------
     def install(self) -> None:
-        from ovsproxy.datapath import services as svc
+        from ovsproxy.datapath import service_flows as svc
         from ovsproxy.datapath.datapath import Datapath
         from ovsproxy.proxy.proxier import Proxier
         from ovsproxy.sources import kubejson

@@ -36,7 +36,9 @@ from typing import Any
 
 from bench import dp
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import MAX_BUNDLED_MESSAGE, GroupSpec, plan_group
 from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.model import Endpoint, EndpointSlice, IPFamily, Service, SlicePort
@@ -185,7 +187,7 @@ async def _baselines(
 
 def _group(n: int, gid: int = 1) -> GroupSpec:
     port, endpoints = dp.cluster(1, n)[0]
-    ctx = svc.Context(pl.Tables.for_config(dp.CONFIG), dp.GENERATION)
+    ctx = Context(pl.Tables.for_config(dp.CONFIG), dp.GENERATION)
     (group,) = svc.service_objects(ctx, port, endpoints, {IPFamily.IPv4: gid}).groups
     return group
 
@@ -236,8 +238,8 @@ async def _ours_live(sb: Any, sizes: list[int]) -> dict[int, int]:
     channel, core = await dp.connect(sb)
     datapath = core.datapath
     try:
-        ctx = svc.Context(datapath.tables, dp.GENERATION)
-        datapath.stage(dp.PIPELINE_OWNER, (), svc.pipeline_flows(ctx))
+        ctx = Context(datapath.tables, dp.GENERATION)
+        datapath.stage(dp.PIPELINE_OWNER, (), pipeline_flows(ctx))
         measured = {}
         for n in sizes:
             port, endpoints = dp.cluster(1, n, namespace=f"plot{n}")[0]

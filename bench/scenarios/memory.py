@@ -53,9 +53,9 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     import asyncio
 
     from bench import dp
-    from ovsproxy.datapath import services as svc
     from ovsproxy.datapath.compare import RecordingSwitch
     from ovsproxy.datapath.datapath import Datapath
+    from ovsproxy.datapath.flow_context import Context
     from ovsproxy.datapath.memory import memory_policy
 
     rss = {"baseline": _rss_kb()}
@@ -65,7 +65,7 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     async def build_and_commit() -> Datapath:
         # A switch that keeps nothing: only our own state is measured.
         datapath = Datapath(RecordingSwitch(), dp.CONFIG, dp.GENERATION)
-        ctx = svc.Context(datapath.tables, dp.GENERATION)
+        ctx = Context(datapath.tables, dp.GENERATION)
         with memory_policy(datapath):  # as the agent's sync runs (agent.sync)
             dp.stage_cluster(datapath, ports, ctx)
             rss["desired"] = _rss_kb()

@@ -11,8 +11,10 @@ import ipaddress
 
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 
@@ -39,8 +41,8 @@ def build(
 
     async def run() -> Datapath:
         dp = Datapath(compare.RecordingSwitch(), CONFIG, generation)
-        ctx = svc.Context(tables=dp.tables, generation=generation)
-        dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
+        ctx = Context(tables=dp.tables, generation=generation)
+        dp.stage(("pipeline",), (), pipeline_flows(ctx))
         for sp, endpoints, gid in services:
             for n in range(1, len(endpoints) + 1):
                 objects = svc.service_objects(ctx, sp, endpoints[:n], {IPFamily.IPv4: gid})
@@ -123,7 +125,7 @@ def test_recording_switch_keeps_each_committed_bundle_when_asked() -> None:
 
     async def commit(switch: object) -> None:
         dp = Datapath(switch, CONFIG, 1)  # type: ignore[arg-type]
-        ctx = svc.Context(tables=dp.tables, generation=1)
+        ctx = Context(tables=dp.tables, generation=1)
         for sp, gid in ((WEB, 1), (API, 2)):
             objects = svc.service_objects(ctx, sp, eps(1, 2), {IPFamily.IPv4: gid})
             dp.stage(sp.name, objects.groups, objects.flows)

@@ -12,8 +12,10 @@ import pytest
 from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import plan
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath, DatapathError, flow_key
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
@@ -24,8 +26,8 @@ CONFIG = pl.PipelineConfig()
 CMD = of.GroupModCommand
 
 
-def ctx_for(dp: Datapath) -> svc.Context:
-    return svc.Context(dp.tables, dp.generation)
+def ctx_for(dp: Datapath) -> Context:
+    return Context(dp.tables, dp.generation)
 
 
 def service(
@@ -47,7 +49,7 @@ def stage(dp: Datapath, name: str, n: int, gid: int, **kw: object) -> ServicePor
 async def adopted(switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
     switch = switch or FakeSwitch()
     dp = Datapath(switch, CONFIG, 1)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))
     await dp.commit()
     return dp, switch
 
@@ -180,7 +182,7 @@ async def test_shared_flow_stays_while_any_owner_wants_it() -> None:
     dp.unstage(b)
     stats = await dp.commit()
     assert stats.flows_deleted == 3 and stats.groups_deleted == 1
-    assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
+    assert len(dp.installed_flows) == len(pipeline_flows(ctx_for(dp)))
 
 
 async def test_a_changed_flow_under_the_same_key_is_re_added() -> None:
@@ -269,7 +271,7 @@ async def test_resync_deletes_flows_we_installed_and_no_longer_want() -> None:
     switch.present_groups = {1}
     stats = await dp.resync_switch()  # e.g. after a reconnection, before the next commit
     assert stats.flows_deleted == 3 and stats.groups_deleted == 1
-    assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
+    assert len(dp.installed_flows) == len(pipeline_flows(ctx_for(dp)))
 
 
 async def test_staging_and_committing_leave_the_collector_alone() -> None:
@@ -288,7 +290,7 @@ async def test_staging_and_committing_leave_the_collector_alone() -> None:
 
 
 def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
-    ctx = svc.Context(pl.Tables.for_config(CONFIG), 1)
+    ctx = Context(pl.Tables.for_config(CONFIG), 1)
 
     def spec(keys: list[int]) -> GroupSpec:
         buckets = []
@@ -327,7 +329,7 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
     registry = RecordingRegistry()
     switch = FakeSwitch()
     dp = Datapath(switch, CONFIG, 1, registry=registry)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))
     await dp.commit()
     assert registry.saves == [set()]
     a = stage(dp, "a", 2, gid=1)
@@ -361,7 +363,7 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
 def _fresh(*, stream: bool, switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
     switch = switch or FakeSwitch()
     dp = Datapath(switch, CONFIG, 1, stream_while_staging=stream)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))
     return dp, switch
 
 
@@ -399,7 +401,7 @@ async def test_the_first_commit_is_written_while_staging_and_sends_what_it_would
     written = streamed._streaming.bundle.messages  # type: ignore[attr-defined]
     # the pipeline, then per Service its group, ServiceLB flow and the DNAT flows not
     # written yet (neighbours share one endpoint)
-    assert len(written) == len(svc.pipeline_flows(ctx_for(streamed))) + 6 * 2 + (6 * 3 - 5)
+    assert len(written) == len(pipeline_flows(ctx_for(streamed))) + 6 * 2 + (6 * 3 - 5)
     assert not streamed_switch.bundles  # nothing committed yet
     stats = await streamed.commit()
     plain, plain_switch = _fresh(stream=False)

@@ -12,8 +12,10 @@ import pytest
 
 from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -30,7 +32,7 @@ class Rig:
     sandbox: Sandbox
     channel: Channel
     datapath: Datapath
-    ctx: svc.Context
+    ctx: Context
 
     def stage_service(
         self, name: str, ip: str, endpoints: list[Endpoint], gid: int, port: int = 80
@@ -79,8 +81,8 @@ async def make_rig(sandbox: Sandbox, generation: int = 1, *, stream: bool = True
     channel = Channel(sandbox.openflow, on_connected=hook)
     dp = Datapath(channel, CONFIG, generation, stream_while_staging=stream)
     await channel.start()
-    ctx = svc.Context(dp.tables, generation)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
+    ctx = Context(dp.tables, generation)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx))
     return Rig(sandbox, channel, dp, ctx)
 
 

@@ -15,8 +15,10 @@ import pytest
 from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import memory
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from tests.fakes.switch import FakeSwitch
@@ -29,7 +31,7 @@ def stage(
     port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
     base = int(ipaddress.IPv4Address("10.244.0.0"))
     eps = [Endpoint(ipaddress.IPv4Address(base + first + i), 8080) for i in range(n)]
-    ctx = svc.Context(dp.tables, dp.generation)
+    ctx = Context(dp.tables, dp.generation)
     objs = svc.service_objects(ctx, port, eps, {IPFamily.IPv4: gid})
     dp.stage(spn, objs.groups, objs.staged)
 
@@ -66,7 +68,7 @@ def released(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 async def adopted(*, freeze_gc: bool = True) -> Datapath:
     dp = Datapath(FakeSwitch(), pl.PipelineConfig(), 1, freeze_gc=freeze_gc)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(svc.Context(dp.tables, dp.generation)))
+    dp.stage(("pipeline",), (), pipeline_flows(Context(dp.tables, dp.generation)))
     await dp.commit()
     return dp
 

@@ -24,8 +24,10 @@ import pytest
 from ovsproxy.agent.installed import read_groups
 from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath, DatapathError
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -44,7 +46,7 @@ BLAST_TABLE = 200  # outside our pipeline's tables
 BLAST_COOKIE = 0xB << 60  # not our cookie's app: the comparison leaves these flows out
 
 
-def stage_service(dp: Datapath, ctx: svc.Context, i: int, endpoints: int = 3) -> None:
+def stage_service(dp: Datapath, ctx: Context, i: int, endpoints: int = 3) -> None:
     spn = ServicePortName("bundles", f"s{i}", "http", Protocol.TCP)
     ip = ipaddress.ip_address(f"10.96.{i // 250}.{i % 250 + 1}")
     eps = [
@@ -57,9 +59,9 @@ def stage_service(dp: Datapath, ctx: svc.Context, i: int, endpoints: int = 3) ->
     dp.stage(spn, objs.groups, objs.flows)
 
 
-def stage_all(dp: Datapath) -> svc.Context:
-    ctx = svc.Context(dp.tables, dp.generation)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
+def stage_all(dp: Datapath) -> Context:
+    ctx = Context(dp.tables, dp.generation)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx))
     for i in range(SERVICES):
         stage_service(dp, ctx, i)
     return ctx

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.affinity import AffinitySweeper, delete_message, expired_flows
 from ovsproxy.datapath.conntrack import (
     ConntrackFlusher,

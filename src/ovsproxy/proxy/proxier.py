@@ -42,10 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
 from ovsproxy.datapath.datapath import CommitStats, Datapath, DatapathError
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.pod_flows import pod_forwarding_flows
 from ovsproxy.model import (
     Endpoint,
     IPAddress,
@@ -513,7 +516,7 @@ class Proxier:
         # What follows each commit, in this order (``proxy.followers``)
         self.followers = tuple(followers)
         config = datapath.config
-        self.ctx = svc.Context(
+        self.ctx = Context(
             tables=datapath.tables,
             generation=datapath.generation,
             standalone=config.mode == pl.Mode.STANDALONE,
@@ -776,7 +779,7 @@ class Proxier:
 
     # -- the pipeline and local pods --------------------------------------------------------
     def _stage_pipeline(self) -> None:
-        self.datapath.stage(PIPELINE_OWNER, (), svc.pipeline_flows(self.ctx))
+        self.datapath.stage(PIPELINE_OWNER, (), pipeline_flows(self.ctx))
 
     async def _stage_pods(self) -> None:
         if self._pods is None or not self.ctx.standalone:
@@ -787,7 +790,7 @@ class Proxier:
         for owner, pod in pods.items():
             if self._pod_owners.get(owner) != pod:
                 self.datapath.stage(
-                    owner, (), svc.pod_forwarding_flows(self.ctx, pod.ips, pod.mac, pod.ofport)
+                    owner, (), pod_forwarding_flows(self.ctx, pod.ips, pod.mac, pod.ofport)
                 )
         for owner in self._pod_owners.keys() - pods.keys():
             self.datapath.unstage(owner)
