@@ -29,6 +29,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent",),  # one run of the agent: wiring, sync, pods, observability, lifecycle
     ("config",),  # the agent's validated settings (they name pipeline values: mode, tables)
     ("proxy", "routes", "capture"),  # capture: the node's nftables table, as routes its routes
+    (
+        "diagnostics",
+    ),  # read-side: compare and trace read the datapath's values, agent and cli use them
     # healthcheck imports only the model: it sits below the proxy, which is to feed it
     ("datapath", "sources", "servicecidr", "healthcheck", "ovs", "lab"),
     ("openflow",),

@@ -53,10 +53,10 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     import asyncio
 
     from bench import dp
-    from ovsproxy.datapath.compare import RecordingSwitch
     from ovsproxy.datapath.datapath import Datapath
     from ovsproxy.datapath.flow_context import Context
     from ovsproxy.datapath.memory import memory_policy
+    from ovsproxy.diagnostics.compare import RecordingSwitch
 
     rss = {"baseline": _rss_kb()}
     ports = dp.cluster(services, endpoints)

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from ovsproxy.agent.installed import read_groups
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath, DatapathError
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
+from ovsproxy.diagnostics import compare
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel

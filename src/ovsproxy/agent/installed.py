@@ -19,10 +19,10 @@ from ovsproxy.agent.wiring import build_route_backend, manifest_paths, route_bac
 from ovsproxy.capture import CaptureState, CaptureTable
 from ovsproxy.capture.compare import compare_table
 from ovsproxy.config import AgentConfig
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.compare import Difference, GroupView
 from ovsproxy.datapath.datapath import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
+from ovsproxy.diagnostics import compare
+from ovsproxy.diagnostics.compare import Difference, GroupView
 from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of

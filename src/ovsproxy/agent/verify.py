@@ -38,9 +38,9 @@ from ovsproxy.agent.installed import (
 from ovsproxy.agent.wiring import build_source, manifest_paths
 from ovsproxy.capture import CaptureState, NodePortAddresses, desired_state
 from ovsproxy.config import AgentConfig, ConfigError
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.compare import Difference, GroupView
+from ovsproxy.diagnostics import compare
+from ovsproxy.diagnostics.compare import Difference, GroupView
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort

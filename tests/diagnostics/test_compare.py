@@ -1,4 +1,4 @@
-"""datapath.compare: the desired state of a fresh agent against a switch's, pure.
+"""diagnostics.compare: the desired state of a fresh agent against a switch's, pure.
 
 Both sides are built by a real ``Datapath`` over a ``RecordingSwitch``: the "installed" one
 plays a running agent (another generation, other group ids, endpoints added one by one so
@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
+from ovsproxy.diagnostics import compare
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 
