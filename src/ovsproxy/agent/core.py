@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
-from ovsproxy.datapath.datapath import Datapath, GroupRegistry, Switch
+from ovsproxy.datapath.datapath import Datapath, Switch
 from ovsproxy.datapath.memory import memory_policy
+from ovsproxy.datapath.our_group_ids import GroupRegistry
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.datapath.semantics import ServiceSemantics
 from ovsproxy.model.node import PodPort

@@ -20,7 +20,7 @@ from ovsproxy.capture import CaptureState, CaptureTable
 from ovsproxy.capture.compare import compare_table
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
+from ovsproxy.datapath.our_group_ids import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
 from ovsproxy.diagnostics import compare
 from ovsproxy.diagnostics.compare import Difference, GroupView
 from ovsproxy.model import IPAddress, IPFamily, IPNetwork
