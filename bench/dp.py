@@ -2,9 +2,9 @@
 
 * a synthetic cluster as model values (ServicePorts and their endpoints, IPv4, unique
   endpoint addresses, so every endpoint has its own EndpointDNAT flow);
-* our full sync: model values -> ``service_objects`` -> ``Datapath.stage`` -> ``commit`` (one
+* our full sync: model values -> ``service_objects`` -> ``SwitchSync.stage`` -> ``commit`` (one
   bundle streamed through the ``Channel``), timed to the commit reply;
-* the content that full sync sends, captured from the same ``Datapath`` with a recording
+* the content that full sync sends, captured from the same ``SwitchSync`` with a recording
   switch, as messages (for the floor) and as ``ovs-ofctl`` text (for the baseline);
 * the baseline: ``ovs-ofctl --bundle add-groups`` + ``add-flows`` loading those files;
 * the floor: the same messages pre-encoded as BUNDLE_ADDs and written by the channel.
@@ -31,10 +31,10 @@ from support.cluster import CLUSTER_IP_BASE, ENDPOINT_BASE, ENDPOINT_PORT
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.memory import memory_policy
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.diagnostics.compare import RecordingSwitch
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
@@ -190,7 +190,7 @@ class SyncRun:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
-def stage_cluster(dp: Datapath, ports: Cluster, ctx: Context) -> tuple[float, float]:
+def stage_cluster(dp: SwitchSync, ports: Cluster, ctx: Context) -> tuple[float, float]:
     """What the proxier does for every changed Service port: build its values, stage them.
     Returns (build seconds, stage seconds)."""
     clock = time.perf_counter
@@ -287,7 +287,7 @@ def ovs_cpu(sb: Sandbox) -> float | None:
 def full_sync_messages(ports: Cluster) -> list[of.Message]:
     """Exactly what our full sync sends, in the same order."""
     switch = RecordingSwitch(keep=True)  # accepts every bundle, keeps its messages
-    dp = Datapath(switch, CONFIG, GENERATION)
+    dp = SwitchSync(switch, CONFIG, GENERATION)
     ctx = Context(dp.tables, GENERATION)
 
     async def sync() -> None:  # in a loop, as ours: the bundle is streamed while staging

@@ -1,7 +1,7 @@
 """One endpoint change in a 10,000-Service cluster: ours vs a full MODIFY vs the seed's N+1.
 
 Live, in one private sandbox, through the whole proxy: EndpointSlice event -> ``ChangeTracker``
--> ``Proxier.sync`` (checkpoint, categorise, build, stage) -> ``Datapath.commit`` (one bundle)
+-> ``Proxier.sync`` (checkpoint, categorise, build, stage) -> ``SwitchSync.commit`` (one bundle)
 -> commit reply. The cluster (10,000 Services x 10 endpoints; 1,000 with ``--quick``) is
 installed first by the proxier's initial sync (``initial_sync_s``), under the agent's memory
 policy (``datapath.memory``: the collector paused, then the new state frozen).

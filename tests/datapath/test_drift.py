@@ -1,5 +1,5 @@
 """``drift``: the switch against what the synchroniser committed. The comparisons are pure;
-``DriftCheck`` against a switch that answers from values. (``test_datapath_live.py`` checks
+``DriftCheck`` against a switch that answers from values. (``test_switch_sync_live.py`` checks
 it against a real ovs-vswitchd edited by hand.)"""
 
 from __future__ import annotations

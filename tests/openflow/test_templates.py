@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
-from ovsproxy.datapath.datapath import flow_key
 from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import flow_key
 from ovsproxy.model import Protocol
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates as tpl

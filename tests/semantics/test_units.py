@@ -291,11 +291,11 @@ async def test_wired_semantics_install_the_meter_before_the_replay() -> None:
         async def send(self, messages) -> None:
             order.append(type(messages[0]).__name__)
 
-    class Datapath:
+    class SwitchSync:
         tables = TABLES
 
     channel = Channel()
-    semantics = ServiceSemantics.wired(channel, Datapath())
+    semantics = ServiceSemantics.wired(channel, SwitchSync())
     await channel.on_connected()
     assert order == ["MeterMod", "replay"]
     assert semantics.status()["reject"]["meter"] == "installed"

@@ -3,7 +3,7 @@
 The desired side is built the way a fresh agent builds it, from the same configuration and by
 the same code: the source (manifests or the Kubernetes API) fills a change tracker, the
 proxier stages every Service port, the local pods (standalone) and the pipeline into a real
-``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
+``SwitchSync``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
 discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
 flows (our cookie) and groups (our id range) through OVS's OpenFlow dumps, our routes (proto
 155) through the route backend, the cookie generation and group-id registry from OVSDB, and

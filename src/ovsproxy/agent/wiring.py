@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from ovsproxy.agent.nodeport import NodeSide
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
-    from ovsproxy.datapath.datapath import Datapath
     from ovsproxy.datapath.semantics import ServiceSemantics
+    from ovsproxy.datapath.switch_sync import SwitchSync
     from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.openflow.connection import Channel
     from ovsproxy.ovs.ovsdb import OVSDB
@@ -54,7 +54,7 @@ class Components:
     ovsdb: OVSDB | None = None
     ovsdb_link: OVSDBLink | None = None  # the start-up connection's state
     channel: Channel | None = None
-    datapath: Datapath | None = None
+    datapath: SwitchSync | None = None
     semantics: ServiceSemantics | None = None
     proxier: Proxier | None = None
     runner: SyncRunner | None = None

@@ -18,7 +18,7 @@ from ovsproxy.datapath.desired import DesiredState
 from ovsproxy.datapath.plan import InstalledState
 
 # the synchroniser's logger (as in desired.py): these warnings are about its adoption
-log = logging.getLogger("ovsproxy.datapath.datapath")
+log = logging.getLogger("ovsproxy.datapath.switch_sync")
 
 # A GROUP_STATS entry is 40 + 16 bytes per bucket, with a 16-bit length.
 STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16

@@ -435,7 +435,7 @@ class FrontendSet:
 @dataclass(frozen=True, slots=True)
 class ServiceObjects:
     groups: tuple[GroupSpec, ...]
-    # what ``Datapath.stage`` takes: the EndpointDNAT flows as their encodings only
+    # what ``SwitchSync.stage`` takes: the EndpointDNAT flows as their encodings only
     staged: tuple[of.FlowMod | EncodedFlow, ...]
 
     @property

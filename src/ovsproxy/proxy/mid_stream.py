@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
-from ovsproxy.datapath.datapath import Datapath, encoded_flow
 from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import SwitchSync, encoded_flow
 from ovsproxy.model import IPAddress
 
 Address = tuple[IPAddress, int]
@@ -78,7 +78,7 @@ class MidStreamIndex:
     def frontends(self, endpoint: Address) -> tuple[Address, ...]:
         return tuple(self._frontends.get(endpoint, ()))
 
-    def stage(self, datapath: Datapath, ctx: Context) -> int:
+    def stage(self, datapath: SwitchSync, ctx: Context) -> int:
         """Stage the mid-stream flow of every endpoint that changed; returns how many."""
         dirty, self._dirty = self._dirty, set()
         for endpoint in dirty:

@@ -45,10 +45,10 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
-from ovsproxy.datapath.datapath import CommitStats, Datapath, DatapathError
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.pod_flows import pod_forwarding_flows
+from ovsproxy.datapath.switch_sync import CommitStats, DatapathError, SwitchSync
 from ovsproxy.model import (
     Endpoint,
     IPAddress,
@@ -487,7 +487,7 @@ class Proxier:
     def __init__(
         self,
         tracker: ChangeTracker,
-        datapath: Datapath,
+        datapath: SwitchSync,
         *,
         node_name: str,
         zone: str | None = None,

@@ -1,4 +1,4 @@
-"""The switch synchroniser, and the datapath's one entry point: ``Datapath`` holds the desired
+"""The switch synchroniser, and the datapath's one entry point: ``SwitchSync`` holds the desired
 state (``desired.DesiredState``: groups and flows by owner) and what the switch holds
 (``plan.InstalledState``), and commits the difference to OVS as one ordered, atomic bundle
 planned by ``plan``.
@@ -31,7 +31,7 @@ runs a sync or a replay does, around it (``datapath.memory.memory_policy``: the 
 and after a big one the new state frozen and the heap's free pages given back); ``touched``
 counts the groups and flows committed, for it to tell a big sync.
 
-On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group
+On (re)connection, :meth:`SwitchSync.resync_switch` adopts whatever the switch holds: every group
 id it has in our range is rewritten whole (ADD_OR_MOD) or deleted, every flow is re-added with
 the current generation's cookie, and the flows of older generations are deleted, all in one
 bundle. This is replay after an ovs-vswitchd restart and the hitless hand-over after an agent
@@ -80,7 +80,7 @@ from ovsproxy.openflow.errors import BundleError, ChannelError
 
 __all__ = [
     "CommitStats",
-    "Datapath",
+    "SwitchSync",
     "DatapathError",
     "EncodedFlow",
     "FlowKey",
@@ -221,13 +221,13 @@ class _Out:
 
 @dataclass(frozen=True, slots=True)
 class Removal:
-    """What ``Datapath.remove_all`` found and deleted: the number of our flows, the group ids."""
+    """What ``SwitchSync.remove_all`` found and deleted: the number of our flows, the group ids."""
 
     flows: int
     groups: tuple[int, ...]
 
 
-class Datapath:
+class SwitchSync:
     """The datapath's entry point: staging (into ``desired``), committing (planned by
     ``plan``, sent as one bundle) and adoption; it holds the drift check (``drift``) and our
     group ids with their record in ``registry`` (``group_ids``).
