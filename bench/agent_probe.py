@@ -28,8 +28,8 @@ Phases (seconds; sums of the wrapped calls, wall time where said):
   ``convert_service``/``convert_endpoint_slice`` (``msgspec.convert`` into the Structs, then
   the one converter);
 * sync: the first full ``Proxier.sync`` (wall), of which ``track`` (checkpoint + snapshot),
-  ``build`` (``services.frontend_objects``), ``stage`` (``Datapath.stage``), ``commit``
-  (``Datapath.commit``: plan, encode, stream the bundle, OVS's reply); the rest is the
+  ``build`` (``service_flows.frontend_objects``), ``stage`` (``SwitchSync.stage``), ``commit``
+  (``SwitchSync.commit``: plan, encode, stream the bundle, OVS's reply); the rest is the
   proxier's own (endpoint selection, group ids, status records);
 * gc: cyclic garbage collections, everywhere (a window's report also gives how many and the
   longest).
@@ -171,8 +171,8 @@ class Probe:
 
     # -- wiring -------------------------------------------------------------------------------
     def install(self) -> None:
-        from ovsproxy.datapath import services as svc
-        from ovsproxy.datapath.datapath import Datapath
+        from ovsproxy.datapath import service_flows as svc
+        from ovsproxy.datapath.switch_sync import SwitchSync
         from ovsproxy.proxy.proxier import Proxier
         from ovsproxy.sources import kubejson
         from ovsproxy.sources import kubernetes as k8s
@@ -213,7 +213,7 @@ class Probe:
         _patch(kubejson, "convert_service", t["convert"].wrap)
         _patch(kubejson, "convert_endpoint_slice", stamped(dict_stamp))
         _patch(svc, "frontend_objects", t["build"].wrap)
-        _patch(Datapath, "stage", t["stage"].wrap)
+        _patch(SwitchSync, "stage", t["stage"].wrap)
 
         def wrap_commit(commit: Callable[..., Any]) -> Callable[..., Any]:
             timed = t["commit"].wrap_async(commit)
@@ -225,7 +225,7 @@ class Probe:
 
             return committed
 
-        _patch(Datapath, "commit", wrap_commit)
+        _patch(SwitchSync, "commit", wrap_commit)
 
         def wrap_sync(sync: Callable[..., Any]) -> Callable[..., Any]:
             async def timed(proxier: Any, full: bool = False) -> Any:

@@ -2,9 +2,9 @@
 
 * a synthetic cluster as model values (ServicePorts and their endpoints, IPv4, unique
   endpoint addresses, so every endpoint has its own EndpointDNAT flow);
-* our full sync: model values -> ``service_objects`` -> ``Datapath.stage`` -> ``commit`` (one
+* our full sync: model values -> ``service_objects`` -> ``SwitchSync.stage`` -> ``commit`` (one
   bundle streamed through the ``Channel``), timed to the commit reply;
-* the content that full sync sends, captured from the same ``Datapath`` with a recording
+* the content that full sync sends, captured from the same ``SwitchSync`` with a recording
   switch, as messages (for the floor) and as ``ovs-ofctl`` text (for the baseline);
 * the baseline: ``ovs-ofctl --bundle add-groups`` + ``add-flows`` loading those files;
 * the floor: the same messages pre-encoded as BUNDLE_ADDs and written by the channel.
@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 from support.cluster import CLUSTER_IP_BASE, ENDPOINT_BASE, ENDPOINT_PORT
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.compare import RecordingSwitch
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.memory import memory_policy
+from ovsproxy.datapath.switch_sync import SwitchSync
+from ovsproxy.diagnostics.compare import RecordingSwitch
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -188,13 +190,13 @@ class SyncRun:
     kinds: dict[str, int] = field(default_factory=dict)
 
 
-def stage_cluster(dp: Datapath, ports: Cluster, ctx: svc.Context) -> tuple[float, float]:
+def stage_cluster(dp: SwitchSync, ports: Cluster, ctx: Context) -> tuple[float, float]:
     """What the proxier does for every changed Service port: build its values, stage them.
     Returns (build seconds, stage seconds)."""
     clock = time.perf_counter
     started = clock()
     staging = 0.0
-    dp.stage(PIPELINE_OWNER, (), svc.pipeline_flows(ctx))
+    dp.stage(PIPELINE_OWNER, (), pipeline_flows(ctx))
     service_objects, stage = svc.service_objects, dp.stage
     for index, (port, endpoints) in enumerate(ports):
         objects = service_objects(ctx, port, endpoints, group_ids(index))
@@ -210,7 +212,7 @@ async def our_full_sync(sb: Sandbox, ports: Cluster) -> SyncRun:
     dp = core.datapath
     try:
         # A new context: its encoders start empty, so the sync is measured cold (agent start).
-        ctx = svc.Context(dp.tables, GENERATION)
+        ctx = Context(dp.tables, GENERATION)
         gc.collect()
         sent_before = channel.counters.total("sent")[1]
         committing = _time_bundle_commits(channel)
@@ -285,8 +287,8 @@ def ovs_cpu(sb: Sandbox) -> float | None:
 def full_sync_messages(ports: Cluster) -> list[of.Message]:
     """Exactly what our full sync sends, in the same order."""
     switch = RecordingSwitch(keep=True)  # accepts every bundle, keeps its messages
-    dp = Datapath(switch, CONFIG, GENERATION)
-    ctx = svc.Context(dp.tables, GENERATION)
+    dp = SwitchSync(switch, CONFIG, GENERATION)
+    ctx = Context(dp.tables, GENERATION)
 
     async def sync() -> None:  # in a loop, as ours: the bundle is streamed while staging
         stage_cluster(dp, ports, ctx)

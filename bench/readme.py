@@ -40,7 +40,7 @@ def _full_sync(fs: dict[str, Any]) -> list[str]:
         "### Full sync (`full-sync`)",
         "",
         "A cluster into a fresh ovs-vswitchd: ours from the model values (ServicePorts and",
-        "endpoints) through `service_objects`, `Datapath.stage` and one streamed bundle to its",
+        "endpoints) through `service_objects`, `SwitchSync.stage` and one streamed bundle to its",
         "commit reply, against `ovs-ofctl --bundle add-groups` + `add-flows` loading the identical",
         "groups and flows from files (written from our values' own text form; process time",
         "included), and against the floor: the same messages pre-encoded and written as one",

@@ -29,6 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent",),  # one run of the agent: wiring, sync, pods, observability, lifecycle
     ("config",),  # the agent's validated settings (they name pipeline values: mode, tables)
     ("proxy", "routes", "steering"),  # steering: the node's nftables table; routes: its routes
+    # read-side: compare and trace read the datapath's values, agent and cli use them
+    ("diagnostics",),
     # healthcheck imports only the model: it sits below the proxy, which is to feed it
     ("datapath", "sources", "servicecidr", "healthcheck", "ovs", "lab"),
     ("openflow",),
@@ -461,7 +463,7 @@ def test_the_state_check_catches_planted_caches() -> None:
         "def remember(text):\n    _SEEN[text] = 1\n",
         "ovsproxy.openflow.session": "\n_LAST = [None]\n\n"
         "def last(x):\n    memo = _LAST\n    memo[:] = [x]\n",
-        "ovsproxy.datapath.services": "\nimport functools\n\n"
+        "ovsproxy.datapath.service_flows": "\nimport functools\n\n"
         "@functools.lru_cache(maxsize=8)\ndef cached(x):\n    return x\n",
         "ovsproxy.model.node": "\n_COUNT = 0\n\ndef bump():\n    global _COUNT\n    _COUNT += 1\n",
         "ovsproxy.sources.kubejson": "\n_NAMES = set()\n\n"
@@ -476,7 +478,7 @@ def test_the_state_check_catches_planted_caches() -> None:
             "an object its owner holds",
             "ovsproxy.openflow.session.last changes module-level _LAST: a cache belongs to an "
             "object its owner holds",
-            "ovsproxy.datapath.services.cached: a process-wide cache (lru_cache); make it a "
+            "ovsproxy.datapath.service_flows.cached: a process-wide cache (lru_cache); make it a "
             "field of its owner",
             "ovsproxy.model.node.bump: rebinds module state (global _COUNT)",
             "ovsproxy.sources.kubejson.see changes module-level _NAMES: a cache belongs to an "

@@ -5,8 +5,8 @@ For each size (10,000 Services x 10 endpoints, 1,000 x 100 and 10 x 5,000; 1,000
 rounds; the switch is emptied between runs, outside the clock):
 
 * ``ours``: from the model values (ServicePorts and endpoints) to the bundle's commit reply:
-  ``service_objects`` for every Service port and ``Datapath.stage`` (``build_s``, ``stage_s``:
-  what the proxier does per changed port), then ``Datapath.commit`` (``commit_s``: the first
+  ``service_objects`` for every Service port and ``SwitchSync.stage`` (``build_s``, ``stage_s``:
+  what the proxier does per changed port), then ``SwitchSync.commit`` (``commit_s``: the first
   commit adopts the switch, plans every group and flow and streams them through the
   ``Channel`` as one bundle while Open vSwitch decodes them). The template and bucket-encoder caches
   are cleared before each run: this is an agent's first sync. ``gc_s``: cyclic GC inside it.

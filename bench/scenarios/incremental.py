@@ -1,7 +1,7 @@
 """One endpoint change in a 10,000-Service cluster: ours vs a full MODIFY vs the seed's N+1.
 
 Live, in one private sandbox, through the whole proxy: EndpointSlice event -> ``ChangeTracker``
--> ``Proxier.sync`` (checkpoint, categorise, build, stage) -> ``Datapath.commit`` (one bundle)
+-> ``Proxier.sync`` (checkpoint, categorise, build, stage) -> ``SwitchSync.commit`` (one bundle)
 -> commit reply. The cluster (10,000 Services x 10 endpoints; 1,000 with ``--quick``) is
 installed first by the proxier's initial sync (``initial_sync_s``), under the agent's memory
 policy (``datapath.memory``: the collector paused, then the new state frozen).
@@ -36,7 +36,9 @@ from typing import Any
 
 from bench import dp
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import MAX_BUNDLED_MESSAGE, GroupSpec, plan_group
 from ovsproxy.datapath.memory import memory_policy
 from ovsproxy.model import Endpoint, EndpointSlice, IPFamily, Service, SlicePort
@@ -185,7 +187,7 @@ async def _baselines(
 
 def _group(n: int, gid: int = 1) -> GroupSpec:
     port, endpoints = dp.cluster(1, n)[0]
-    ctx = svc.Context(pl.Tables.for_config(dp.CONFIG), dp.GENERATION)
+    ctx = Context(pl.Tables.for_config(dp.CONFIG), dp.GENERATION)
     (group,) = svc.service_objects(ctx, port, endpoints, {IPFamily.IPv4: gid}).groups
     return group
 
@@ -236,8 +238,8 @@ async def _ours_live(sb: Any, sizes: list[int]) -> dict[int, int]:
     channel, core = await dp.connect(sb)
     datapath = core.datapath
     try:
-        ctx = svc.Context(datapath.tables, dp.GENERATION)
-        datapath.stage(dp.PIPELINE_OWNER, (), svc.pipeline_flows(ctx))
+        ctx = Context(datapath.tables, dp.GENERATION)
+        datapath.stage(dp.PIPELINE_OWNER, (), pipeline_flows(ctx))
         measured = {}
         for n in sizes:
             port, endpoints = dp.cluster(1, n, namespace=f"plot{n}")[0]

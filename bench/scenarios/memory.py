@@ -6,7 +6,7 @@ warm caches), which reports its VmRSS (``/proc/self/status``) after each layer:
 * ``baseline``: interpreter and ovsproxy imported;
 * ``model``: the ServicePorts and their endpoints (what the tracker holds);
 * ``desired``: every Service's groups and flows built (``service_objects``) and staged in a
-  ``Datapath``;
+  ``SwitchSync``;
 * ``installed``: after the commit (to a switch that accepts everything and keeps nothing, so
   what a real bundle holds until its reply is not in it): the installed-state cache, which
   shares the flows and the groups' buckets with the desired state, after the memory policy
@@ -53,19 +53,19 @@ def probe(services: int, endpoints: int = ENDPOINTS) -> dict[str, Any]:
     import asyncio
 
     from bench import dp
-    from ovsproxy.datapath import services as svc
-    from ovsproxy.datapath.compare import RecordingSwitch
-    from ovsproxy.datapath.datapath import Datapath
+    from ovsproxy.datapath.flow_context import Context
     from ovsproxy.datapath.memory import memory_policy
+    from ovsproxy.datapath.switch_sync import SwitchSync
+    from ovsproxy.diagnostics.compare import RecordingSwitch
 
     rss = {"baseline": _rss_kb()}
     ports = dp.cluster(services, endpoints)
     rss["model"] = _rss_kb()
 
-    async def build_and_commit() -> Datapath:
+    async def build_and_commit() -> SwitchSync:
         # A switch that keeps nothing: only our own state is measured.
-        datapath = Datapath(RecordingSwitch(), dp.CONFIG, dp.GENERATION)
-        ctx = svc.Context(datapath.tables, dp.GENERATION)
+        datapath = SwitchSync(RecordingSwitch(), dp.CONFIG, dp.GENERATION)
+        ctx = Context(datapath.tables, dp.GENERATION)
         with memory_policy(datapath):  # as the agent's sync runs (agent.sync)
             dp.stage_cluster(datapath, ports, ctx)
             rss["desired"] = _rss_kb()

@@ -11,7 +11,7 @@ import pytest
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import plan
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.desired import (
     DatapathError,
     DesiredState,
@@ -19,10 +19,11 @@ from ovsproxy.datapath.desired import (
     encoded_flow,
     flow_key,
 )
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 
-CTX = svc.Context(pl.Tables.for_config(pl.PipelineConfig()), 1)
+CTX = Context(pl.Tables.for_config(pl.PipelineConfig()), 1)
 
 
 def objects(

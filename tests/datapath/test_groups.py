@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import (
     MAX_BUNDLED_MESSAGE,
     BucketSpec,
@@ -24,7 +25,7 @@ from ovsproxy.datapath.groups import (
 from ovsproxy.openflow import protocol as of
 
 TABLES = pl.Tables.for_config(pl.PipelineConfig())
-CTX = svc.Context(TABLES, 1)
+CTX = Context(TABLES, 1)
 CMD = of.GroupModCommand
 
 

@@ -12,24 +12,25 @@ from typing import Any
 
 import pytest
 
-from ovsproxy.datapath import datapath as dpm
-from ovsproxy.datapath import memory
+from ovsproxy.datapath import memory, switch_sync
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.memory import memory_policy
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from tests.fakes.switch import FakeSwitch
 
 
 def stage(
-    dp: Datapath, name: str, n: int, gid: int, *, first: int = 1, vip: str = "10.96.0.10"
+    dp: SwitchSync, name: str, n: int, gid: int, *, first: int = 1, vip: str = "10.96.0.10"
 ) -> None:
     spn = ServicePortName("ns", name, "http", Protocol.TCP)
     port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
     base = int(ipaddress.IPv4Address("10.244.0.0"))
     eps = [Endpoint(ipaddress.IPv4Address(base + first + i), 8080) for i in range(n)]
-    ctx = svc.Context(dp.tables, dp.generation)
+    ctx = Context(dp.tables, dp.generation)
     objs = svc.service_objects(ctx, port, eps, {IPFamily.IPv4: gid})
     dp.stage(spn, objs.groups, objs.staged)
 
@@ -47,10 +48,10 @@ def _collector() -> Iterator[None]:
 @pytest.fixture
 def released(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Each release of the heap's free pages, as the number of commit diffs still alive then."""
-    diffs: weakref.WeakSet[dpm.Diff] = weakref.WeakSet()
+    diffs: weakref.WeakSet[switch_sync.Diff] = weakref.WeakSet()
     calls: list[int] = []
 
-    class Tracked(dpm.Diff):
+    class Tracked(switch_sync.Diff):
         def __init__(self, *args: Any) -> None:
             super().__init__(*args)
             diffs.add(self)
@@ -59,14 +60,14 @@ def released(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         calls.append(len(diffs))
         return True
 
-    monkeypatch.setattr(dpm, "Diff", Tracked)
+    monkeypatch.setattr(switch_sync, "Diff", Tracked)
     monkeypatch.setattr(memory, "release_free_memory", release)
     return calls
 
 
-async def adopted(*, freeze_gc: bool = True) -> Datapath:
-    dp = Datapath(FakeSwitch(), pl.PipelineConfig(), 1, freeze_gc=freeze_gc)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(svc.Context(dp.tables, dp.generation)))
+async def adopted(*, freeze_gc: bool = True) -> SwitchSync:
+    dp = SwitchSync(FakeSwitch(), pl.PipelineConfig(), 1, freeze_gc=freeze_gc)
+    dp.stage(("pipeline",), (), pipeline_flows(Context(dp.tables, dp.generation)))
     await dp.commit()
     return dp
 

@@ -1,11 +1,11 @@
-"""``Datapath.remove_all`` (``ovsproxy cleanup``, ``--cleanup``) against a switch that records
+"""``SwitchSync.remove_all`` (``ovsproxy cleanup``, ``--cleanup``) against a switch that records
 what it gets: which flows and groups are ours, what is reported as found, the registry.
 ``tests/e2e/test_cleanup.py`` runs it against a real ovs-vswitchd."""
 
 from __future__ import annotations
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath, Removal
+from ovsproxy.datapath.switch_sync import Removal, SwitchSync
 from ovsproxy.openflow import protocol as of
 from tests.fakes.switch import FakeSwitch
 
@@ -39,7 +39,7 @@ async def test_every_flow_of_ours_and_our_recorded_and_listed_groups_go() -> Non
     switch.cookies = [APP | 1 << 32, pl.learned_cookie(30)]
     switch.present_groups = {2, 3, 500}  # 500: outside our range (another controller's)
     registry = Registry({1, 2})  # 1: recorded, no longer on the switch
-    removal = await Datapath(switch, CONFIG, 7, registry=registry).remove_all()
+    removal = await SwitchSync(switch, CONFIG, 7, registry=registry).remove_all()
     assert removal == Removal(flows=2, groups=(2, 3))  # what the switch held
     flows, groups = deleted(switch)
     # One delete by our app bits: every generation, learned flows (generation 0) too.
@@ -56,7 +56,7 @@ async def test_groups_that_cannot_be_listed_are_removed_by_the_registry() -> Non
             raise RuntimeError("group statistics overflow")
 
     switch = Unlistable()
-    removal = await Datapath(switch, CONFIG, 7, registry=Registry({4, 5})).remove_all()
+    removal = await SwitchSync(switch, CONFIG, 7, registry=Registry({4, 5})).remove_all()
     assert removal == Removal(flows=0, groups=(4, 5))
     assert deleted(switch)[1] == [4, 5]
 
@@ -64,5 +64,5 @@ async def test_groups_that_cannot_be_listed_are_removed_by_the_registry() -> Non
 async def test_nothing_there_sends_nothing() -> None:
     switch = FakeSwitch()
     registry = Registry(None)
-    assert await Datapath(switch, CONFIG, 7, registry=registry).remove_all() == Removal(0, ())
+    assert await SwitchSync(switch, CONFIG, 7, registry=registry).remove_all() == Removal(0, ())
     assert switch.opened == 0 and registry.saves == []

@@ -1,5 +1,5 @@
 """Antrea's bundle test, ours: thousands of OpenFlow bundles in flight through the agent's own
-connection code (the sans-I/O session, the asyncio ``Channel``, the ``Datapath``'s streamed
+connection code (the sans-I/O session, the asyncio ``Channel``, the ``SwitchSync``'s streamed
 bundles) while ovs-vswitchd is killed (-9) and started again, twice: once under the bundles,
 once in the middle of the datapath's replay on the reconnection that follows.
 
@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from ovsproxy.agent.installed import read_groups
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath, DatapathError
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import DatapathError, SwitchSync
+from ovsproxy.diagnostics import compare
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -44,7 +46,7 @@ BLAST_TABLE = 200  # outside our pipeline's tables
 BLAST_COOKIE = 0xB << 60  # not our cookie's app: the comparison leaves these flows out
 
 
-def stage_service(dp: Datapath, ctx: svc.Context, i: int, endpoints: int = 3) -> None:
+def stage_service(dp: SwitchSync, ctx: Context, i: int, endpoints: int = 3) -> None:
     spn = ServicePortName("bundles", f"s{i}", "http", Protocol.TCP)
     ip = ipaddress.ip_address(f"10.96.{i // 250}.{i % 250 + 1}")
     eps = [
@@ -57,9 +59,9 @@ def stage_service(dp: Datapath, ctx: svc.Context, i: int, endpoints: int = 3) ->
     dp.stage(spn, objs.groups, objs.flows)
 
 
-def stage_all(dp: Datapath) -> svc.Context:
-    ctx = svc.Context(dp.tables, dp.generation)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
+def stage_all(dp: SwitchSync) -> Context:
+    ctx = Context(dp.tables, dp.generation)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx))
     for i in range(SERVICES):
         stage_service(dp, ctx, i)
     return ctx
@@ -118,7 +120,7 @@ async def test_thousands_of_bundles_through_two_vswitchd_kills_end_and_converge(
     replays: list[str] = []
     restarts: list[asyncio.Task[None]] = []
     channel: Channel
-    datapath: Datapath
+    datapath: SwitchSync
 
     async def on_connected() -> None:
         if len(replays) != 1:  # the first connection, and the one after the replay's kill
@@ -141,8 +143,8 @@ async def test_thousands_of_bundles_through_two_vswitchd_kills_end_and_converge(
         replays.append("ok")
 
     channel = Channel(sandbox.openflow, on_connected=on_connected, backoff_max=0.5)
-    datapath = Datapath(channel, CONFIG, 1)
-    desired = Datapath(compare.RecordingSwitch(), CONFIG, 1)
+    datapath = SwitchSync(channel, CONFIG, 1)
+    desired = SwitchSync(compare.RecordingSwitch(), CONFIG, 1)
     ctx = stage_all(datapath)
     stage_all(desired)
     await desired.commit()

@@ -1,9 +1,9 @@
-"""The one fake OpenFlow switch: the ``datapath.Switch`` protocol without OVS.
+"""The one fake OpenFlow switch: the ``switch_sync.Switch`` protocol without OVS.
 
 It exists for fault injection at the Switch seam — a bundle refused at commit, a commit that
 times out, staging while a bundle is in flight, a planning error mid-stream — and to see
 exactly which messages a commit sent, in order. The real path (``Channel`` against a real
-ovs-vswitchd) is covered by tests/openflow/test_live.py and tests/datapath/test_datapath_live.py.
+ovs-vswitchd) is covered by tests/openflow/test_live.py and tests/datapath/test_switch_sync_live.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
 
-from ovsproxy.datapath.datapath import Switch
+from ovsproxy.datapath.switch_sync import Switch
 from ovsproxy.openflow import protocol as of
 
 _ENCODED: dict[int, type[of.EncodedFlowMod] | type[of.EncodedGroupMod]] = {

@@ -10,7 +10,9 @@ import pytest
 
 from ovsproxy.config import ConfigError, load
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.pod_flows import pod_forwarding_flows
 from ovsproxy.lab.cluster import Lab, LabError, pod_cidrs
 from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses, endpoint_texts
 from ovsproxy.model import IPFamily
@@ -19,9 +21,9 @@ from ovsproxy.sources.manifests import parse_manifest
 SNAT = addresses("10.244.1.254", "fd00:10:244:1::fffe")
 
 
-def _ctx(mode: pl.Mode = pl.Mode.STANDALONE, host_snat: tuple = SNAT) -> svc.Context:
+def _ctx(mode: pl.Mode = pl.Mode.STANDALONE, host_snat: tuple = SNAT) -> Context:
     config = pl.PipelineConfig(mode=mode, first_table=10, next_table=20)
-    return svc.Context(
+    return Context(
         pl.Tables.for_config(config), 1, standalone=mode == pl.Mode.STANDALONE, host_snat=host_snat
     )
 
@@ -32,7 +34,7 @@ def _texts(flows: list) -> list[str]:
 
 
 def test_standalone_commits_every_new_connection_not_to_a_service() -> None:
-    text = "\n".join(_texts(svc.pipeline_flows(_ctx())))
+    text = "\n".join(_texts(pipeline_flows(_ctx())))
     # new and not to a Service, from the gateway or a local pod (also pod to pod on this
     # bridge: after a vswitchd restart only lost entries are new): committed in ServiceLB
     assert "table:13 priority=1,ip actions=ct(commit,table=20,zone=65520)" in text
@@ -42,21 +44,21 @@ def test_standalone_commits_every_new_connection_not_to_a_service() -> None:
 
 
 def test_mid_stream_segments_probe_for_a_local_pod() -> None:
-    text = "\n".join(_texts(svc.pipeline_flows(_ctx())))
+    text = "\n".join(_texts(pipeline_flows(_ctx())))
     assert (
         "table:11 priority=100,ct_state=+new+trk,tcp,tcp_flags=-syn-rst actions="
         "set_field:0x4/0x4->reg0,resubmit(,20),set_field:0/0x4->reg0,resubmit(,12),"
         "resubmit(,13)"
     ) in text
     assert "table:20 priority=225,reg0=0x4/0x4 actions=drop" in text
-    pod = _texts(svc.pod_forwarding_flows(_ctx(), addresses("10.244.1.10"), "0a:58:00:00:00:01", 7))
+    pod = _texts(pod_forwarding_flows(_ctx(), addresses("10.244.1.10"), "0a:58:00:00:00:01", 7))
     assert (
         "table:20 priority=230,ip,reg0=0x4/0x4,nw_dst=10.244.1.10 actions=set_field:0x8/0x8->reg0"
     ) in pod
 
 
 def test_node_originated_service_traffic_is_host_snated_and_bounced() -> None:
-    text = "\n".join(_texts(svc.pipeline_flows(_ctx())))
+    text = "\n".join(_texts(pipeline_flows(_ctx())))
     assert "nat(src=10.244.1.254)" in text and "nat(src=fd00:10:244:1::fffe)" in text
     assert (
         "table:10 priority=210,ip,nw_dst=10.244.1.254 actions=ct(table=10,zone=65522,nat)" in text
@@ -69,13 +71,13 @@ def test_node_originated_service_traffic_is_host_snated_and_bounced() -> None:
 
 
 def test_without_host_snat_no_snat_flows() -> None:
-    text = "\n".join(_texts(svc.pipeline_flows(_ctx(host_snat=()))))
+    text = "\n".join(_texts(pipeline_flows(_ctx(host_snat=()))))
     assert "zone=65522" not in text and "zone=65512" not in text
     assert "priority=195" in text  # replies to the node still go back out the gateway
 
 
 def test_integrated_mode_installs_none_of_it() -> None:
-    texts = _texts(svc.pipeline_flows(_ctx(pl.Mode.INTEGRATED)))
+    texts = _texts(pipeline_flows(_ctx(pl.Mode.INTEGRATED)))
     text = "\n".join(texts)
     assert "65522" not in text and "aa:bb:cc:dd:ee:ff" not in text
     # the only commit: ConntrackState's forced delete of a stale entry (both modes)
@@ -85,7 +87,7 @@ def test_integrated_mode_installs_none_of_it() -> None:
 
 def test_pod_flows_mark_the_pod_port_and_drop_its_address_from_elsewhere() -> None:
     ips = addresses("10.244.1.10", "fd00:10:244:1::a")
-    text = _texts(svc.pod_forwarding_flows(_ctx(), ips, "0a:58:00:00:00:01", 7))
+    text = _texts(pod_forwarding_flows(_ctx(), ips, "0a:58:00:00:00:01", 7))
     assert "priority=190,in_port=7 actions=set_field:0x1/0x1->reg0,goto_table:10" in text
     assert "priority=185,ip,nw_src=10.244.1.10 actions=drop" in text
     assert "priority=185,ipv6,ipv6_src=fd00:10:244:1::a actions=drop" in text

@@ -359,7 +359,7 @@ GROUPS: list[tuple[str, str, of.GroupMod]] = [
         ),
     ),
     (
-        "select-hash-5-tuple",  # the list every Service group uses (datapath.services)
+        "select-hash-5-tuple",  # the list every Service group uses (datapath.service_flows)
         "group_id=5,type=select,selection_method=hash,fields(ip_src,ip_dst,ipv6_src,ipv6_dst,"
         "nw_proto,tcp_src,tcp_dst,udp_src,udp_dst,sctp_src,sctp_dst),"
         "bucket=bucket_id:0,weight:100,actions=output:1",

@@ -11,8 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import flow_key
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import flow_key
 from ovsproxy.model import Protocol
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates as tpl
@@ -274,7 +275,7 @@ def test_bucket_refuses_what_bucket_refuses(bucket_id: int, actions: object, wei
 @pytest.mark.parametrize("protocol", list(Protocol))
 @pytest.mark.parametrize("version", [4, 6])
 def test_the_services_shapes_are_templated(protocol: Protocol, version: int) -> None:
-    ctx = svc.Context(pl.Tables.for_config(pl.PipelineConfig()), 3)
+    ctx = Context(pl.Tables.for_config(pl.PipelineConfig()), 3)
     assert svc._dnat_template(ctx, version, protocol).fast
     assert svc._frontend_template(ctx, version, protocol).fast
 

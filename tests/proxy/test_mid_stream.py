@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.openflow import protocol as of
 from ovsproxy.proxy.mid_stream import Address, Contribution, MidStreamIndex, contribution
 
@@ -21,9 +22,9 @@ F6 = (ipaddress.ip_address("fd00:10:96::10"), 80)
 VNP = (pl.VIRTUAL_NODEPORT_IP[ipaddress.ip_address("10.0.0.1").version], 30080)
 
 
-def _ctx() -> svc.Context:
+def _ctx() -> Context:
     config = pl.PipelineConfig()
-    return svc.Context(pl.Tables.for_config(config), 1)
+    return Context(pl.Tables.for_config(config), 1)
 
 
 def _text(flow: object) -> str:

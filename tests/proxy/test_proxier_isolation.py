@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.model import ServicePort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.ovs.sandbox import Sandbox

@@ -11,7 +11,7 @@ import pytest
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.conntrack import FlushFilter
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
@@ -152,7 +152,7 @@ def rig():
     tracker = ChangeTracker()
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
-    dp = Datapath(recorder, pl.PipelineConfig(), 1)
+    dp = SwitchSync(recorder, pl.PipelineConfig(), 1)
     proxier = Proxier(
         tracker,
         dp,
@@ -391,7 +391,7 @@ async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
 
     proxier = Proxier(
         tracker,
-        Datapath(recorder, pl.PipelineConfig(), 1),
+        SwitchSync(recorder, pl.PipelineConfig(), 1),
         node_name=NODE,
         followers=[ClusterIPsFollower(on_cluster_ips)],
         conntrack=recorder,  # type: ignore[arg-type]
@@ -422,7 +422,7 @@ async def test_pod_forwarding_is_staged_only_for_pods_that_changed() -> None:
     async def current() -> list[PodPort]:
         return list(pods)
 
-    dp = Datapath(recorder, pl.PipelineConfig(), 1)
+    dp = SwitchSync(recorder, pl.PipelineConfig(), 1)
     proxier = Proxier(
         tracker, dp, node_name=NODE, pods=current, conntrack=recorder, send=recorder.send
     )  # type: ignore[arg-type]

@@ -12,8 +12,8 @@ from typing import Any
 
 from ovsproxy.agent.core import NodeFacts, build_core
 from ovsproxy.config import AgentConfig
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.semantics import SemanticsHelpers
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.lab.evidence import RigNode, probe
 from ovsproxy.model import (
     Endpoint,
@@ -46,7 +46,7 @@ def ip(text: str) -> IPAddress:
 class World:
     sandbox: Sandbox
     channel: Channel
-    datapath: Datapath
+    datapath: SwitchSync
     tracker: ChangeTracker
     proxier: Proxier
     semantics: SemanticsHelpers

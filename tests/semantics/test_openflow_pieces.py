@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.model import Protocol, ServicePort, ServicePortName
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.model import Endpoint, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import MeterCommand, MeteredController, MeterMod
 from ovsproxy.openflow.protocol import constants as c
@@ -208,12 +209,12 @@ def test_metered_controller_flow_bytes_equal_ovs_ofctl() -> None:
 )
 @pytest.mark.parametrize("cluster_ip", ["10.96.0.20", "fd00:10:96::20"])
 def test_affinity_flows_equal_what_ovs_ofctl_encodes(timeout, max_ovs, cluster_ip) -> None:
-    ctx = svc.Context(TABLES, 1, max_ovs_timeout=max_ovs)
+    ctx = Context(TABLES, 1, max_ovs_timeout=max_ovs)
     name = ServicePortName("ns", "web", "p", Protocol.TCP)
     port = ServicePort(name, (ip(cluster_ip),), 80, affinity_timeout=timeout)
     family = ip(cluster_ip).version
     ep_ip = ip("10.244.0.5") if family == 4 else ip("fd00:10:244::5")
-    objects = svc.service_objects(ctx, port, [svc.Endpoint(ep_ip, 8080)], {family: 1})
+    objects = svc.service_objects(ctx, port, [Endpoint(ep_ip, 8080)], {family: 1})
     idle, swept = svc.affinity_timeouts(timeout, max_ovs)
     assert swept == (timeout > max_ovs)
     learn_flows = [f for f in objects.flows if "learn(" in f.to_text()]

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.affinity import AffinitySweeper, delete_message, expired_flows
 from ovsproxy.datapath.conntrack import (
     ConntrackFlusher,
@@ -291,11 +291,11 @@ async def test_wired_semantics_install_the_meter_before_the_replay() -> None:
         async def send(self, messages) -> None:
             order.append(type(messages[0]).__name__)
 
-    class Datapath:
+    class SwitchSync:
         tables = TABLES
 
     channel = Channel()
-    semantics = SemanticsHelpers.wired(channel, Datapath())
+    semantics = SemanticsHelpers.wired(channel, SwitchSync())
     await channel.on_connected()
     assert order == ["MeterMod", "replay"]
     assert semantics.status()["reject"]["meter"] == "installed"

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from ovsproxy.agent.wiring import build_route_backend, route_backend_name
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.datapath import Datapath
 from ovsproxy.datapath.reject import Rejector
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.model import IPFamily
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry, encode_id_ranges
@@ -94,13 +94,13 @@ def deliberately_left(config: AgentConfig, *, on_exit: bool = False) -> list[str
 
 # -- the steps, shared with --cleanup ---------------------------------------------------------
 async def remove_switch_state(
-    datapath: Datapath,
+    datapath: SwitchSync,
     rejector: Rejector,
     ovsdb: OVSDB | None,
     bridge: str,
     report: CleanupReport,
 ) -> None:
-    """Our flows and groups (``Datapath.remove_all``), then the reject meter (deleting it
+    """Our flows and groups (``SwitchSync.remove_all``), then the reject meter (deleting it
     would delete the flows naming it), then our keys in the bridge's external_ids."""
     try:
         removal = await datapath.remove_all()
@@ -224,7 +224,7 @@ async def _clean_switch(config: AgentConfig, report: CleanupReport, timeout: flo
             "(flows, groups and the meter are not removed)"
         )
     else:
-        datapath = Datapath(channel, config.pipeline, 1, registry=registry)
+        datapath = SwitchSync(channel, config.pipeline, 1, registry=registry)
         await remove_switch_state(datapath, Rejector(channel), ovsdb, config.bridge, report)
     finally:
         await channel.close()

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING
 from ovsproxy.config import AgentConfig
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
-from ovsproxy.datapath.datapath import Datapath, GroupRegistry, Switch
 from ovsproxy.datapath.memory import memory_policy
+from ovsproxy.datapath.our_group_ids import GroupRegistry
 from ovsproxy.datapath.reject import Rejector
 from ovsproxy.datapath.semantics import SemanticsHelpers
+from ovsproxy.datapath.switch_sync import Switch, SwitchSync
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -70,7 +71,7 @@ class NodeFacts:
 @dataclass(frozen=True, slots=True)
 class Core:
     tracker: ChangeTracker
-    datapath: Datapath
+    datapath: SwitchSync
     proxier: Proxier
     semantics: SemanticsHelpers | None  # Semantics.LIVE only
 
@@ -104,9 +105,9 @@ def build_core(
     (re)connection replays the datapath (after the reject meter, with ``Semantics.LIVE``) and
     packet-ins go to the semantics; the channel is not started. ``tracker``: one the sources
     already fill (the agent lists while OVS is set up); ``freeze_gc`` off for a one-shot
-    process (``Datapath``); ``max_ovs_timeout``: OVS's idle-timeout limit, lowered by tests to
+    process (``SwitchSync``); ``max_ovs_timeout``: OVS's idle-timeout limit, lowered by tests to
     make the affinity sweep do the expiring."""
-    datapath = Datapath(
+    datapath = SwitchSync(
         switch, config.pipeline, node.generation, registry=node.registry, freeze_gc=freeze_gc
     )
     if isinstance(switch, Channel):

@@ -17,10 +17,10 @@ from typing import Any
 from ovsproxy.agent.hostsnat import HostSNAT
 from ovsproxy.agent.wiring import build_route_backend, manifest_paths, route_backend_name
 from ovsproxy.config import AgentConfig
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.compare import Difference, GroupView
-from ovsproxy.datapath.datapath import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
+from ovsproxy.datapath.our_group_ids import DESCRIBE_SAFE_BUCKETS, STATS_SAFE_BUCKETS
+from ovsproxy.diagnostics import compare
+from ovsproxy.diagnostics.compare import Difference, GroupView
 from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of

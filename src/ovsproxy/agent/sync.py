@@ -1,7 +1,7 @@
 """The sync wrapper the runner calls: drift repair, the proxier's sync, and what follows it.
 
 Around ``Proxier.sync``: on a periodic full sync, a switch that lost flows behind our back is
-rewritten first (``Datapath.drifted``); a failure counts the OVS error by name and marks the
+rewritten first (``SwitchSync.drifted``); a failure counts the OVS error by name and marks the
 agent unhealthy; once the sources have synced, the node's routes are converged once from the
 complete ClusterIP list before the agent calls itself healthy and ready, the gauges are set, and
 the proxy health learns that every queued change is in (kube-proxy's ``Updated``). The drift

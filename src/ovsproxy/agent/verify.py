@@ -3,7 +3,7 @@
 The desired side is built the way a fresh agent builds it, from the same configuration and by
 the same code: the source (manifests or the Kubernetes API) fills a change tracker, the
 proxier stages every Service port, the local pods (standalone) and the pipeline into a real
-``Datapath``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
+``SwitchSync``, which commits into a ``RecordingSwitch`` (nothing is sent anywhere); the route
 discoverer is fed the proxier's ClusterIPs. The installed side is read from the node: our
 flows (our cookie) and groups (our id range) through OVS's OpenFlow dumps, our routes (proto
 155) through the route backend, the cookie generation and group-id registry from OVSDB, and
@@ -37,9 +37,9 @@ from ovsproxy.agent.installed import (
 )
 from ovsproxy.agent.wiring import build_source, manifest_paths
 from ovsproxy.config import AgentConfig, ConfigError
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.compare import Difference, GroupView
+from ovsproxy.diagnostics import compare
+from ovsproxy.diagnostics.compare import Difference, GroupView
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import IPAddress, IPNetwork
 from ovsproxy.model.node import PodPort

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from ovsproxy.agent.nodeport import NodeIngress
     from ovsproxy.agent.ovsdb_link import OVSDBLink
     from ovsproxy.agent.pods import PodWatcher
-    from ovsproxy.datapath.datapath import Datapath
     from ovsproxy.datapath.semantics import SemanticsHelpers
+    from ovsproxy.datapath.switch_sync import SwitchSync
     from ovsproxy.healthcheck import ProxyHealth
     from ovsproxy.openflow.connection import Channel
     from ovsproxy.ovs.ovsdb import OVSDB
@@ -55,7 +55,7 @@ class Components:
     ovsdb: OVSDB | None = None
     ovsdb_link: OVSDBLink | None = None  # the start-up connection's state
     channel: Channel | None = None
-    datapath: Datapath | None = None
+    datapath: SwitchSync | None = None
     semantics: SemanticsHelpers | None = None
     proxier: Proxier | None = None
     runner: SyncRunner | None = None

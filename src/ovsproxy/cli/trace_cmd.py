@@ -4,7 +4,7 @@ our pipeline, explained with our table names.
 The agent's /status (``--address``) says where the switch is (bridge, OVSDB, OpenFlow
 endpoint, table numbers) and which Services exist and why one drops or rejects; OVSDB says
 which pods sit on which port. The trace runs ``ovs-appctl ofproto/trace`` on the
-ovs-vswitchd next to the agent's OpenFlow socket; ``ovsproxy.datapath.trace`` parses and
+ovs-vswitchd next to the agent's OpenFlow socket; ``ovsproxy.diagnostics.trace`` parses and
 explains it. Resolving SRC and DST (:func:`resolve_source`, :func:`resolve_destination`) is
 pure; the rest is I/O.
 """
@@ -22,7 +22,7 @@ import click
 
 from ovsproxy.cli.status_cmd import ADDRESS_HELP, _get
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import trace as tr
+from ovsproxy.diagnostics import trace as tr
 from ovsproxy.model import IPAddress, IPFamily
 from ovsproxy.model.node import NODE_STEERING_MARK, VIRTUAL_MAC, PodPort
 

@@ -1,5 +1,5 @@
 """The desired state: the groups and flows each owner wants, merged over owners. Pure: no
-switch, no I/O; the datapath (``datapath.Datapath``) holds one and commits what it marks
+switch, no I/O; the datapath (``switch_sync.SwitchSync``) holds one and commits what it marks
 dirty.
 
 Owners (a Service port, the fixed pipeline, a local pod) ``stage`` the complete set of groups
@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 from ovsproxy.datapath.groups import GroupSpec
 from ovsproxy.openflow import protocol as of
 
-log = logging.getLogger("ovsproxy.datapath.datapath")
+log = logging.getLogger("ovsproxy.datapath.switch_sync")
 
 FlowKey = bytes  # table (1 byte), priority (2 bytes), then the match's wire encoding
 

@@ -55,7 +55,7 @@ class BucketSpec(NamedTuple):
     """One endpoint's bucket, before it has an id: its actions as their encoding (the
     concatenated ``Action.wire``s; ``bucket_spec`` makes one from values)."""
 
-    key: Hashable  # the endpoint's identity in its group (services: an int, see services.py)
+    key: Hashable  # the endpoint's identity in its group (services: an int, see service_flows.py)
     wire: bytes
     weight: int = 100
 

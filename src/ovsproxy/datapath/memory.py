@@ -13,7 +13,7 @@ spent in the collector). So around a sync:
   Service, then awaits the commit);
 * when the sync's commits touched more than ``BIG_COMMIT`` groups and flows and it succeeded,
   everything alive is moved to the permanent generation (``gc.freeze()``, with
-  ``Datapath.freeze_gc``, the default) before the collector resumes: the new state is never
+  ``SwitchSync.freeze_gc``, the default) before the collector resumes: the new state is never
   traversed again. Reference counting still frees whatever becomes garbage later; only
   reference cycles that exist at that moment (and cycles through frozen objects) are never
   collected, which for this state (acyclic values in dicts) is nothing (``gcpause.compact``
@@ -31,7 +31,7 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.heap import release_free_memory
 
@@ -41,7 +41,7 @@ BIG_COMMIT = 5000
 
 
 @contextlib.contextmanager
-def memory_policy(datapath: Datapath) -> Iterator[None]:
+def memory_policy(datapath: SwitchSync) -> Iterator[None]:
     """Run a sync (or a replay) of ``datapath`` under the policy above."""
     touched = datapath.touched
     with gc_paused():

@@ -138,7 +138,7 @@ def describe_connect_error(endpoint: Endpoint, exc: BaseException) -> str:
 # -- the transport ----------------------------------------------------------------------------
 
 # The kernel's send buffer for the connection: a full sync's bundle is streamed while it is
-# built, by synchronous code that cannot wait for the socket (``Datapath`` writes it while the
+# built, by synchronous code that cannot wait for the socket (``SwitchSync`` writes it while the
 # owners are staged), so the kernel should take what Open vSwitch has not read yet instead of
 # the transport queueing it until the loop runs again.
 SEND_BUFFER = 32 * 1024 * 1024

@@ -8,7 +8,7 @@ ask and release in any particular order for the ids to come out the same.
 
 A fresh allocator assigning the same ports in the same order hands out the same ids, so an
 agent restarted on an unchanged cluster numbers its groups as the one before it did (the
-adopting commit then only rewrites them; see ``datapath.Datapath.resync_switch``).
+adopting commit then only rewrites them; see ``switch_sync.SwitchSync.resync_switch``).
 """
 
 from __future__ import annotations

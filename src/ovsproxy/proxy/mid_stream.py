@@ -4,7 +4,7 @@ After an ovs-vswitchd restart conntrack is empty; a segment an endpoint sends fi
 Service connection is new and, delivered as it is, reaches the client from the endpoint's
 address, which its socket does not know (it answers with an RST). ServiceLB re-creates the
 translation from the server's side when exactly one frontend maps to the endpoint, and drops
-the segment otherwise (``services.mid_stream_flow``). Whether one frontend maps to an endpoint
+the segment otherwise (``service_flows.mid_stream_flow``). Whether one frontend maps to an endpoint
 depends on every Service that has it, so this index, kept by the proxier as Services are
 staged, counts the (frontend address, port) pairs per (endpoint address, port) and restages
 the mid-stream flow of each endpoint whose frontends changed (one datapath owner per endpoint:
@@ -18,8 +18,9 @@ table's, whose clients are not local pods.
 from __future__ import annotations
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath, encoded_flow
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import SwitchSync, encoded_flow
 from ovsproxy.model import IPAddress
 
 Address = tuple[IPAddress, int]
@@ -77,7 +78,7 @@ class MidStreamIndex:
     def frontends(self, endpoint: Address) -> tuple[Address, ...]:
         return tuple(self._frontends.get(endpoint, ()))
 
-    def stage(self, datapath: Datapath, ctx: svc.Context) -> int:
+    def stage(self, datapath: SwitchSync, ctx: Context) -> int:
         """Stage the mid-stream flow of every endpoint that changed; returns how many."""
         dirty, self._dirty = self._dirty, set()
         for endpoint in dirty:

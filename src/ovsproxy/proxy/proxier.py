@@ -18,7 +18,7 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
   agent); usable endpoints exist but none for this traffic (a Local policy, none on this node):
   drop.
 * ClientIP session affinity: learned flows with an idle timeout (see
-  ``services.affinity_timeouts``); learned flows of a frontend are deleted after the commit
+  ``service_flows.affinity_timeouts``); learned flows of a frontend are deleted after the commit
   that removes the frontend, its affinity, or changes its timeout.
 * UDP: after the commit that removed an endpoint from a frontend (or the frontend), the
   conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
@@ -42,10 +42,13 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
-from ovsproxy.datapath.datapath import CommitStats, Datapath, DatapathError
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.pod_flows import pod_forwarding_flows
+from ovsproxy.datapath.switch_sync import CommitStats, DatapathError, SwitchSync
 from ovsproxy.model import (
     Endpoint,
     IPAddress,
@@ -484,7 +487,7 @@ class Proxier:
     def __init__(
         self,
         tracker: ChangeTracker,
-        datapath: Datapath,
+        datapath: SwitchSync,
         *,
         node_name: str,
         zone: str | None = None,
@@ -513,7 +516,7 @@ class Proxier:
         # What follows each commit, in this order (``proxy.followers``)
         self.followers = tuple(followers)
         config = datapath.config
-        self.ctx = svc.Context(
+        self.ctx = Context(
             tables=datapath.tables,
             generation=datapath.generation,
             standalone=config.mode == pl.Mode.STANDALONE,
@@ -776,7 +779,7 @@ class Proxier:
 
     # -- the pipeline and local pods --------------------------------------------------------
     def _stage_pipeline(self) -> None:
-        self.datapath.stage(PIPELINE_OWNER, (), svc.pipeline_flows(self.ctx))
+        self.datapath.stage(PIPELINE_OWNER, (), pipeline_flows(self.ctx))
 
     async def _stage_pods(self) -> None:
         if self._pods is None or not self.ctx.standalone:
@@ -787,7 +790,7 @@ class Proxier:
         for owner, pod in pods.items():
             if self._pod_owners.get(owner) != pod:
                 self.datapath.stage(
-                    owner, (), svc.pod_forwarding_flows(self.ctx, pod.ips, pod.mac, pod.ofport)
+                    owner, (), pod_forwarding_flows(self.ctx, pod.ips, pod.mac, pod.ofport)
                 )
         for owner in self._pod_owners.keys() - pods.keys():
             self.datapath.unstage(owner)

@@ -1,6 +1,6 @@
 """``service_objects`` builds with the codec's templates and int-keyed caches: its groups and
 flows must be exactly what the generic constructors build (the straightforward builder below,
-as services.py was written before the templates), in the same order, for random Services --
+as service_flows.py was written before the templates), in the same order, for random Services --
 families, protocols, ports, affinity, external IPs, duplicate endpoints, no endpoints."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.flow_context import Context, eth_type
 from ovsproxy.datapath.groups import GroupSpec, bucket_spec
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
@@ -35,11 +36,11 @@ def _ref_bucket_actions(ip: IPAddress, port: int, affinity: bool, t: pl.Tables) 
     )
 
 
-def _ref_dnat_flow(ctx: svc.Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
+def _ref_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     family = IPFamily.of(ip)
     match = of.Match(
         **{
-            "eth_type": svc.eth_type(family),
+            "eth_type": eth_type(family),
             "ip_proto": protocol.ip_proto,
             pl.endpoint_ip_reg(family): int(ip),
             pl.ENDPOINT_PORT_REG: (port, pl.ENDPOINT_PORT_MASK),
@@ -61,9 +62,7 @@ def _ref_dnat_flow(ctx: svc.Context, ip: IPAddress, port: int, protocol: Protoco
     )
 
 
-def _reference(
-    ctx: svc.Context, port: ServicePort, sets: list[svc.FrontendSet]
-) -> svc.ServiceObjects:
+def _reference(ctx: Context, port: ServicePort, sets: list[svc.FrontendSet]) -> svc.ServiceObjects:
     t = ctx.tables
     groups: list[GroupSpec] = []
     flows: list[of.FlowMod] = []
@@ -182,7 +181,7 @@ def service_ports(draw: st.DrawFn) -> ServicePort:
 
 
 @st.composite
-def contexts(draw: st.DrawFn) -> svc.Context:
+def contexts(draw: st.DrawFn) -> Context:
     config = draw(
         st.sampled_from(
             [
@@ -191,7 +190,7 @@ def contexts(draw: st.DrawFn) -> svc.Context:
             ]
         )
     )
-    return svc.Context(pl.Tables.for_config(config), draw(st.integers(1, 0xFFFF)))
+    return Context(pl.Tables.for_config(config), draw(st.integers(1, 0xFFFF)))
 
 
 def _same(got: svc.ServiceObjects, want: svc.ServiceObjects) -> None:
@@ -211,7 +210,7 @@ def _same(got: svc.ServiceObjects, want: svc.ServiceObjects) -> None:
     cached=st.booleans(),
 )
 def test_service_objects_are_what_the_generic_constructors_build(
-    ctx: svc.Context,
+    ctx: Context,
     port: ServicePort,
     eps: list[Endpoint],
     reject: tuple[of.Action, ...],
@@ -236,7 +235,7 @@ def test_service_objects_are_what_the_generic_constructors_build(
 @SETTINGS
 @given(ctx=contexts(), port=service_ports(), eps=st.lists(endpoints, max_size=6), data=st.data())
 def test_frontend_sets_with_their_own_endpoints_are_built_as_before(
-    ctx: svc.Context, port: ServicePort, eps: list[Endpoint], data: st.DataObject
+    ctx: Context, port: ServicePort, eps: list[Endpoint], data: st.DataObject
 ) -> None:
     # The proxier's sets: internal and external frontends with different endpoint sets (one
     # endpoint may be in both), each set of one family.
@@ -252,7 +251,7 @@ def test_frontend_sets_with_their_own_endpoints_are_built_as_before(
 
 
 def test_the_endpoint_helpers_give_the_generic_values() -> None:
-    ctx = svc.Context(pl.Tables.for_config(pl.PipelineConfig()), 2)
+    ctx = Context(pl.Tables.for_config(pl.PipelineConfig()), 2)
     for ip in (V4[0], V6[2]):
         for affinity in (False, True):
             want = _ref_bucket_actions(ip, 8080, affinity, ctx.tables)

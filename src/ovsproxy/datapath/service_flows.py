@@ -1,4 +1,4 @@
-"""What to install for a Service port and for the fixed pipeline: flows and groups as values.
+"""What to install for a Service port: flows and groups as values.
 
 Pure: (ServicePort, endpoints, group ids, tables, generation) in, (groups, flows) out. The
 datapath diffs these against what is installed (and keeps the flows as their encodings).
@@ -6,30 +6,36 @@ Groups keep each bucket's actions as their encoding, and the EndpointDNAT flows 
 as their encodings: what the datapath keeps is bytes, built afresh (no cache of values).
 The shapes built per endpoint and per frontend (EndpointDNAT and ServiceLB flows, a bucket's
 actions) come from the codec's templates (``openflow.protocol.templates``): exactly what the
-generic constructors encode, several times cheaper (bench ``encode``).
+generic constructors encode, several times cheaper (bench ``encode``). The fixed pipeline's
+flows are ``fixed_flows``'s, a local pod's ``pod_flows``'s; the context all three build with
+is ``flow_context``'s.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.desired import EncodedFlow
+from ovsproxy.datapath.flow_context import (
+    IPPROTO_TCP,
+    BucketWire,
+    Context,
+    DnatTemplates,
+    FrontendTemplates,
+    MidStreamWire,
+    apply_actions,
+    dst_field,
+    eth_type,
+    src_field,
+)
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, SelectionMethod
 from ovsproxy.model import Endpoint, IPAddress, IPFamily, Protocol, ServicePort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import templates
 from ovsproxy.openflow.protocol.actions import decode_actions
-
-ETH_IPV4 = 0x0800
-ETH_IPV6 = 0x86DD
-ETH_ARP = 0x0806
-IPPROTO_ICMPV6 = 58
-IPPROTO_TCP = 6
-TCP_FIN, TCP_SYN, TCP_RST, TCP_ACK = 0x001, 0x002, 0x004, 0x010  # tcp_flags bits
-ND_TYPES = (133, 134, 135, 136)  # router/neighbour solicitation and advertisement
 
 _PORT_FIELD = {
     Protocol.TCP: "tcp_dst",
@@ -38,491 +44,8 @@ _PORT_FIELD = {
 }
 
 
-def eth_type(family: IPFamily) -> int:
-    return ETH_IPV4 if family == IPFamily.IPv4 else ETH_IPV6
-
-
-def _dst_field(family: IPFamily) -> str:
-    return "ipv4_dst" if family == IPFamily.IPv4 else "ipv6_dst"
-
-
-def _src_field(family: IPFamily) -> str:
-    return "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
-
-
 def _ip_value(ip: IPAddress) -> int:
     return int(ip)
-
-
-# A bucket's actions as bytes: the endpoint address goes in.
-_BucketWire = Callable[[int], bytes]
-_DnatTemplates = dict[int, templates.EndpointDnatFlows]
-_FrontendTemplates = dict[int, templates.FrontendFlows]
-
-
-class Encoders:
-    """A pipeline context's flow and bucket encoders (the codec's fast constructors), each
-    built on first use: EndpointDNAT and ServiceLB templates by protocol (then IP version),
-    bucket action encoders by (port, affinity, IP version). Bounded by the protocols and
-    ports in use; a new ``Context`` starts with none."""
-
-    __slots__ = ("buckets", "by_protocol", "mid_stream")
-
-    def __init__(self) -> None:
-        self.by_protocol: dict[Protocol, tuple[_DnatTemplates, _FrontendTemplates]] = {}
-        self.buckets: dict[tuple[int, bool, int], _BucketWire] = {}
-        # mid-stream flow encoders by (IP version, re-create); None: not templatable
-        self.mid_stream: dict[tuple[int, bool], _MidStreamWire | None] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class Context:
-    """Everything the flow builders need besides the Service itself (and, in ``encoders``,
-    what they build it with)."""
-
-    tables: pl.Tables
-    generation: int
-    standalone: bool = True
-    # Affinity timeouts above this are expired by the agent's sweeper, not by OVS (tests lower
-    # it to exercise the sweep with short timeouts).
-    max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT
-    # Standalone: the node's host-SNAT address per family (see pipeline.py), if configured.
-    host_snat: tuple[IPAddress, ...] = ()
-    # Standalone: the node's own IPs; packets from them are marked "from the node" (in-cluster).
-    node_ips: tuple[IPAddress, ...] = ()
-    encoders: Encoders = field(default_factory=Encoders, compare=False, repr=False)
-
-    def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
-        return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)
-
-    def cookie(self, category: pl.Category) -> int:
-        return pl.cookie(self.generation, category)
-
-
-def _goto(table: int) -> tuple[of.Instruction, ...]:
-    return (of.GotoTable(table),)
-
-
-def _apply(*actions: of.Action) -> tuple[of.Instruction, ...]:
-    return (of.ApplyActions(tuple(actions)),)
-
-
-# -- the fixed pipeline -------------------------------------------------------------------
-def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
-    """Table-miss and fixed flows of the tables we own."""
-    t = ctx.tables
-    ck = ctx.cookie(pl.Category.PIPELINE)
-    flows: list[of.FlowMod] = []
-
-    def add(
-        table: int, priority: int, match: of.Match, instructions: Sequence[of.Instruction]
-    ) -> None:
-        flows.append(
-            of.FlowMod(
-                table_id=table,
-                priority=priority,
-                match=match,
-                instructions=tuple(instructions),
-                cookie=ck,
-            )
-        )
-
-    if ctx.standalone and t.classifier is not None:
-        add(
-            t.classifier,
-            pl.PRIORITY_NORMAL,
-            of.Match(eth_type=ETH_ARP),
-            _apply(of.Output(of.OFPP_NORMAL)),
-        )
-        for nd_type in ND_TYPES:
-            add(
-                t.classifier,
-                pl.PRIORITY_NORMAL,
-                of.Match(eth_type=ETH_IPV6, ip_proto=IPPROTO_ICMPV6, icmpv6_type=nd_type),
-                _apply(of.Output(of.OFPP_NORMAL)),
-            )
-        for ip in ctx.node_ips:
-            # The node itself (through the gateway): an in-cluster client (see ServiceLB's
-            # short-circuit for externalTrafficPolicy Local).
-            family = IPFamily.of(ip)
-            add(
-                t.classifier,
-                pl.PRIORITY_LOW,
-                of.Match(**{"eth_type": eth_type(family), _src_field(family): ip}),
-                (
-                    of.ApplyActions((of.SetField(pl.FROM_NODE_REG, pl.FROM_NODE, pl.FROM_NODE),)),
-                    of.GotoTable(t.conntrack_zone),
-                ),
-            )
-        add(t.classifier, pl.PRIORITY_MISS, of.Match(), _goto(t.conntrack_zone))
-    for family in IPFamily:
-        snat_ip = ctx.host_snat_ip(family) if ctx.standalone else None
-        if snat_ip is not None:
-            # A reply to a node-originated Service connection SNATed to the host-SNAT address:
-            # undo that SNAT first (its destination is the node again), then the Service zone.
-            add(
-                t.conntrack_zone,
-                pl.PRIORITY_HIGH,
-                of.Match(**{"eth_type": eth_type(family), _dst_field(family): snat_ip}),
-                _apply(
-                    of.CT(zone=pl.host_snat_ct_zone(family), table=t.conntrack_zone, nat=of.NAT())
-                ),
-            )
-        if ctx.standalone:
-            # A hairpin reply (to the virtual Service IP): undo its SNAT first, then it meets
-            # the Service zone like any reply.
-            add(
-                t.conntrack_zone,
-                pl.PRIORITY_HIGH,
-                of.Match(
-                    **{
-                        "eth_type": eth_type(family),
-                        _dst_field(family): pl.VIRTUAL_SERVICE_IP[family],
-                    }
-                ),
-                _apply(
-                    of.CT(zone=pl.hairpin_ct_zone(family), table=t.conntrack_zone, nat=of.NAT())
-                ),
-            )
-        # Un-NAT replies and re-apply NAT to established Service connections.
-        add(
-            t.conntrack_zone,
-            pl.PRIORITY_NORMAL,
-            of.Match(eth_type=eth_type(family)),
-            _apply(of.CT(zone=pl.ct_zone(family), table=t.conntrack_state, nat=of.NAT())),
-        )
-        add(
-            t.conntrack_state,
-            pl.PRIORITY_HIGH,
-            of.Match(eth_type=eth_type(family), ct_state=pl.CT_STATE_INVALID),
-            (),
-        )  # invalid: drop
-        # ...except an RST: the agent flushes its entry, the endpoint gets it (stale_reset)
-        add(
-            t.conntrack_state,
-            pl.PRIORITY_INVALID_RST,
-            of.Match(
-                eth_type=eth_type(family),
-                ip_proto=IPPROTO_TCP,
-                ct_state=pl.CT_STATE_INVALID,
-                # RST without ACK: how a TCP answers a segment no connection of its owns
-                # (RFC 9293 3.10.7.3), the stray ACK here; an abort of a live connection
-                # carries ACK and stays dropped when invalid.
-                tcp_flags=(TCP_RST, TCP_RST | TCP_ACK),
-            ),
-            _apply(
-                of.MeteredController(
-                    pl.INVALID_RST_MAX_LEN,
-                    userdata=pl.INVALID_RST_USERDATA,
-                    meter_id=pl.REJECT_METER_ID,
-                ),
-                of.Resubmit(t.forwarding),
-            ),
-        )
-        # ...and a SYN-ACK, when no agent flushed that entry in time (or at all: an agent
-        # restart). The endpoint answers the client's SYN retransmission, which met the entry
-        # the stray ACK spoiled; its SYN-ACK is invalid there. A forced commit in the reply
-        # direction deletes the entry (a SYN-ACK can create none); Open vSwitch refuses a
-        # commit in a flow matching +inv, so the packet is marked STALE and resubmitted. The
-        # SYN-ACK is then dropped (a Service connection's NAT went with the entry): the
-        # client's next SYN retransmission starts a fresh entry (stale_reset).
-        # A SYN conntrack calls invalid meets the entry of an earlier connection with the
-        # same tuple that conntrack did not see end (one the stray ACK spoiled, on this node
-        # or, a connection from another node, on the endpoint's): it goes on, NATed like that
-        # entry, so the endpoint's answer can replace the entry (the SYN-ACK below).
-        add(
-            t.conntrack_state,
-            pl.PRIORITY_INVALID_SYN,
-            of.Match(
-                eth_type=eth_type(family),
-                ip_proto=IPPROTO_TCP,
-                ct_state=pl.CT_STATE_INVALID,
-                tcp_flags=(TCP_SYN, TCP_SYN | TCP_ACK | TCP_RST | TCP_FIN),
-            ),
-            _apply(of.Resubmit(t.forwarding)),
-        )
-        stale = pl.Selection.STALE.value_bits
-        mark_stale = (
-            of.SetField(pl.SELECTION_REG, stale, pl.SELECTION_MASK),
-            of.Resubmit(t.conntrack_state),
-        )
-        syn_ack = {
-            "eth_type": eth_type(family),
-            "ip_proto": IPPROTO_TCP,
-            "ct_state": pl.CT_STATE_INVALID,
-            "tcp_flags": (TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
-        }
-        invalid_syn_ack = of.Match(**syn_ack)
-        add(t.conntrack_state, pl.PRIORITY_INVALID_SYN_ACK, invalid_syn_ack, _apply(*mark_stale))
-        if ctx.standalone:
-            # A local pod's SYN-ACK outside a Service connection (no NAT to undo: the endpoint
-            # of a connection from another node) goes on as it is.
-            add(
-                t.conntrack_state,
-                pl.PRIORITY_INVALID_POD_SYN_ACK,
-                of.Match(
-                    **syn_ack,
-                    ct_mark=(0, pl.CT_MARK_SERVICE_MASK),
-                    **{pl.FROM_POD_REG: (pl.FROM_POD, pl.FROM_POD)},
-                ),
-                _apply(*mark_stale, of.Resubmit(t.forwarding)),
-            )
-        add(
-            t.conntrack_state,
-            pl.PRIORITY_STALE_ENTRY,
-            of.Match(
-                eth_type=eth_type(family),
-                ip_proto=IPPROTO_TCP,
-                tcp_flags=(TCP_SYN | TCP_ACK, TCP_SYN | TCP_ACK | TCP_RST),
-                **{pl.SELECTION_REG: (stale, pl.SELECTION_MASK)},
-            ),
-            _apply(of.CT(commit=True, force=True, zone=pl.ct_zone(family))),
-        )
-        # Established, related and reply packets skip Service selection.
-        add(
-            t.conntrack_state,
-            pl.PRIORITY_NORMAL,
-            of.Match(eth_type=eth_type(family), ct_state=(of.CT_TRK, of.CT_TRK | of.CT_NEW)),
-            _apply(of.Resubmit(t.forwarding)),
-        )
-        if ctx.standalone:
-            # A new TCP segment without SYN or RST: a connection conntrack picks up mid-stream
-            # (its entry went with a vswitchd restart). Probe L3Forwarding for whether it goes
-            # to a local pod, then select as usual: ServiceLB re-creates the translation of
-            # one an endpoint sent (PRIORITY_MID_STREAM, mid_stream_flow).
-            probe = of.SetField(pl.PROBE_REG, pl.PROBE, pl.PROBE)
-            add(
-                t.conntrack_state,
-                pl.PRIORITY_MID_STREAM,
-                of.Match(
-                    eth_type=eth_type(family),
-                    ip_proto=IPPROTO_TCP,
-                    ct_state=(of.CT_TRK | of.CT_NEW, of.CT_TRK | of.CT_NEW),
-                    tcp_flags=(0, TCP_SYN | TCP_RST),
-                ),
-                _apply(
-                    probe,
-                    of.Resubmit(t.forwarding),
-                    of.SetField(pl.PROBE_REG, 0, pl.PROBE),
-                    of.Resubmit(t.session_affinity),
-                    of.Resubmit(t.service_lb),
-                ),
-            )
-    # The hand-off to forwarding is a resubmit, never a goto_table: in integrated mode the
-    # CNI's next table may come before ours (goto_table only goes forward).
-    add(t.conntrack_zone, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
-    # New connections: SessionAffinity and ServiceLB are entered by resubmit, so a learned
-    # affinity flow (which can only load registers) returns here and ServiceLB runs next.
-    add(
-        t.conntrack_state,
-        pl.PRIORITY_MISS,
-        of.Match(),
-        _apply(of.Resubmit(t.session_affinity), of.Resubmit(t.service_lb)),
-    )
-    add(
-        t.session_affinity,
-        pl.PRIORITY_MISS,
-        of.Match(),
-        _apply(of.SetField(pl.SELECTION_REG, pl.Selection.TO_SELECT.value_bits, pl.SELECTION_MASK)),
-    )
-    if ctx.standalone:
-        # A new connection that is not to a Service is committed: its replies are then
-        # established, not invalid (a SYN-ACK conntrack never saw the SYN of is +inv), and,
-        # after a vswitchd restart, a mid-stream segment of it is told from one of a Service
-        # connection whose entry was lost (only those are new: PRIORITY_MID_STREAM). Pod to
-        # pod on this bridge too: a direct connection to an endpoint's port would otherwise
-        # be new in every packet. (A Service connection whose translated tuple an entry of
-        # such a direct connection holds gets another source port from conntrack's NAT.)
-        for family in IPFamily:
-            add(
-                t.service_lb,
-                pl.PRIORITY_COMMIT,
-                of.Match(eth_type=eth_type(family)),
-                _apply(of.CT(commit=True, zone=pl.ct_zone(family), table=t.forwarding)),
-            )
-    # An endpoint remembered by a learned affinity flow is checked by the frontend's own flows
-    # in ServiceLB (see service_objects): a stale choice falls through to the group.
-    add(t.service_lb, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
-    add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), _apply(of.Resubmit(t.forwarding)))
-    if ctx.standalone:
-        flows.extend(_to_node_flows(ctx, ck))
-        # The mid-stream probe (PRIORITY_MID_STREAM) forwards nothing: a local pod's flow
-        # marks TO_LOCAL_POD (pod_forwarding_flows), every other probe ends here.
-        add(
-            t.forwarding,
-            pl.PRIORITY_PROBE_END,
-            of.Match(**{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
-            (),
-        )
-        add(t.forwarding, pl.PRIORITY_MISS, of.Match(), _apply(of.Output(of.OFPP_NORMAL)))
-    return flows
-
-
-# Back out of the port it came in on (the gateway), addressed to the sender: the node kernel
-# sent it to the virtual MAC, so its own MAC is the packet's source.
-_BOUNCE_TO_SENDER = (
-    of.CopyField("eth_src", "eth_dst"),
-    of.SetField("eth_src", pl.VIRTUAL_MAC),
-    of.Output(of.OFPP_IN_PORT),
-)
-
-
-def _to_node_flows(ctx: Context, ck: int) -> list[of.FlowMod]:
-    """L3Forwarding for Service traffic the node itself sent (to the virtual MAC: the next hop
-    of its Service routes and the host-SNAT address's neighbour) that is not for a local pod.
-
-    * its request, DNATed to an endpoint on another node: SNATed to the host-SNAT address
-      (other nodes route that address back to this node, and this node's kernel to the
-      gateway, so the reply re-enters OVS to be un-NATed), then back out the gateway to the
-      node's routing table;
-    * the reply to that (or any Service connection's reply addressed to the node): back out
-      the gateway, to the node's own MAC.
-    """
-    t = ctx.tables
-    flows = []
-    for family in IPFamily:
-        et = eth_type(family)
-        service = (pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_TO_NODE,
-                match=of.Match(
-                    eth_type=et,
-                    eth_dst=pl.VIRTUAL_MAC,
-                    ct_state=(of.CT_TRK | of.CT_RPL, of.CT_TRK | of.CT_RPL),
-                    ct_mark=service,
-                ),
-                instructions=_apply(*_BOUNCE_TO_SENDER),
-                cookie=ck,
-            )
-        )
-        snat_ip = ctx.host_snat_ip(family)
-        if snat_ip is None:
-            continue
-        src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_HOST_SNAT_OUT,
-                match=of.Match(**{"eth_type": et, "eth_dst": pl.VIRTUAL_MAC, src: snat_ip}),
-                instructions=_apply(*_BOUNCE_TO_SENDER),
-                cookie=ck,
-            )
-        )
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_HOST_SNAT,
-                match=of.Match(
-                    eth_type=et,
-                    eth_dst=pl.VIRTUAL_MAC,
-                    ct_state=(of.CT_TRK, of.CT_TRK | of.CT_RPL),
-                    ct_mark=service,
-                ),
-                instructions=_apply(
-                    of.CT(
-                        commit=True,
-                        zone=pl.host_snat_ct_zone(family),
-                        table=t.forwarding,
-                        nat=of.NAT(src=True, ip_min=snat_ip),
-                    )
-                ),
-                cookie=ck,
-            )
-        )
-    return flows
-
-
-# -- forwarding to local pods (standalone) ------------------------------------------------
-def pod_forwarding_flows(
-    ctx: Context, ips: Iterable[IPAddress], mac: str, ofport: int
-) -> list[of.FlowMod]:
-    """Deliver to a pod on this bridge: the DNATed packet still carries the MAC the client
-    sent it to (the gateway's, or the virtual next hop's), so set the pod's.
-
-    Hairpin: a pod whose Service connection was DNATed to itself (source = destination) is
-    SNATed to the virtual Service IP, so its reply comes back through OVS to be un-NATed, and
-    is sent back out the port it came in on."""
-    ck = ctx.cookie(pl.Category.FORWARDING)
-    t = ctx.tables
-    flows = []
-    if t.classifier is not None:
-        flows.append(
-            of.FlowMod(
-                table_id=t.classifier,
-                priority=pl.PRIORITY_LOW,
-                match=of.Match(in_port=ofport),
-                instructions=(
-                    of.ApplyActions((of.SetField(pl.FROM_POD_REG, pl.FROM_POD, pl.FROM_POD),)),
-                    of.GotoTable(t.conntrack_zone),
-                ),
-                cookie=ck,
-            )
-        )
-    for ip in ips:
-        family = IPFamily.of(ip)
-        src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
-        to_pod = {"eth_type": eth_type(family), _dst_field(family): ip}
-        if t.classifier is not None:
-            # The pod's address arriving from anywhere but its port (the gateway: a node
-            # kernel routing one of our packets back in) is dropped: its conntrack entry would
-            # take the reply of the pod's real connection.
-            flows.append(
-                of.FlowMod(
-                    table_id=t.classifier,
-                    priority=pl.PRIORITY_SPOOFED,
-                    match=of.Match(eth_type=eth_type(family), **{src: ip}),
-                    instructions=(),
-                    cookie=ck,
-                )
-            )
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_LOCAL_POD_PROBE,
-                match=of.Match(**to_pod, **{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
-                instructions=_apply(
-                    of.SetField(pl.TO_LOCAL_POD_REG, pl.TO_LOCAL_POD, pl.TO_LOCAL_POD)
-                ),
-                cookie=ck,
-            )
-        )
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_HAIRPIN_SNAT,
-                match=of.Match(in_port=ofport, **to_pod, **{src: ip}),
-                instructions=_apply(
-                    of.CT(
-                        commit=True,
-                        zone=pl.hairpin_ct_zone(family),
-                        table=t.forwarding,
-                        nat=of.NAT(src=True, ip_min=pl.VIRTUAL_SERVICE_IP[family]),
-                    )
-                ),
-                cookie=ck,
-            )
-        )
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_HAIRPIN_OUT,
-                match=of.Match(in_port=ofport, **to_pod),
-                instructions=_apply(of.SetField("eth_dst", mac), of.Output(of.OFPP_IN_PORT)),
-                cookie=ck,
-            )
-        )
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_NORMAL,
-                match=of.Match(**to_pod),
-                instructions=_apply(of.SetField("eth_dst", mac), of.Output(ofport)),
-                cookie=ck,
-            )
-        )
-    return flows
 
 
 # -- Services -----------------------------------------------------------------------------
@@ -559,12 +82,12 @@ def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Actio
 
 
 def _new_bucket_wire(
-    makers: dict[tuple[int, bool, int], _BucketWire],
+    makers: dict[tuple[int, bool, int], BucketWire],
     port: int,
     affinity: bool,
     version: int,
     tables: pl.Tables,
-) -> _BucketWire:
+) -> BucketWire:
     tail = b"".join([a.wire for a in _bucket_tail(port, affinity, tables)])
     reg = pl.ENDPOINT_IP_REG if version == 4 else pl.ENDPOINT_IP6_REG
     make = makers[port, affinity, version] = templates.set_field_exact_wire(reg, tail)
@@ -621,12 +144,12 @@ def _frontend_template(ctx: Context, version: int, protocol: Protocol) -> templa
         ctx.cookie(pl.Category.SERVICE),
         version=version,
         ip_proto=protocol.ip_proto,
-        ip_field=_dst_field(family),
+        ip_field=dst_field(family),
         port_field=_PORT_FIELD[protocol],
     )
 
 
-def _templates(ctx: Context, protocol: Protocol) -> tuple[_DnatTemplates, _FrontendTemplates]:
+def _templates(ctx: Context, protocol: Protocol) -> tuple[DnatTemplates, FrontendTemplates]:
     """The context's EndpointDNAT and ServiceLB templates of a protocol, by IP version."""
     by_protocol = ctx.encoders.by_protocol
     found = by_protocol.get(protocol)
@@ -662,7 +185,7 @@ def mid_stream_flow(
         **{
             "eth_type": eth_type(family),
             "ip_proto": IPPROTO_TCP,
-            _src_field(family): ip,
+            src_field(family): ip,
             "tcp_src": port,
             pl.TO_LOCAL_POD_REG: (pl.TO_LOCAL_POD, pl.TO_LOCAL_POD),
         }
@@ -670,7 +193,7 @@ def mid_stream_flow(
     instructions: tuple[of.Instruction, ...] = ()
     if len(unique) == 1:
         frontend, frontend_port = unique[0]
-        instructions = _apply(
+        instructions = apply_actions(
             of.CT(
                 commit=True,
                 zone=pl.ct_zone(family),
@@ -712,10 +235,9 @@ _SAMPLES = {
         (ipaddress.ip_address("fd00::1"), 0x1357, ipaddress.ip_address("fd00::2"), 0x2468),
     ),
 }
-_MidStreamWire = Callable[[IPAddress, int, IPAddress, int], bytes]
 
 
-def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> _MidStreamWire | None:
+def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> MidStreamWire | None:
     """A fast ``mid_stream_flow(...).wire`` for one family and kind (None: not templatable)."""
 
     def generic(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
@@ -798,7 +320,7 @@ def affinity_timeouts(timeout: int, max_ovs: int = pl.OVS_MAX_TIMEOUT) -> tuple[
 def _learn_affinity(ctx: Context, port: ServicePort, family: IPFamily) -> of.Learn:
     """Remember client -> endpoint in SessionAffinity, refreshed by each new connection."""
     src = "ipv4_src" if family == IPFamily.IPv4 else "ipv6_src"
-    dst = _dst_field(family)
+    dst = dst_field(family)
     reg = pl.endpoint_ip_reg(family)
     idle, swept = affinity_timeouts(port.affinity_timeout, ctx.max_ovs_timeout)
     return of.Learn(
@@ -835,7 +357,7 @@ def frontend_match(
         **{
             "eth_type": eth_type(family),
             "ip_proto": port.protocol.ip_proto,
-            _dst_field(family): ip,
+            dst_field(family): ip,
             _PORT_FIELD[port.protocol]: port.port if l4_port is None else l4_port,
             **extra,
         }
@@ -913,7 +435,7 @@ class FrontendSet:
 @dataclass(frozen=True, slots=True)
 class ServiceObjects:
     groups: tuple[GroupSpec, ...]
-    # what ``Datapath.stage`` takes: the EndpointDNAT flows as their encodings only
+    # what ``SwitchSync.stage`` takes: the EndpointDNAT flows as their encodings only
     staged: tuple[of.FlowMod | EncodedFlow, ...]
 
     @property
@@ -1002,7 +524,7 @@ def frontend_objects(
                         l4_port,
                         **{selection: (pl.Selection.TO_LEARN.value_bits, pl.SELECTION_MASK)},
                     ),
-                    instructions=_apply(
+                    instructions=apply_actions(
                         _learn_affinity(ctx, port, family),
                         of.SetField(selection, pl.Selection.SELECTED.value_bits, pl.SELECTION_MASK),
                         of.Resubmit(t.endpoint_dnat),
@@ -1051,7 +573,7 @@ def _accept_learned(
                 **extra,
             },
         ),
-        instructions=_apply(of.Resubmit(ctx.tables.endpoint_dnat)),
+        instructions=apply_actions(of.Resubmit(ctx.tables.endpoint_dnat)),
         cookie=ctx.cookie(pl.Category.SERVICE),
     )
 
@@ -1070,7 +592,7 @@ def _short_circuit_flows(
             table_id=ctx.tables.service_lb,
             priority=pl.PRIORITY_SHORT_CIRCUIT,
             match=frontend_match(port, ip, l4_port, **{pl.FROM_POD_REG: (bit, bit)}),
-            instructions=_apply(*actions) if actions else (),
+            instructions=apply_actions(*actions) if actions else (),
             cookie=ctx.cookie(pl.Category.SERVICE),
         )
         for bit in (pl.FROM_POD, pl.FROM_NODE)

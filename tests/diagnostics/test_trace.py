@@ -28,7 +28,7 @@ from ovsproxy.cli.trace_cmd import (
     traced_address,
 )
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import trace as tr
+from ovsproxy.diagnostics import trace as tr
 from ovsproxy.model import IPFamily
 from ovsproxy.model.node import PodPort
 

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath import switch_sync
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import SwitchSync
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
@@ -29,8 +31,8 @@ CONFIG = pl.PipelineConfig()
 class Rig:
     sandbox: Sandbox
     channel: Channel
-    datapath: Datapath
-    ctx: svc.Context
+    datapath: SwitchSync
+    ctx: Context
 
     def stage_service(
         self, name: str, ip: str, endpoints: list[Endpoint], gid: int, port: int = 80
@@ -70,17 +72,17 @@ def eps(n: int, base: str = "10.244.", port: int = 8080) -> list[Endpoint]:
 
 
 async def make_rig(sandbox: Sandbox, generation: int = 1, *, stream: bool = True) -> Rig:
-    dp: Datapath | None = None
+    dp: SwitchSync | None = None
 
     async def hook() -> None:
         assert dp is not None
         await dp.on_connected()
 
     channel = Channel(sandbox.openflow, on_connected=hook)
-    dp = Datapath(channel, CONFIG, generation, stream_while_staging=stream)
+    dp = SwitchSync(channel, CONFIG, generation, stream_while_staging=stream)
     await channel.start()
-    ctx = svc.Context(dp.tables, generation)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
+    ctx = Context(dp.tables, generation)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx))
     return Rig(sandbox, channel, dp, ctx)
 
 
@@ -325,8 +327,8 @@ async def test_a_restart_streamed_while_staging_adopts_the_switch_as_an_unstream
     one on): the same switch as without streaming -- its own groups only, every flow of its
     generation, the older one's gone -- and what it wrote for a Service it then changed or
     dropped is taken back in the same bundle."""
-    monkeypatch.setattr(dpm, "STREAM_WHILE_STAGING_AFTER", 1)
-    monkeypatch.setattr(dpm, "_STREAM_OWNERS_EVERY", 1)
+    monkeypatch.setattr(switch_sync, "STREAM_WHILE_STAGING_AFTER", 1)
+    monkeypatch.setattr(switch_sync, "_STREAM_OWNERS_EVERY", 1)
     dumps = []
     for stream in (False, True):
         old = await make_rig(sandbox, generation=1, stream=False)

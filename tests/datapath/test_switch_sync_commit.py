@@ -9,12 +9,13 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from ovsproxy.datapath import datapath as dpm
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import plan
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath, DatapathError, flow_key
+from ovsproxy.datapath import plan, switch_sync
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
+from ovsproxy.datapath.switch_sync import DatapathError, SwitchSync, flow_key
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, OpenFlowError, RequestTimeout
@@ -24,12 +25,12 @@ CONFIG = pl.PipelineConfig()
 CMD = of.GroupModCommand
 
 
-def ctx_for(dp: Datapath) -> svc.Context:
-    return svc.Context(dp.tables, dp.generation)
+def ctx_for(dp: SwitchSync) -> Context:
+    return Context(dp.tables, dp.generation)
 
 
 def service(
-    dp: Datapath, name: str, n: int, gid: int, *, first: int = 1, vip: str = "10.96.0.10"
+    dp: SwitchSync, name: str, n: int, gid: int, *, first: int = 1, vip: str = "10.96.0.10"
 ) -> tuple[ServicePortName, svc.ServiceObjects]:
     spn = ServicePortName("ns", name, "http", Protocol.TCP)
     port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
@@ -38,16 +39,16 @@ def service(
     return spn, svc.service_objects(ctx_for(dp), port, eps, {IPFamily.IPv4: gid})
 
 
-def stage(dp: Datapath, name: str, n: int, gid: int, **kw: object) -> ServicePortName:
+def stage(dp: SwitchSync, name: str, n: int, gid: int, **kw: object) -> ServicePortName:
     spn, objs = service(dp, name, n, gid, **kw)  # type: ignore[arg-type]
     dp.stage(spn, objs.groups, objs.flows)
     return spn
 
 
-async def adopted(switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
+async def adopted(switch: FakeSwitch | None = None) -> tuple[SwitchSync, FakeSwitch]:
     switch = switch or FakeSwitch()
-    dp = Datapath(switch, CONFIG, 1)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    dp = SwitchSync(switch, CONFIG, 1)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))
     await dp.commit()
     return dp, switch
 
@@ -148,8 +149,8 @@ async def test_order_groups_then_flow_adds_then_deletes_then_group_deletes() -> 
 async def test_streaming_in_batches_sends_what_one_batch_sends_and_nothing_when_unchanged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    async def commit_40(batch: int) -> tuple[Datapath, FakeSwitch]:
-        monkeypatch.setattr(dpm, "_STREAM_YIELD_EVERY", batch)
+    async def commit_40(batch: int) -> tuple[SwitchSync, FakeSwitch]:
+        monkeypatch.setattr(switch_sync, "_STREAM_YIELD_EVERY", batch)
         dp, switch = await adopted()
         for i in range(40):  # enough messages to cross the streaming yield point
             stage(dp, f"s{i}", 15, gid=i + 1, first=i * 15 + 1, vip=f"10.96.1.{i + 1}")
@@ -180,7 +181,7 @@ async def test_shared_flow_stays_while_any_owner_wants_it() -> None:
     dp.unstage(b)
     stats = await dp.commit()
     assert stats.flows_deleted == 3 and stats.groups_deleted == 1
-    assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
+    assert len(dp.installed_flows) == len(pipeline_flows(ctx_for(dp)))
 
 
 async def test_a_changed_flow_under_the_same_key_is_re_added() -> None:
@@ -269,7 +270,7 @@ async def test_resync_deletes_flows_we_installed_and_no_longer_want() -> None:
     switch.present_groups = {1}
     stats = await dp.resync_switch()  # e.g. after a reconnection, before the next commit
     assert stats.flows_deleted == 3 and stats.groups_deleted == 1
-    assert len(dp.installed_flows) == len(svc.pipeline_flows(ctx_for(dp)))
+    assert len(dp.installed_flows) == len(pipeline_flows(ctx_for(dp)))
 
 
 async def test_staging_and_committing_leave_the_collector_alone() -> None:
@@ -288,7 +289,7 @@ async def test_staging_and_committing_leave_the_collector_alone() -> None:
 
 
 def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
-    ctx = svc.Context(pl.Tables.for_config(CONFIG), 1)
+    ctx = Context(pl.Tables.for_config(CONFIG), 1)
 
     def spec(keys: list[int]) -> GroupSpec:
         buckets = []
@@ -326,8 +327,8 @@ class RecordingRegistry:
 async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_then() -> None:
     registry = RecordingRegistry()
     switch = FakeSwitch()
-    dp = Datapath(switch, CONFIG, 1, registry=registry)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    dp = SwitchSync(switch, CONFIG, 1, registry=registry)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))
     await dp.commit()
     assert registry.saves == [set()]
     a = stage(dp, "a", 2, gid=1)
@@ -358,21 +359,21 @@ async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_th
 # -- the adopting commit streamed while staging ----------------------------------------------
 
 
-def _fresh(*, stream: bool, switch: FakeSwitch | None = None) -> tuple[Datapath, FakeSwitch]:
+def _fresh(*, stream: bool, switch: FakeSwitch | None = None) -> tuple[SwitchSync, FakeSwitch]:
     switch = switch or FakeSwitch()
-    dp = Datapath(switch, CONFIG, 1, stream_while_staging=stream)
-    dp.stage(("pipeline",), (), svc.pipeline_flows(ctx_for(dp)))
+    dp = SwitchSync(switch, CONFIG, 1, stream_while_staging=stream)
+    dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))
     return dp, switch
 
 
-def _cluster(dp: Datapath, n: int) -> list[ServicePortName]:
+def _cluster(dp: SwitchSync, n: int) -> list[ServicePortName]:
     # endpoints overlap between neighbours: shared EndpointDNAT flows
     return [
         stage(dp, f"s{i}", 3, gid=i + 1, first=2 * i + 1, vip=f"10.96.2.{i + 1}") for i in range(n)
     ]
 
 
-def _state(dp: Datapath) -> tuple[object, ...]:
+def _state(dp: SwitchSync) -> tuple[object, ...]:
     return (
         sorted(map(of.format_flow, dp.installed_flows.values())),
         {gid: (g.ids, g.buckets, g.selection_method) for gid, g in dp.installed_groups.items()},
@@ -386,8 +387,8 @@ def _texts(messages: Sequence[of.Message]) -> list[str]:
 @pytest.fixture
 def stream_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """Stream from the first staged owner on, one owner at a time."""
-    monkeypatch.setattr(dpm, "STREAM_WHILE_STAGING_AFTER", 1)
-    monkeypatch.setattr(dpm, "_STREAM_OWNERS_EVERY", 1)
+    monkeypatch.setattr(switch_sync, "STREAM_WHILE_STAGING_AFTER", 1)
+    monkeypatch.setattr(switch_sync, "_STREAM_OWNERS_EVERY", 1)
 
 
 async def test_the_first_commit_is_written_while_staging_and_sends_what_it_would_have(
@@ -399,7 +400,7 @@ async def test_the_first_commit_is_written_while_staging_and_sends_what_it_would
     written = streamed._streaming.bundle.messages  # type: ignore[attr-defined]
     # the pipeline, then per Service its group, ServiceLB flow and the DNAT flows not
     # written yet (neighbours share one endpoint)
-    assert len(written) == len(svc.pipeline_flows(ctx_for(streamed))) + 6 * 2 + (6 * 3 - 5)
+    assert len(written) == len(pipeline_flows(ctx_for(streamed))) + 6 * 2 + (6 * 3 - 5)
     assert not streamed_switch.bundles  # nothing committed yet
     stats = await streamed.commit()
     plain, plain_switch = _fresh(stream=False)
@@ -451,7 +452,7 @@ async def test_staged_again_or_unstaged_after_being_written_is_planned_again(
 async def test_a_socket_that_does_not_keep_up_leaves_the_rest_to_the_commit(
     stream_early: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(FakeBundle, "backlog", dpm.STREAM_WHILE_STAGING_BACKLOG + 1)
+    monkeypatch.setattr(FakeBundle, "backlog", switch_sync.STREAM_WHILE_STAGING_BACKLOG + 1)
     dp, switch = _fresh(stream=True)
     _cluster(dp, 4)
     assert dp._streaming is not None and not dp._streaming.written.flows  # nothing written

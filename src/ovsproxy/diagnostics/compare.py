@@ -1,7 +1,7 @@
 """What differs between the switch state a fresh agent would install and what a switch holds.
 
 Pure: values in, ``Difference`` values out (``ovsproxy verify`` reads both sides). The desired
-side comes from a real ``Datapath`` that committed into a ``RecordingSwitch`` (the same
+side comes from a real ``SwitchSync`` that committed into a ``RecordingSwitch`` (the same
 staging and planning code as the agent, no OVS); the installed side from OVS's own dumps.
 
 What is compared, and what is not (on purpose):
@@ -41,8 +41,8 @@ _COOKIE_COMPARED = pl.COOKIE_APP_MASK | (0xFF << pl.COOKIE_CATEGORY_SHIFT)
 @dataclass(frozen=True, slots=True)
 class Difference:
     """One difference, readable: ``kind`` missing/unexpected/differs, ``what`` flow, group,
-    route, ovsdb or capture, ``text`` the object in ovs-ofctl (or ip route) syntax, ``detail``
-    what exactly differs (for ``differs``)."""
+    route or ovsdb (the steering table's are ``steering.compare``'s), ``text`` the object in
+    ovs-ofctl (or ip route) syntax, ``detail`` what exactly differs (for ``differs``)."""
 
     kind: str
     what: str
@@ -113,7 +113,7 @@ _ENCODED: dict[int, type[of.EncodedFlowMod] | type[of.EncodedGroupMod]] = {
 
 
 class RecordingSwitch:
-    """A ``datapath.Switch`` that holds nothing and accepts every bundle: a ``Datapath`` over
+    """A ``switch_sync.Switch`` that holds nothing and accepts every bundle: a ``SwitchSync`` over
     it computes, stages and plans exactly what it would send to an empty switch. With
     ``keep``, ``bundles`` holds each committed bundle's messages, in order (the benchmarks'
     baselines are made of them)."""

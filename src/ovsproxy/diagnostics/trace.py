@@ -6,8 +6,9 @@ switch would, and (Open vSwitch 3.1, what this is tested with) follows every
 resumed pass from the next ``--ct-next`` (default ``trk|new``) and simulating NAT
 ("Replacing src/dst IP/ports to simulate NAT"). It does not execute the packet: no
 conntrack entry, learned flow or counter changes. A select group with the "hash" method
-(ours, see ``services.GROUP_SELECTION_METHOD``) picks its bucket from the packet's 5-tuple,
-so the bucket the trace names is the one a real packet with the same 5-tuple gets.
+(ours, see ``datapath.service_flows.GROUP_SELECTION_METHOD``) picks its bucket from the
+packet's 5-tuple, so the bucket the trace names is the one a real packet with the same 5-tuple
+gets.
 
 Two pure steps:
 

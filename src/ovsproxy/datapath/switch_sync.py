@@ -1,4 +1,4 @@
-"""The switch synchroniser, and the datapath's one entry point: ``Datapath`` holds the desired
+"""The switch synchroniser, and the datapath's one entry point: ``SwitchSync`` holds the desired
 state (``desired.DesiredState``: groups and flows by owner) and what the switch holds
 (``plan.InstalledState``), and commits the difference to OVS as one ordered, atomic bundle
 planned by ``plan``.
@@ -31,12 +31,13 @@ runs a sync or a replay does, around it (``datapath.memory.memory_policy``: the 
 and after a big one the new state frozen and the heap's free pages given back); ``touched``
 counts the groups and flows committed, for it to tell a big sync.
 
-On (re)connection, :meth:`Datapath.resync_switch` adopts whatever the switch holds: every group
+On (re)connection, :meth:`SwitchSync.resync_switch` adopts whatever the switch holds: every group
 id it has in our range is rewritten whole (ADD_OR_MOD) or deleted, every flow is re-added with
 the current generation's cookie, and the flows of older generations are deleted, all in one
 bundle. This is replay after an ovs-vswitchd restart and the hitless hand-over after an agent
 restart. The ids of the groups we installed are kept in a ``GroupRegistry`` (OVSDB, for the
-agent) across restarts; ``drifted`` checks the switch against what was committed.
+agent) across restarts, by ``our_group_ids.OurGroupIds``; ``drifted`` checks the switch
+against what was committed (``drift.DriftCheck``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ from ovsproxy.datapath.desired import (
     flow_key,
     flow_value,
 )
-from ovsproxy.datapath.groups import GroupSpec, InstalledGroup, SelectionMethod, delete_group
+from ovsproxy.datapath.drift import DriftCheck
+from ovsproxy.datapath.groups import GroupSpec, InstalledGroup, delete_group
+from ovsproxy.datapath.our_group_ids import GroupRegistry, OurGroupIds
 from ovsproxy.datapath.plan import (
     CommitStats,
     Diff,
@@ -76,14 +79,11 @@ from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, ChannelError
 
 __all__ = [
-    "DESCRIBE_SAFE_BUCKETS",
-    "STATS_SAFE_BUCKETS",
     "CommitStats",
-    "Datapath",
+    "SwitchSync",
     "DatapathError",
     "EncodedFlow",
     "FlowKey",
-    "GroupRegistry",
     "InstalledFlows",
     "Removal",
     "StreamingBundle",
@@ -219,33 +219,18 @@ class _Out:
         return _STREAM_YIELD_EVERY
 
 
-class GroupRegistry(Protocol):
-    """Where the ids of the groups we installed are kept across restarts (the agent keeps them
-    in OVSDB). Needed because OpenFlow cannot list groups reliably: OVS 3.1 overflows the
-    16-bit entry length of GROUP_DESC (over ~1,000 buckets) and GROUP_STATS (over ~4,000)."""
-
-    async def load(self) -> set[int] | None: ...
-
-    async def save(self, group_ids: set[int]) -> None: ...
-
-
-# A GROUP_STATS entry is 40 + 16 bytes per bucket, with a 16-bit length.
-STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16
-# GROUP_DESC entries overflow their 16-bit length above about 1,000 Service buckets.
-DESCRIBE_SAFE_BUCKETS = 1000
-
-
 @dataclass(frozen=True, slots=True)
 class Removal:
-    """What ``Datapath.remove_all`` found and deleted: the number of our flows, the group ids."""
+    """What ``SwitchSync.remove_all`` found and deleted: the number of our flows, the group ids."""
 
     flows: int
     groups: tuple[int, ...]
 
 
-class Datapath:
+class SwitchSync:
     """The datapath's entry point: staging (into ``desired``), committing (planned by
-    ``plan``, sent as one bundle), adoption, the drift check and the group-id registry.
+    ``plan``, sent as one bundle) and adoption; it holds the drift check (``drift``) and our
+    group ids with their record in ``registry`` (``group_ids``).
 
     ``freeze_gc``: after a big sync, move what is alive out of the cyclic collector's
     sight (read by ``datapath.memory.memory_policy``; a one-shot process has nothing to keep out
@@ -266,13 +251,13 @@ class Datapath:
         self.freeze_gc = freeze_gc
         self.stream_while_staging = stream_while_staging
         self.switch = switch
-        self.registry = registry
-        self._saved_group_ids: set[int] | None = None
         self.config = config
         self.tables = pl.Tables.for_config(config)
         self.generation = generation
         self.desired = DesiredState()
         self.installed = InstalledState()
+        self.group_ids = OurGroupIds(config, registry)
+        self.drift = DriftCheck(switch, self.installed, generation, self.group_ids.ours)
         # old-generation cookies to delete with the next commit
         self._stale_generations: set[int] = set()
         self._lock = asyncio.Lock()
@@ -495,9 +480,6 @@ class Datapath:
         self._stale_generations |= diff.stale
 
     # -- the switch's own state -------------------------------------------------------------
-    def _ours(self, gid: int) -> bool:
-        return self.config.group_id_min <= gid <= self.config.group_id_max
-
     async def resync_switch(self) -> CommitStats:
         """Make the switch hold exactly our desired state, whatever it holds now. Called on
         every (re)connection before any other change is sent."""
@@ -505,83 +487,17 @@ class Datapath:
             return await self._resync_locked()
 
     async def drifted(self) -> bool:
-        """Drift check for the periodic full resync: does the switch still hold as many flows
-        of this generation as the cache says, and our groups with their buckets? Groups are
-        read where the switch offers it (``group_stats``/``dump_groups``, the channel does):
-        ids and bucket counts from group statistics, and each bucket (id, weight, actions)
-        from the group descriptions when no group is too large for OpenFlow to describe
-        (GROUP_DESC over 64 KB); above the size statistics can carry, groups are not read."""
-        cookie = (pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (
-            self.generation << pl.COOKIE_GENERATION_SHIFT
-        )
-        cookies = await self.switch.flow_cookies(cookie, pl.COOKIE_APP_GENERATION_MASK)
-        if len(cookies) != len(self.installed.flows):
-            return True
-        return await self._groups_drifted()
-
-    async def _groups_drifted(self) -> bool:
-        group_stats = getattr(self.switch, "group_stats", None)
-        dump_groups = getattr(self.switch, "dump_groups", None)
-        installed = self.installed_groups
-        if group_stats is None or dump_groups is None or self.installed.unknown_groups:
-            return False
-        largest = max((g.endpoint_count for g in installed.values()), default=0)
-        if largest > STATS_SAFE_BUCKETS:
-            return False  # the statistics reply itself would overflow
-        counts = {s.group_id: s.n_buckets for s in await group_stats() if self._ours(s.group_id)}
-        if counts.keys() != installed.keys() or any(
-            counts[gid] != group.endpoint_count for gid, group in installed.items()
-        ):
-            return True
-        if largest > DESCRIBE_SAFE_BUCKETS:
-            return False
-        for group in await dump_groups(max_buckets=DESCRIBE_SAFE_BUCKETS):
-            have = installed.get(group.group_id)
-            if have is None:
-                continue
-            method = (
-                SelectionMethod(group.selection_method, tuple(f.name for f in group.fields))
-                if group.selection_method
-                else None
-            )
-            if method != have.selection_method:
-                return True
-            ids = have.ids
-            want = {(ids[k], spec.weight, spec.actions) for k, spec in have.buckets.items()}
-            if {(b.bucket_id, b.weight, b.actions) for b in group.buckets} != want:
-                return True
-        return False
-
-    async def _group_ids_in_switch(self) -> set[int]:
-        """Group ids the switch may hold that are ours (a superset is fine: deleting a missing
-        group is harmless, and every group we want is written with ADD_OR_MOD)."""
-        believed = set(self.installed_groups) | self.installed.unknown_groups
-        if self.registry is not None:
-            saved = await self.registry.load()
-            if saved is not None:
-                return {gid for gid in saved | believed if self._ours(gid)}
-        largest = self.desired.largest_group()
-        if largest > STATS_SAFE_BUCKETS:
-            log.warning(
-                "not listing the switch's groups: a group of %d buckets would overflow "
-                "OpenFlow's group statistics; older groups of ours may stay behind",
-                largest,
-            )
-            return {gid for gid in believed if self._ours(gid)}
-        listed = await self.switch.group_ids()
-        return {gid for gid in listed | believed if self._ours(gid)}
+        """Does the switch still hold what was committed? (``drift.DriftCheck``: for the
+        periodic full resync.)"""
+        return await self.drift.drifted()
 
     async def _save_group_ids(self) -> None:
-        if self.registry is None or not self.installed.group_ids_changed:
-            return
-        ids = set(self.installed_groups)
-        if ids != self._saved_group_ids:
-            await self.registry.save(ids)
-            self._saved_group_ids = ids
-        self.installed.group_ids_changed = False
+        await self.group_ids.record(self.installed)
 
     async def _resync_locked(self) -> CommitStats:
-        present = await self._group_ids_in_switch()
+        present = await self.group_ids.in_switch(
+            self.installed, self.desired, self.switch.group_ids
+        )
         cookies = await self.switch.flow_cookies(
             pl.COOKIE_APP << pl.COOKIE_APP_SHIFT, pl.COOKIE_APP_MASK
         )
@@ -626,7 +542,7 @@ class Datapath:
         async with self._lock:
             app = pl.COOKIE_APP << pl.COOKIE_APP_SHIFT
             flows = len(await self.switch.flow_cookies(app, pl.COOKIE_APP_MASK))
-            recorded = await self.registry.load() if self.registry is not None else None
+            recorded = await self.group_ids.recorded()
             present = (
                 set(self.installed_groups) | self.installed.unknown_groups | (recorded or set())
             )
@@ -635,7 +551,7 @@ class Datapath:
                 listed = await self.switch.group_ids()
             except Exception as exc:  # statistics too large to list: the registry's ids only
                 log.warning("cannot list the switch's groups (%s): removing recorded ones", exc)
-            present = {gid for gid in present | (listed or set()) if self._ours(gid)}
+            present = {gid for gid in present | (listed or set()) if self.group_ids.ours(gid)}
             # What was there: the listed ones when the switch could list them.
             groups = tuple(sorted(present if listed is None else present & listed))
             if flows or present:
@@ -656,9 +572,7 @@ class Datapath:
             installed.unknown_groups.clear()
             self._stale_generations.clear()
             self._adopt = True
-            if self.registry is not None and recorded:
-                await self.registry.save(set())
-            self._saved_group_ids = set()
+            await self.group_ids.forget(recorded)
             return Removal(flows, groups)
 
     # -- introspection ----------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""datapath.compare: the desired state of a fresh agent against a switch's, pure.
+"""diagnostics.compare: the desired state of a fresh agent against a switch's, pure.
 
-Both sides are built by a real ``Datapath`` over a ``RecordingSwitch``: the "installed" one
+Both sides are built by a real ``SwitchSync`` over a ``RecordingSwitch``: the "installed" one
 plays a running agent (another generation, other group ids, endpoints added one by one so
 its bucket ids are not 0..n-1), the desired one a fresh agent."""
 
@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 
-from ovsproxy.datapath import compare
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath import services as svc
-from ovsproxy.datapath.datapath import Datapath
+from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.fixed_flows import pipeline_flows
+from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import SwitchSync
+from ovsproxy.diagnostics import compare
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 
@@ -37,10 +39,10 @@ def build(
 ) -> tuple[dict[bytes, of.FlowMod], dict[int, compare.GroupView]]:
     """Commit the Services one by one (each endpoint list grown one at a time)."""
 
-    async def run() -> Datapath:
-        dp = Datapath(compare.RecordingSwitch(), CONFIG, generation)
-        ctx = svc.Context(tables=dp.tables, generation=generation)
-        dp.stage(("pipeline",), (), svc.pipeline_flows(ctx))
+    async def run() -> SwitchSync:
+        dp = SwitchSync(compare.RecordingSwitch(), CONFIG, generation)
+        ctx = Context(tables=dp.tables, generation=generation)
+        dp.stage(("pipeline",), (), pipeline_flows(ctx))
         for sp, endpoints, gid in services:
             for n in range(1, len(endpoints) + 1):
                 objects = svc.service_objects(ctx, sp, endpoints[:n], {IPFamily.IPv4: gid})
@@ -122,8 +124,8 @@ def test_recording_switch_keeps_each_committed_bundle_when_asked() -> None:
     from tests.fakes.switch import FakeSwitch
 
     async def commit(switch: object) -> None:
-        dp = Datapath(switch, CONFIG, 1)  # type: ignore[arg-type]
-        ctx = svc.Context(tables=dp.tables, generation=1)
+        dp = SwitchSync(switch, CONFIG, 1)  # type: ignore[arg-type]
+        ctx = Context(tables=dp.tables, generation=1)
         for sp, gid in ((WEB, 1), (API, 2)):
             objects = svc.service_objects(ctx, sp, eps(1, 2), {IPFamily.IPv4: gid})
             dp.stage(sp.name, objects.groups, objects.flows)
