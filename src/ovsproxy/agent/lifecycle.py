@@ -294,8 +294,8 @@ async def shutdown(parts: Components, tasks: list[asyncio.Task[Any]], pages: Sta
     await pages.stop_http()
     if parts.channel is not None:
         await parts.channel.close()
-    registry = getattr(parts.datapath, "registry", None)
-    if isinstance(registry, OVSDBGroupRegistry):
+    registry = parts.group_registry
+    if registry is not None:
         await registry.close()
     if parts.ovsdb is not None:
         await asyncio.to_thread(parts.ovsdb.close)

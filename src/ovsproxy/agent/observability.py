@@ -123,8 +123,8 @@ def register_metrics(
     m.ovsdb_connected.set_function(lambda: float(parts.ovsdb is not None and parts.ovsdb.connected))
 
     def registry_failures() -> Samples:
-        registry = getattr(parts.datapath, "registry", None)
-        return {(): float(getattr(registry, "failures", 0))}
+        registry = parts.group_registry
+        return {(): float(registry.failures if registry is not None else 0)}
 
     m.add_counter(
         "ovsproxy_ovsdb_registry_save_failures",
@@ -286,10 +286,9 @@ class StatusPages:
         out: dict[str, Any] = (
             dict(parts.ovsdb_link.status(parts.ovsdb)) if parts.ovsdb_link is not None else {}
         )
-        registry = getattr(parts.datapath, "registry", None)
-        status = getattr(registry, "status", None)
-        if status is not None:
-            out["group_ids"] = status()
+        registry = parts.group_registry
+        if registry is not None:
+            out["group_ids"] = registry.status()
         return out
 
     def dump_text(self) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from ovsproxy.config import ROUTE_BACKENDS, AgentConfig, ConfigError
 from ovsproxy.lab import EXAMPLES
+from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
 from ovsproxy.proxy.tracker import ChangeTracker
 
 if TYPE_CHECKING:
@@ -71,6 +72,12 @@ class Components:
         """The core built over ``channel`` (``agent.core.build_core``) becomes this run's."""
         self.tracker, self.datapath = core.tracker, core.datapath
         self.proxier, self.semantics = core.proxier, core.semantics
+
+    @property
+    def group_registry(self) -> OVSDBGroupRegistry | None:
+        """The OVSDB record of our installed group ids, when the datapath keeps one."""
+        registry = self.datapath.group_ids.registry if self.datapath is not None else None
+        return registry if isinstance(registry, OVSDBGroupRegistry) else None
 
 
 # -- the source -------------------------------------------------------------------------------
