@@ -12,6 +12,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -85,3 +86,64 @@ def test_namespaces_in_use_are_kept(names: list[str], sandbox: Sandbox) -> None:
 def test_only_our_prefix_may_be_recorded() -> None:
     with pytest.raises(ValueError, match="ovsp-"):
         ns.create_netns("someone-elses")
+
+
+def _link_local(netns: str) -> str:
+    return subprocess.run(
+        ["ip", "-n", netns, "-6", "addr", "show", "scope", "link"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def _tentative(netns: str) -> str:
+    return subprocess.run(
+        ["ip", "-n", netns, "-6", "addr", "show", "tentative"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_interfaces_of_our_namespaces_have_no_tentative_ipv6_address(names: list[str]) -> None:
+    """IPv6 DAD is off in every namespace we create (``namespaces.DAD_OFF``): an interface's
+    link-local is usable the moment its link is up, for one made in the namespace and for one
+    moved into it. With DAD on it stays tentative for up to 2 s, and a packet the namespace
+    forwards meanwhile waits 1 s for its neighbour (the soak's phase-start losses)."""
+    name = new_name(names, "d")
+    ns.create_netns(name)
+    try:
+        other = new_name(names, "o")
+        ns.create_netns(other)
+        subprocess.run(
+            [
+                "ip",
+                "-n",
+                name,
+                "link",
+                "add",
+                "v0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "v1",
+                "netns",
+                other,
+            ],
+            check=True,
+        )
+        for netns, dev in ((name, "v0"), (other, "v1")):
+            subprocess.run(["ip", "-n", netns, "link", "set", dev, "up"], check=True)
+        for netns in (name, other):
+            # once its link-local exists (the check below is about something), none tentative:
+            # with DAD on, an address stays tentative for at least a second after it appears
+            deadline = time.monotonic() + 5
+            while "fe80::" not in _link_local(netns) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert "fe80::" in _link_local(netns), netns
+            assert _tentative(netns) == "", (netns, _tentative(netns))
+    finally:
+        for made in list(names):
+            ns.delete_netns(made)

@@ -50,7 +50,7 @@ from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses
 from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
-from ovsproxy.ovs.namespaces import NETNS_PREFIX, netns_exists
+from ovsproxy.ovs.namespaces import NETNS_PREFIX, add_netns, netns_exists
 from ovsproxy.ovs.sandbox import Pod, Sandbox, SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -303,8 +303,7 @@ class Lab:
     def _underlay(self) -> None:
         ns = self.underlay_netns
         Sandbox.created_netns.add(ns)
-        sb._run(["ip", "netns", "add", ns])
-        sb._run(["ip", "link", "set", "lo", "up"], netns=ns)
+        add_netns(ns)
         sb._run(["ip", "link", "add", "ul0", "type", "bridge"], netns=ns)
         sb._run(["ip", "link", "set", "ul0", "up"], netns=ns)
 
@@ -363,8 +362,7 @@ class Lab:
     def _external_client(self) -> None:
         ns = self.external_netns
         Sandbox.created_netns.add(ns)
-        sb._run(["ip", "netns", "add", ns])
-        sb._run(["ip", "link", "set", "lo", "up"], netns=ns)
+        add_netns(ns)
         self._uplink(ns, EXTERNAL_HOST)
 
     def _default_pods(self, node: LabNode) -> None:

@@ -137,14 +137,47 @@ def record_netns(name: str) -> None:
     NetnsRecord(name, me, start_time(me)).save()
 
 
+# Every namespace we create has IPv6 duplicate address detection off, for the interfaces
+# made in it or moved into it afterwards (``default``; ``all`` because the kernel skips DAD
+# only when both are off). With DAD, an interface's link-local address stays tentative for
+# up to 2 s after the link comes up, and until then the kernel sends no neighbour
+# solicitation for a packet it forwards (the solicitation's source must be that link-local):
+# the packet waits for the next try, 1 s later. A lab starts its traffic within those 2 s
+# of creating its nodes, so the first forwarded IPv6 packets between nodes waited 1 s (bench
+# soak, quiet phase: connects of 1.0 s and UDP replies after the client's timeout, at the
+# phase's start only; ``ip monitor neigh`` showed the neighbour resolved 1.0 s after the
+# first send). A real node's interfaces are up long before its pods' traffic; its pods' are
+# set up by their CNI, which turns DAD off as well.
+DAD_OFF = (
+    "net.ipv6.conf.all.accept_dad=0",
+    "net.ipv6.conf.default.accept_dad=0",
+)
+
+
+def add_netns(name: str) -> None:
+    """``ip netns add`` (the caller has recorded the name), loopback up, IPv6 DAD off for
+    every interface that will be in it (``DAD_OFF``)."""
+    steps = (
+        ["ip", "netns", "add", name],
+        ["ip", "-n", name, "link", "set", "lo", "up"],
+        ["ip", "netns", "exec", name, "sysctl", "-qw", *DAD_OFF],
+    )
+    for cmd in steps:
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")
+
+
 def create_netns(name: str) -> None:
-    """Record the namespace (owned by this process), then create it."""
+    """Record the namespace (owned by this process), then create it (``add_netns``)."""
     record_netns(name)
-    result = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if result.returncode != 0:
-        with contextlib.suppress(FileNotFoundError):
-            NetnsRecord.path_of(name).unlink()
-        raise RuntimeError(f"ip netns add {name} failed: {result.stderr.strip()}")
+    try:
+        add_netns(name)
+    except RuntimeError:
+        if not netns_exists(name):
+            with contextlib.suppress(FileNotFoundError):
+                NetnsRecord.path_of(name).unlink()
+        raise
 
 
 def _named_in(value: Any) -> Iterator[str]:

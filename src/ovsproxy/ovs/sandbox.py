@@ -36,6 +36,7 @@ from typing import Any, Self
 
 from ovsproxy.ovs.namespaces import (
     NETNS_PREFIX,
+    add_netns,
     delete_netns,
     netns_exists,
     start_time,
@@ -330,8 +331,7 @@ class Sandbox:
 
     def _start(self) -> None:
         Sandbox.created_netns.add(self.netns)
-        _run(["ip", "netns", "add", self.netns])
-        _run(["ip", "link", "set", "lo", "up"], netns=self.netns)
+        add_netns(self.netns)
         _run(["ovsdb-tool", "create", str(self.rundir / "conf.db"), str(VSCHEMA)])
         self._start_ovsdb_server()
         _run(["ovs-vsctl", f"--db={self.ovsdb}", "--no-wait", "init"], env=self.env)
@@ -617,8 +617,7 @@ class Sandbox:
         self.record.pod_netns.append(pod_ns)
         self.record.save()
         Sandbox.created_netns.add(pod_ns)
-        _run(["ip", "netns", "add", pod_ns])
-        _run(["ip", "link", "set", "lo", "up"], netns=pod_ns)
+        add_netns(pod_ns)
         _run(
             ["ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", pod_ns],
             netns=self.netns,
