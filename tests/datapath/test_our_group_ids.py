@@ -15,21 +15,9 @@ from ovsproxy.datapath.desired import DesiredState
 from ovsproxy.datapath.groups import InstalledGroup
 from ovsproxy.datapath.our_group_ids import STATS_SAFE_BUCKETS, OurGroupIds
 from ovsproxy.datapath.plan import InstalledState
+from tests.fakes.registry import MemoryRegistry
 
 CONFIG = pl.PipelineConfig(group_id_min=10, group_id_max=20)
-
-
-class Registry:
-    def __init__(self, ids: set[int] | None) -> None:
-        self.ids = ids
-        self.saves: list[set[int]] = []
-
-    async def load(self) -> set[int] | None:
-        return None if self.ids is None else set(self.ids)
-
-    async def save(self, group_ids: set[int]) -> None:
-        self.saves.append(set(group_ids))
-        self.ids = set(group_ids)
 
 
 class Desired(DesiredState):
@@ -64,7 +52,7 @@ def test_ours_is_the_configured_range(gid: int) -> None:
 
 
 async def test_the_installed_ids_are_saved_when_changed_and_only_then() -> None:
-    registry = Registry(None)
+    registry = MemoryRegistry(None)
     ids = OurGroupIds(CONFIG, registry)
     state = installed(11, 12)
     await ids.record(state)
@@ -92,7 +80,7 @@ async def test_without_a_registry_nothing_is_recorded() -> None:
 
 async def test_the_switch_may_hold_the_recorded_ids_and_the_believed_ones_of_ours() -> None:
     listing = Listing({16})
-    ids = OurGroupIds(CONFIG, Registry({12, 13, 99}))
+    ids = OurGroupIds(CONFIG, MemoryRegistry({12, 13, 99}))
     assert await ids.in_switch(installed(11, unknown={14, 5}), Desired(), listing) == {
         11,
         12,
@@ -106,7 +94,7 @@ async def test_with_no_record_the_switch_is_listed_unless_a_group_is_too_large(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     listing = Listing({16, 30})
-    ids = OurGroupIds(CONFIG, Registry(None))
+    ids = OurGroupIds(CONFIG, MemoryRegistry(None))
     assert await ids.in_switch(installed(11), Desired(STATS_SAFE_BUCKETS), listing) == {11, 16}
     with caplog.at_level(logging.WARNING):
         too_large = Desired(STATS_SAFE_BUCKETS + 1)
@@ -116,7 +104,7 @@ async def test_with_no_record_the_switch_is_listed_unless_a_group_is_too_large(
 
 
 async def test_forgetting_records_no_ids_once() -> None:
-    registry = Registry({11})
+    registry = MemoryRegistry({11})
     ids = OurGroupIds(CONFIG, registry)
     await ids.forget(await ids.recorded())
     assert registry.saves == [set()]

@@ -7,23 +7,11 @@ from __future__ import annotations
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath.switch_sync import Removal, SwitchSync
 from ovsproxy.openflow import protocol as of
+from tests.fakes.registry import MemoryRegistry
 from tests.fakes.switch import FakeSwitch
 
 APP = pl.COOKIE_APP << pl.COOKIE_APP_SHIFT
 CONFIG = pl.PipelineConfig(group_id_min=1, group_id_max=100)
-
-
-class Registry:
-    def __init__(self, ids: set[int] | None) -> None:
-        self.ids = ids
-        self.saves: list[set[int]] = []
-
-    async def load(self) -> set[int] | None:
-        return None if self.ids is None else set(self.ids)
-
-    async def save(self, group_ids: set[int]) -> None:
-        self.saves.append(set(group_ids))
-        self.ids = set(group_ids)
 
 
 def deleted(switch: FakeSwitch) -> tuple[list[of.FlowMod], list[int]]:
@@ -38,7 +26,7 @@ async def test_every_flow_of_ours_and_our_recorded_and_listed_groups_go() -> Non
     switch = FakeSwitch()
     switch.cookies = [APP | 1 << 32, pl.learned_cookie(30)]
     switch.present_groups = {2, 3, 500}  # 500: outside our range (another controller's)
-    registry = Registry({1, 2})  # 1: recorded, no longer on the switch
+    registry = MemoryRegistry({1, 2})  # 1: recorded, no longer on the switch
     removal = await SwitchSync(switch, CONFIG, 7, registry=registry).remove_all()
     assert removal == Removal(flows=2, groups=(2, 3))  # what the switch held
     flows, groups = deleted(switch)
@@ -56,13 +44,13 @@ async def test_groups_that_cannot_be_listed_are_removed_by_the_registry() -> Non
             raise RuntimeError("group statistics overflow")
 
     switch = Unlistable()
-    removal = await SwitchSync(switch, CONFIG, 7, registry=Registry({4, 5})).remove_all()
+    removal = await SwitchSync(switch, CONFIG, 7, registry=MemoryRegistry({4, 5})).remove_all()
     assert removal == Removal(flows=0, groups=(4, 5))
     assert deleted(switch)[1] == [4, 5]
 
 
 async def test_nothing_there_sends_nothing() -> None:
     switch = FakeSwitch()
-    registry = Registry(None)
+    registry = MemoryRegistry(None)
     assert await SwitchSync(switch, CONFIG, 7, registry=registry).remove_all() == Removal(0, ())
     assert switch.opened == 0 and registry.saves == []

@@ -19,6 +19,7 @@ from ovsproxy.datapath.switch_sync import DatapathError, SwitchSync, flow_key
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.errors import BundleError, OpenFlowError, RequestTimeout
+from tests.fakes.registry import MemoryRegistry
 from tests.fakes.switch import FakeBundle, FakeSwitch
 
 CONFIG = pl.PipelineConfig()
@@ -311,21 +312,8 @@ def test_incremental_sizing_does_not_need_the_running_byte_count() -> None:
         assert known_plan.result.bucket_bytes == wire
 
 
-class RecordingRegistry:
-    """A group-id registry that keeps every save (OVSDB's is tests/sandbox's)."""
-
-    def __init__(self) -> None:
-        self.saves: list[set[int]] = []
-
-    async def load(self) -> set[int] | None:
-        return self.saves[-1] if self.saves else None
-
-    async def save(self, group_ids: set[int]) -> None:
-        self.saves.append(set(group_ids))
-
-
 async def test_the_registry_gets_the_group_ids_each_time_they_change_and_only_then() -> None:
-    registry = RecordingRegistry()
+    registry = MemoryRegistry()
     switch = FakeSwitch()
     dp = SwitchSync(switch, CONFIG, 1, registry=registry)
     dp.stage(("pipeline",), (), pipeline_flows(ctx_for(dp)))

@@ -82,10 +82,9 @@ class OurGroupIds:
         ones if the registry has a record, else those the switch lists (``list_switch``)
         unless a desired group is too large for OpenFlow to list; with the installed ones."""
         believed = set(installed.groups) | installed.unknown_groups
-        if self.registry is not None:
-            saved = await self.registry.load()
-            if saved is not None:
-                return {gid for gid in saved | believed if self.ours(gid)}
+        saved = await self.recorded()
+        if saved is not None:
+            return {gid for gid in saved | believed if self.ours(gid)}
         largest = desired.largest_group()
         if largest > STATS_SAFE_BUCKETS:
             log.warning(
