@@ -532,9 +532,41 @@ def _watch_stalls(path: str, threshold: float = 0.05) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+def _start_diagnostics(spec: dict[str, Any]) -> Any:
+    """Diagnostics up to the first sync, off in the benchmarks: ``"profile": PATH`` (cProfile
+    stats), ``"tracemalloc": PATH`` (the live allocations at ready, by line, as text)."""
+    if spec.get("tracemalloc"):
+        import tracemalloc
+
+        tracemalloc.start(1)
+    if spec.get("profile"):
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+        return profiler
+    return None
+
+
+def _stop_diagnostics(spec: dict[str, Any], profiler: Any) -> None:
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(spec["profile"])
+    if spec.get("tracemalloc"):
+        import tracemalloc
+
+        gc.collect()
+        top = tracemalloc.take_snapshot().statistics("lineno")
+        tracemalloc.stop()
+        with open(spec["tracemalloc"], "w") as out:
+            for stat in top[:60]:
+                out.write(f"{stat}\n")
+
+
 async def main(spec: dict[str, Any]) -> None:
     probe = Probe(spec)
     probe.mark("started")
+    profiler = _start_diagnostics(spec)
     from ovsproxy.agent import Agent, setup_logging
     from ovsproxy.config import load
 
@@ -553,6 +585,7 @@ async def main(spec: dict[str, Any]) -> None:
         task.result()  # the agent failed: raise its error
         raise RuntimeError("the agent stopped before its first sync")
     probe.mark("ready")
+    _stop_diagnostics(spec, profiler)
     emit(probe.ready_report())
     if spec.get("stall_log"):
         _watch_stalls(spec["stall_log"])

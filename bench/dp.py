@@ -329,6 +329,19 @@ def ofctl_text(messages: Sequence[of.Message]) -> tuple[list[str], list[str]]:
 _GROUP_WRITES = {int(c) for c in of.GroupModCommand if c.name in ("ADD", "ADD_OR_MOD")}
 
 
+def dump_for_ofctl(sb: Sandbox, groups_file: Path, flows_file: Path) -> None:
+    """What the switch holds, as ``ovs-ofctl add-groups``/``add-flows`` input: a baseline
+    that loads exactly what an agent installed (``ovs-ofctl``'s own dump, no counters)."""
+    flows = [
+        line.strip()
+        for line in ofctl(sb, "dump-flows", options=["--no-stats"]).splitlines()
+        if "actions=" in line
+    ]
+    groups = [line.strip() for line in ofctl(sb, "dump-groups").splitlines() if "group_id=" in line]
+    groups_file.write_text("\n".join(groups) + "\n")
+    flows_file.write_text("\n".join(flows) + "\n")
+
+
 @dataclass
 class OfctlRun:
     groups_s: float

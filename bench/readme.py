@@ -292,7 +292,9 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
         f" HTTP ({cs['api_list_pages']} list pages of JSON as the API server sends them, 500"
         f" objects a page, {cs['api_list_mb']} MB), or the same cluster as manifests"
         f" ({cs['yaml_mb']} MB of YAML); against `ovs-ofctl --bundle` loading the same groups"
-        " and flows (same switch content: checked). Alternating rounds, medians.",
+        " and flows (what the agent installed, as `ovs-ofctl` dumps it; the same switch content"
+        f" after each: {'yes' if cs['same_content'] else '**no**'}). Alternating rounds,"
+        " medians.",
         "",
         "| from | ovsproxy | ovs-ofctl | ratio | goal | agent RSS |",
         "|---|---|---|---|---|---|",
@@ -449,10 +451,26 @@ def _scale(sc: dict[str, Any], plot: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
+        *_scale_goals(sc),
         "Marginal cost: "
         + "; ".join(steps)
         + ". "
         + " ".join(note[0].upper() + note[1:] + "." for note in sc["not_linear"]),
+        "",
+    ]
+
+
+def _scale_goals(sc: dict[str, Any]) -> list[str]:
+    if "goal_ratio_vs_ofctl" not in sc:  # (older result files lack them)
+        return []
+    worst_rss = max(step["per_service"] for step in sc["rss_growth"])
+    return [
+        f"Goals: cold start <= {sc['goal_ratio_vs_ofctl']}x ovs-ofctl at every size (worst"
+        f" {sc['worst_ratio_vs_ofctl']:.2f}x): {_met(sc['goal_ratio_met'])}; <="
+        f" {sc['goal_rss_per_service_kb']} kB of RSS per added Service at every step (worst"
+        f" {worst_rss} kB): {_met(sc['goal_rss_met'])}. ovs-ofctl loads what the agent"
+        " installed (its own dump); the same switch content after both:"
+        f" {'yes' if sc['same_content'] else '**no**'}.",
         "",
     ]
 

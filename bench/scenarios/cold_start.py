@@ -12,8 +12,9 @@ clock):
   (every Service committed, the node's routes reconciled; /healthz is then checked 200);
 * ``manifests``: the same with ``--manifests`` (the same cluster as YAML files);
 * ``ofctl``: ``ovs-ofctl --bundle add-groups`` + ``add-flows`` loading the same groups and
-  flows (``bench.dp``'s full-sync baseline; the switch content after ours and after ofctl
-  is compared, groups named by their ClusterIP since the proxier numbers them its own way).
+  flows: what the agent's first run installed, dumped by ``ovs-ofctl`` itself
+  (``dp.dump_for_ofctl``; the first round runs the agent first); the switch content after
+  each contender is compared (``same_content``).
 
 Where the time goes: the same agent in ``bench.agent_probe`` (timers around the functions
 that own each phase: list, decode, convert, track, proxier, build, stage, commit). Decoders
@@ -170,13 +171,13 @@ async def _measure(
         files = cluster.manifest_files(manifest_dir, services, endpoints)
         yaml_bytes = sum(p.stat().st_size for p in files)
         groups_file, flows_file = tmp / "groups", tmp / "flows"
-        group_lines = groups_file.read_text().splitlines()
-        flow_lines = flows_file.read_text().splitlines()
         contents: dict[str, tuple[int, int, str]] = {}
 
         def check(who: str) -> None:
             if who not in contents:
                 contents[who] = agentrun.switch_content(sb)
+                if who == "api":  # the baseline loads what the agent installed
+                    dp.dump_for_ofctl(sb, groups_file, flows_file)
             agentrun.reset(sb)
 
         async def from_api() -> agentrun.AgentRun:
@@ -191,6 +192,7 @@ async def _measure(
             return run
 
         async def ofctl() -> dp.OfctlRun:
+            assert "api" in contents, "the agent runs first: ofctl loads what it installed"
             run = await asyncio.to_thread(dp.run_ofctl, sb, groups_file, flows_file)
             check("ofctl")
             return run
@@ -242,8 +244,8 @@ async def _measure(
     return {
         "services": services,
         "endpoints_per_service": endpoints,
-        "flows": len(flow_lines),
-        "groups": len(group_lines),
+        "flows": contents["api"][0],
+        "groups": contents["api"][1],
         "rounds": rounds,
         "api_list_pages": len(pages),
         "api_list_mb": round(page_bytes / 1e6, 1),
@@ -288,14 +290,4 @@ async def _measure(
 def run(quick: bool) -> dict[str, Any]:
     services, rounds, probe_rounds = (500, 1, 1) if quick else (10_000, 3, 3)
     with tempfile.TemporaryDirectory(prefix="ovsproxy-bench-cold-") as tmp, dp.sandbox() as sb:
-        write_ofctl_files(Path(tmp), services, 10)
         return asyncio.run(_measure(sb, services, 10, rounds, probe_rounds, Path(tmp)))
-
-
-def write_ofctl_files(tmp: Path, services: int, endpoints: int) -> None:
-    """``tmp/groups`` and ``tmp/flows``: what the full sync of dp.cluster sends, as ovs-ofctl
-    input (call outside any running event loop)."""
-    messages = dp.full_sync_messages(dp.cluster(services, endpoints))
-    group_lines, flow_lines = dp.ofctl_text(messages)
-    (tmp / "groups").write_text("\n".join(group_lines) + "\n")
-    (tmp / "flows").write_text("\n".join(flow_lines) + "\n")

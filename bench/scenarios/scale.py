@@ -1,13 +1,15 @@
-"""Scale: cold start time and memory of the agent at 1,000 / 10,000 / 50,000 Services x 10
-endpoints (200 / 500 / 1,000 with ``--quick``), and how they grow.
+"""Scale: cold start time and memory of the agent at 1,000 / 10,000 / 50,000 / 100,000
+Services x 10 endpoints (200 / 500 / 1,000 with ``--quick``), and how they grow.
 
 For each size, in one private sandbox: ``ovsproxy run --kubeconfig`` against the fake API
 (as in ``cold-start``: spawn to "first sync done"), its resident set size then (VmRSS) and
 at its peak (VmHWM), and ``ovs-ofctl`` loading the same groups and flows (the baseline, same
-run). Growth is judged on the marginal cost per Service between consecutive sizes, of the
-agent's CPU time up to healthy (the wall time on a shared machine drifts with its load) and
-of its RSS: where it is more than 25% above the first step's, growth is not linear there,
-and the output says so.
+run: ``ovs-ofctl``'s own dump of what the agent installed, ``same_content`` once loaded).
+Goals (issue 26): at every size, the cold start within 1.5x ovs-ofctl's; at every step, at
+most 8 kB of RSS per added Service. Growth is judged on the marginal cost per Service
+between consecutive sizes, of the agent's CPU time up to healthy (the wall time on a shared
+machine drifts with its load) and of its RSS: where it is more than 25% above the first
+step's, growth is not linear there, and the output says so.
 The plot (``plot``) is committed with the results.
 """
 
@@ -21,15 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from bench import agentrun, dp
-from bench.scenarios.cold_start import write_ofctl_files
 
 NAME = "scale"
-DESCRIPTION = "cold start time and RSS at 1,000 / 10,000 / 50,000 Services x 10 endpoints"
+DESCRIPTION = "cold start time and RSS at 1,000 to 100,000 Services x 10 endpoints"
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
-SIZES = [1_000, 10_000, 50_000]
+SIZES = [1_000, 10_000, 50_000, 100_000]
 QUICK_SIZES = [200, 500, 1_000]
 ENDPOINTS = 10
+GOAL_RATIO_VS_OFCTL = 1.5  # at every size (issue 26)
+GOAL_RSS_PER_SERVICE_KB = 8  # per added Service, every step (issue 26)
 NONLINEAR = 1.25  # marginal cost per Service above the first step's by this factor
 
 
@@ -39,12 +42,14 @@ async def _one(sb: Any, services: int, tmp: Path) -> dict[str, Any]:
         kubeconfig = str(api.kubeconfig(tmp / f"kubeconfig-{services}"))
         agentrun.reset(sb)
         run = await agentrun.run_agent(agentrun.agent_flags(sb, ["--kubeconfig", kubeconfig]))
-        flows, groups, _ = agentrun.switch_content(sb)
+        content = agentrun.switch_content(sb)
+        groups_file, flows_file = tmp / f"groups-{services}", tmp / f"flows-{services}"
+        dp.dump_for_ofctl(sb, groups_file, flows_file)  # the baseline loads what it installed
         agentrun.reset(sb)
-        ofctl = await asyncio.to_thread(
-            dp.run_ofctl, sb, tmp / f"groups-{services}", tmp / f"flows-{services}"
-        )
+        ofctl = await asyncio.to_thread(dp.run_ofctl, sb, groups_file, flows_file)
+        same = agentrun.switch_content(sb) == content
         agentrun.reset(sb)
+        flows, groups, _ = content
     finally:
         await api.stop()
     return {
@@ -58,6 +63,7 @@ async def _one(sb: Any, services: int, tmp: Path) -> dict[str, Any]:
         "rss_mb": round(run.rss_kb / 1024, 1),
         "peak_rss_mb": round(run.hwm_kb / 1024, 1),
         "healthy": run.healthy,
+        "same_content": same,
     }
 
 
@@ -108,11 +114,6 @@ def _plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def run(quick: bool) -> dict[str, Any]:
     sizes = QUICK_SIZES if quick else SIZES
     with tempfile.TemporaryDirectory(prefix="ovsproxy-bench-scale-") as tmp:
-        for services in sizes:  # outside any event loop (the baseline's steering runs one)
-            directory = Path(tmp)
-            write_ofctl_files(directory, services, ENDPOINTS)
-            (directory / "groups").rename(directory / f"groups-{services}")
-            (directory / "flows").rename(directory / f"flows-{services}")
 
         async def measure(sb: Any) -> list[dict[str, Any]]:
             return [await _one(sb, services, Path(tmp)) for services in sizes]
@@ -135,6 +136,12 @@ def run(quick: bool) -> dict[str, Any]:
     _plot(rows, path, f"ovsproxy cold start from the Kubernetes API ({ENDPOINTS} endpoints each)")
     return {
         "sizes": rows,
+        "same_content": all(r["same_content"] for r in rows),
+        "goal_ratio_vs_ofctl": GOAL_RATIO_VS_OFCTL,
+        "worst_ratio_vs_ofctl": max(r["ratio_vs_ofctl"] for r in rows),
+        "goal_ratio_met": all(r["ratio_vs_ofctl"] <= GOAL_RATIO_VS_OFCTL for r in rows),
+        "goal_rss_per_service_kb": GOAL_RSS_PER_SERVICE_KB,
+        "goal_rss_met": all(s["per_service"] <= GOAL_RSS_PER_SERVICE_KB for s in rss_growth),
         "cold_start_cpu_growth": time_growth,  # per_service in ms of CPU
         "rss_growth": rss_growth,  # per_service in kB
         "linear": not notes,

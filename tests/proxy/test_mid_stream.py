@@ -31,9 +31,16 @@ def _text(flow: object) -> str:
     return re.sub(r" cookie:0x[0-9a-f]+", "", flow.to_text()).removeprefix(" ADD ")  # type: ignore[attr-defined]
 
 
+K1 = svc.endpoint_key(*E1)
+K6 = svc.endpoint_key(*E6)
+
+
 def test_contribution_inverts_and_leaves_the_virtual_nodeport_ip_out() -> None:
     got = contribution({F1: frozenset({E1}), VNP: frozenset({E1}), F6: frozenset({E6})})
-    assert got == {E1: frozenset({F1}), E6: frozenset({F6})}
+    assert got == {K1: frozenset({F1}), K6: frozenset({F6})}
+    assert contribution({F1: frozenset({E1, E6})}) == {K1: {F1}, K6: {F1}}
+    assert contribution({F1: frozenset(), F2: frozenset({E1})}) == {K1: {F2}}
+    assert svc.endpoint_of_key(K1) == E1 and svc.endpoint_of_key(K6) == E6
 
 
 def test_one_frontend_recreates_the_translation_more_drop() -> None:
@@ -49,46 +56,73 @@ def test_one_frontend_recreates_the_translation_more_drop() -> None:
     assert two.endswith("tp_src=8080 actions=drop")
 
 
+class Recorder:
+    """Stands in for the datapath's ``stage``: what each owner wants now, as text."""
+
+    def __init__(self) -> None:
+        self.staged: dict[object, list[str]] = {}
+
+    def stage(self, owner: object, groups: object, flows: list[object]) -> None:
+        self.staged[owner] = [_text(of.decode_flow_mod(f[1])) for f in flows]  # type: ignore[index]
+
+
 def test_index_stages_what_changed_and_removes_what_left() -> None:
-    staged: dict[object, list[str]] = {}
-
-    class Recorder:
-        def stage(self, owner: object, groups: object, flows: list[object]) -> None:
-            staged[owner] = [_text(of.decode_flow_mod(f[1])) for f in flows]  # encoded
-
+    rec = Recorder()
     index = MidStreamIndex()
-    index.update({}, {E1: frozenset({F1})})
-    index.update({}, {E1: frozenset({F2})})  # a second Service with the same endpoint
-    assert index.stage(Recorder(), _ctx()) == 1  # type: ignore[arg-type]
-    assert staged[("mid-stream", *E1)][0].endswith("actions=drop")
-    index.update({E1: frozenset({F2})}, {})  # it leaves: one frontend again
-    index.stage(Recorder(), _ctx())  # type: ignore[arg-type]
-    assert "nat(src=10.96.0.10:80)" in staged[("mid-stream", *E1)][0]
-    index.update({E1: frozenset({F1})}, {})
-    index.stage(Recorder(), _ctx())  # type: ignore[arg-type]
-    assert staged[("mid-stream", *E1)] == []
-    assert index.stage(Recorder(), _ctx()) == 0  # type: ignore[arg-type]
+    index.update("a", {K1: frozenset({F1})})
+    index.update("b", {K1: frozenset({F2})})  # a second Service with the same endpoint
+    assert index.stage(rec, _ctx()) == 2  # type: ignore[arg-type]
+    assert rec.staged[("mid-stream", "a")][0].endswith("actions=drop")
+    assert rec.staged[("mid-stream", "b")] == rec.staged[("mid-stream", "a")]
+    index.update("b", {})  # it leaves: one frontend again, and a's flow says so
+    assert index.stage(rec, _ctx()) == 2  # type: ignore[arg-type]
+    assert "nat(src=10.96.0.10:80)" in rec.staged[("mid-stream", "a")][0]
+    assert rec.staged[("mid-stream", "b")] == []
+    index.update("a", {})
+    index.stage(rec, _ctx())  # type: ignore[arg-type]
+    assert rec.staged[("mid-stream", "a")] == []
+    assert index.stage(rec, _ctx()) == 0  # type: ignore[arg-type]
 
 
-_addresses = st.sampled_from([E1, E6, F1, F2, F6])
-_contributions = st.dictionaries(_addresses, st.frozensets(_addresses, min_size=1), max_size=3)
+F6B = (ipaddress.ip_address("fd00:10:96::11"), 80)
+# an endpoint's frontends are of its family
+_entries = st.one_of(
+    st.tuples(
+        st.sampled_from([K1, svc.endpoint_key(*F1)]),
+        st.frozensets(st.sampled_from([F1, F2, E1]), min_size=1, max_size=3),
+    ),
+    st.tuples(st.just(K6), st.frozensets(st.sampled_from([F6, F6B]), min_size=1)),
+)
+_contributions = st.lists(_entries, max_size=3).map(dict)
 
 
-@given(st.lists(st.tuples(st.integers(0, 3), _contributions), max_size=12))
-def test_index_equals_a_recount_from_scratch(changes: list[tuple[int, Contribution]]) -> None:
-    """Any sequence of Service ports changing their contribution: the counts equal those
-    counted afresh from what each port contributes now."""
+@given(st.lists(st.tuples(st.integers(0, 3), _contributions), min_size=1, max_size=12))
+def test_staged_flows_equal_a_recount_from_scratch(changes: list[tuple[int, Contribution]]) -> None:
+    """Any sequence of Service ports changing their contribution, staged after each change or
+    after several: every port's staged flows are those computed afresh from what every port
+    contributes now (an endpoint's flow from all its holders' frontends)."""
     index = MidStreamIndex()
+    rec = Recorder()
     current: dict[int, Contribution] = {}
-    for port, new in changes:
-        index.update(current.get(port, {}), new)
+    for step, (port, new) in enumerate(changes):
+        index.update(port, new)
         current[port] = new
-    expected: dict[Address, set[Address]] = {}
+        if step % 2 or step == len(changes) - 1:
+            index.stage(rec, _ctx())  # type: ignore[arg-type]
+    every: dict[int, set[Address]] = {}
     for contrib in current.values():
-        for endpoint, fronts in contrib.items():
-            expected.setdefault(endpoint, set()).update(fronts)
-    for endpoint in (E1, E6, F1, F2, F6):
-        assert set(index.frontends(endpoint)) == expected.get(endpoint, set())
+        for key, fronts in contrib.items():
+            every.setdefault(key, set()).update(fronts)
+    for port, contrib in current.items():
+        expected = [
+            _text(
+                svc.mid_stream_flow(_ctx(), *svc.endpoint_of_key(key), sorted(every[key], key=str))
+            )
+            for key in contrib
+        ]
+        assert rec.staged.get(("mid-stream", port), []) == expected
+    for key, fronts in every.items():
+        assert index.frontends(key) == fronts
 
 
 _v4 = st.integers(1, 2**32 - 2).map(ipaddress.IPv4Address)
@@ -105,6 +139,6 @@ _ports = st.integers(1, 0xFFFF)
 def test_the_fast_encoding_is_the_generic_one(case: tuple) -> None:  # type: ignore[type-arg]
     ip, port, frontends = case
     fronts = dict.fromkeys(frontends)
-    assert svc.mid_stream_wire(_ctx(), ip, port, fronts) == (
+    assert svc.mid_stream_wire(_ctx(), svc.endpoint_key(ip, port), fronts) == (
         svc.mid_stream_flow(_ctx(), ip, port, fronts).wire
     )

@@ -46,8 +46,9 @@ def apply_actions(*actions: of.Action) -> tuple[of.Instruction, ...]:
 BucketWire = Callable[[int], bytes]
 DnatTemplates = dict[int, templates.EndpointDnatFlows]
 FrontendTemplates = dict[int, templates.FrontendFlows]
-# A mid-stream flow as bytes: (endpoint, port, frontend, frontend port) go in.
-MidStreamWire = Callable[[IPAddress, int, IPAddress, int], bytes]
+# A mid-stream flow as bytes: the endpoint (``service_flows.endpoint_key``), the frontend
+# and its port go in.
+MidStreamWire = Callable[[int, IPAddress, int], bytes]
 
 
 class Encoders:

@@ -237,17 +237,23 @@ _SAMPLES = {
 }
 
 
+def endpoint_of_key(key: EndpointKey) -> tuple[IPAddress, int]:
+    """The (address, port) an ``endpoint_key`` was made of."""
+    address, port = key >> 17, (key >> 1) & 0xFFFF
+    return (ipaddress.IPv6Address(address) if key & 1 else _IPV4(address)), port
+
+
 def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> MidStreamWire | None:
     """A fast ``mid_stream_flow(...).wire`` for one family and kind (None: not templatable)."""
 
-    def generic(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+    def generic(key: EndpointKey, frontend: IPAddress, frontend_port: int) -> bytes:
         fronts = [(frontend, frontend_port)] * (1 if recreate else 2)
         if not recreate:  # two frontends: the drop
             fronts[1] = (frontend, frontend_port + 1 if frontend_port < 0xFFFF else 1)
-        return mid_stream_flow(ctx, ip, port, fronts).wire
+        return mid_stream_flow(ctx, *endpoint_of_key(key), fronts).wire
 
     sample, check = _SAMPLES[version]
-    proto = generic(*sample)
+    proto = generic(endpoint_key(sample[0], sample[1]), sample[2], sample[3])
     values = [(sample[0].packed, 0), (sample[1].to_bytes(2, "big"), 1)]
     if recreate:
         values += [(sample[2].packed, 2), (sample[3].to_bytes(2, "big"), 3)]
@@ -257,12 +263,13 @@ def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> MidStreamWir
         if at < 0 or proto.find(raw, at + 1) >= 0:
             return None
         places.append((at, at + len(raw), which))
+    address_bytes = 16 if version == 6 else 4
 
-    def fast(ip: IPAddress, port: int, frontend: IPAddress, frontend_port: int) -> bytes:
+    def fast(key: EndpointKey, frontend: IPAddress, frontend_port: int) -> bytes:
         wire = bytearray(proto)
         args = (
-            ip.packed,
-            port.to_bytes(2, "big"),
+            (key >> 17).to_bytes(address_bytes, "big"),
+            ((key >> 1) & 0xFFFF).to_bytes(2, "big"),
             frontend.packed,
             frontend_port.to_bytes(2, "big"),
         )
@@ -270,25 +277,27 @@ def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> MidStreamWir
             wire[start:end] = args[which]
         return bytes(wire)
 
-    if fast(*check) != generic(*check):
+    check_key = endpoint_key(check[0], check[1])
+    if fast(check_key, check[2], check[3]) != generic(check_key, check[2], check[3]):
         return None
     return fast
 
 
 def mid_stream_wire(
-    ctx: Context, ip: IPAddress, port: int, frontends: Collection[tuple[IPAddress, int]]
+    ctx: Context, endpoint: EndpointKey, frontends: Collection[tuple[IPAddress, int]]
 ) -> bytes:
-    """``mid_stream_flow(ctx, ip, port, frontends).wire``, several times cheaper."""
+    """``mid_stream_flow(ctx, *endpoint_of_key(endpoint), frontends).wire``, several times
+    cheaper (the endpoint as its ``endpoint_key``: the index keeps it so)."""
     recreate = len(frontends) == 1
     made = ctx.encoders.mid_stream
-    key = (ip.version, recreate)
+    key = (6 if endpoint & 1 else 4, recreate)
     if key not in made:
-        made[key] = _mid_stream_wire(ctx, ip.version, recreate)
+        made[key] = _mid_stream_wire(ctx, key[0], recreate)
     fast = made[key]
+    frontend, frontend_port = next(iter(frontends))
     if fast is None:
-        return mid_stream_flow(ctx, ip, port, frontends).wire
-    frontend, frontend_port = next(iter(frontends)) if recreate else (ip, 1)
-    return fast(ip, port, frontend, frontend_port)
+        return mid_stream_flow(ctx, *endpoint_of_key(endpoint), frontends).wire
+    return fast(endpoint, frontend, frontend_port)
 
 
 def service_frontend_ips(port: ServicePort, family: IPFamily) -> tuple[IPAddress, ...]:

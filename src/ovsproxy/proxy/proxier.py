@@ -641,7 +641,7 @@ class Proxier:
             ),
             conntrack_flushes=previous.conntrack_flushes if previous else 0,
         )
-        self._after_change(previous, installed)
+        self._after_change(name, previous, installed)
         self.services[name] = installed
         self._endpoint_total += len(installed.endpoints) - (
             len(previous.endpoints) if previous is not None else 0
@@ -657,7 +657,7 @@ class Proxier:
         previous = self.services.pop(name, None)
         if previous is not None:
             self._endpoint_total -= len(previous.endpoints)
-            self._after_change(previous, None)
+            self._after_change(name, previous, None)
 
     def _update_forwarding(
         self,
@@ -681,7 +681,9 @@ class Proxier:
         rejector asks it of a reject packet-in (``datapath.reject.Rejector.forwards``)."""
         return (ip_proto, address, port) in self._forwarding
 
-    def _after_change(self, old: InstalledService | None, new: InstalledService | None) -> None:
+    def _after_change(
+        self, name: ServicePortName, old: InstalledService | None, new: InstalledService | None
+    ) -> None:
         """Queue what must follow the commit: UDP conntrack flushes for (frontend, endpoint)
         pairs that went away, and deletes of learned affinity flows that no longer apply;
         update the frontends per TCP endpoint (the mid-stream flows, standalone).
@@ -696,9 +698,7 @@ class Proxier:
             and old.state.port.protocol == new.state.port.protocol
         )
         if self.mid_stream is not None:
-            self.mid_stream.update(
-                _mid_stream_contribution(old, old_map), _mid_stream_contribution(new, new_map)
-            )
+            self.mid_stream.update(name, _mid_stream_contribution(new, new_map))
         if new is not None:
             protocol = new.state.port.protocol
             before = old_map if same_l4 else {}
