@@ -264,18 +264,26 @@ def _mid_stream_wire(ctx: Context, version: int, recreate: bool) -> MidStreamWir
             return None
         places.append((at, at + len(raw), which))
     address_bytes = 16 if version == 6 else 4
+    places.sort()
+    # the sample's bytes between the places, each followed by the value that goes there
+    pieces = [proto[end : places[i + 1][0]] for i, (_, end, _) in enumerate(places[:-1])]
+    head, tail = proto[: places[0][0]], proto[places[-1][1] :]
+    order = [which for _, _, which in places]
+    join = b"".join
 
     def fast(key: EndpointKey, frontend: IPAddress, frontend_port: int) -> bytes:
-        wire = bytearray(proto)
         args = (
             (key >> 17).to_bytes(address_bytes, "big"),
             ((key >> 1) & 0xFFFF).to_bytes(2, "big"),
-            frontend.packed,
-            frontend_port.to_bytes(2, "big"),
+            frontend.packed if recreate else b"",
+            frontend_port.to_bytes(2, "big") if recreate else b"",
         )
-        for start, end, which in places:
-            wire[start:end] = args[which]
-        return bytes(wire)
+        if recreate:
+            return join(
+                (head, args[order[0]], pieces[0], args[order[1]], pieces[1], args[order[2]],
+                 pieces[2], args[order[3]], tail)
+            )  # fmt: skip
+        return join((head, args[order[0]], pieces[0], args[order[1]], tail))
 
     check_key = endpoint_key(check[0], check[1])
     if fast(check_key, check[2], check[3]) != generic(check_key, check[2], check[3]):

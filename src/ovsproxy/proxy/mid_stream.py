@@ -86,6 +86,11 @@ class MidStreamIndex:
         if old == new:
             return
         holders, dirty = self._holders, self._dirty
+        if not old and holders.keys().isdisjoint(new):  # a new port, endpoints of its own
+            holders.update(dict.fromkeys(new, name))
+            self._ports[name] = new
+            dirty.add(name)
+            return
         for key, fronts in old.items():
             if key in new:
                 if new[key] != fronts:
