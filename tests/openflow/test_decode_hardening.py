@@ -63,12 +63,31 @@ def containers(actions_wire: bytes) -> dict[str, bytes]:
     }
 
 
+def decode_all(data: bytes) -> of.Message:
+    """``of.decode``, and the flows of a FLOW_DESC reply (decoded when read)."""
+    msg = of.decode(data)
+    if isinstance(msg, of.FlowDescReply):
+        assert msg.flows
+    return msg
+
+
 @pytest.mark.parametrize("kind", sorted(containers(nested_ct_wire(2))))
 def test_deeply_nested_ct_is_a_decode_error_in_every_message(kind: str) -> None:
     data = containers(nested_ct_wire(DEEP))[kind]
     assert len(data) < 10_000
     with pytest.raises(of.OpenFlowDecodeError, match="nested more than 100"):
-        of.decode(data)
+        decode_all(data)
+
+
+def test_a_flow_desc_reply_is_framed_at_decode_and_its_flows_decoded_when_read() -> None:
+    good = of.FlowMod(3, 7, actions=[of.Output(1)], cookie=0xAB)
+    data = bytearray(of.encode(of.FlowDescReply([of.FlowDesc(good), of.FlowDesc(good)]), 5))
+    reply = of.decode(bytes(data))
+    assert reply.cookies == [0xAB, 0xAB] and [d.flow for d in reply.flows] == [good, good]
+    truncated = bytes(data[:-4])
+    truncated = truncated[:2] + len(truncated).to_bytes(2, "big") + truncated[4:]
+    with pytest.raises(of.OpenFlowDecodeError, match="flow desc"):
+        of.decode(truncated)  # an entry runs past the message: at decode
 
 
 def test_deeply_nested_ct_is_a_decode_error_on_the_stream_path() -> None:
@@ -102,7 +121,7 @@ def test_the_deepest_nesting_ovs_allows_decodes_and_prints() -> None:
         of.to_text(of.decode(data), 1)
     for data in containers(nested_ct_wire(LIMIT + 1)).values():
         with pytest.raises(of.OpenFlowDecodeError, match="nested more than 100"):
-            of.decode(data)
+            decode_all(data)
 
 
 def test_building_ct_deeper_than_the_bound_is_an_encode_error() -> None:

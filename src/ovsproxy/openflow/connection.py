@@ -844,7 +844,11 @@ class Channel:
         return {s.group_id for s in await self.group_stats()}
 
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
-        return [f.flow.cookie for f in await self.dump_flows(cookie=cookie, cookie_mask=mask)]
+        """The cookies of the installed flows that match ``cookie``/``mask`` (a FLOW_DESC
+        dump of which only the cookies are decoded)."""
+        request = of.FlowDescRequest(cookie=cookie, cookie_mask=mask)
+        replies = await self.request(request, self.bundle_timeout)
+        return [c for reply in replies for c in reply.cookies]
 
     # -- receiving ------------------------------------------------------------------------------
 

@@ -20,17 +20,9 @@ from .flows import _FLOW_MOD, FlowMod
 from .groups import _BUCKET, _GROUP_MOD, _SELECTION_METHOD, Bucket, GroupMod
 from .message import Message
 from .multipart import (
-    _FLOW_DESC,
     _FLOW_DESC_REQUEST,
     _GROUP_STATS,
     _MULTIPART,
-    _OXS_BYTE_COUNT,
-    _OXS_CLASS,
-    _OXS_DURATION,
-    _OXS_IDLE_TIME,
-    _OXS_PACKET_COUNT,
-    _OXS_STAT,
-    FlowDesc,
     FlowDescReply,
     FlowDescRequest,
     GroupDescReply,
@@ -347,7 +339,7 @@ def _dec_multipart_reply(data: bytes, version: int) -> Message:
     mp_type, flags = _MULTIPART.unpack_from(data, 8)
     more = bool(flags & c.OFPMPF_MORE)
     if mp_type == c.MultipartType.FLOW_DESC:
-        return FlowDescReply(_decode_flow_descs(data, 16), more)
+        return FlowDescReply.decoded(data[8:], more)
     if mp_type == c.MultipartType.GROUP_DESC:
         return GroupDescReply(_decode_group_descs(data, 16), more)
     if mp_type == c.MultipartType.GROUP_STATS:
@@ -368,65 +360,6 @@ def _decode_group_stats(data: bytes, pos: int) -> Iterator[GroupStats]:
         buckets = tuple(struct.unpack_from("!QQ", data, p) for p in range(pos + 40, end, 16))
         yield GroupStats(group_id, ref_count, packets, octets, sec, nsec, buckets)
         pos = end
-
-
-def _decode_flow_descs(data: bytes, pos: int) -> Iterator[FlowDesc]:
-    while pos < len(data):
-        if pos + 24 > len(data):
-            raise OpenFlowDecodeError("truncated flow desc")
-        (length, table_id, priority, idle, hard, flags, importance, cookie) = (
-            _FLOW_DESC.unpack_from(data, pos)
-        )
-        end = pos + length
-        if length < 24 or end > len(data):
-            raise OpenFlowDecodeError(f"bad flow desc length {length}")
-        match, match_len = Match.decode(data[:end], pos + 24)
-        stats_pos = pos + 24 + match_len
-        if stats_pos + 4 > end:
-            raise OpenFlowDecodeError("flow desc without stats")
-        _, stats_len = _OXS_STAT.unpack_from(data, stats_pos)
-        stats_end = stats_pos + (stats_len + 7) // 8 * 8
-        if stats_len < 4 or stats_end > end:
-            raise OpenFlowDecodeError("bad flow desc stats length")
-        stats = _decode_oxs(data, stats_pos + 4, stats_pos + stats_len)
-        instructions = decode_instructions(data, stats_end, end)
-        flow = FlowMod(
-            table_id,
-            priority,
-            match,
-            instructions,
-            cookie=cookie,
-            idle_timeout=idle,
-            hard_timeout=hard,
-            flags=flags,
-            importance=importance,
-        )
-        yield FlowDesc(flow, **stats)
-        pos = end
-
-
-def _decode_oxs(data: bytes, pos: int, end: int) -> dict[str, int]:
-    stats: dict[str, int] = {}
-    while pos < end:
-        if pos + 4 > end:
-            raise OpenFlowDecodeError("truncated OXS header")
-        header = _U32.unpack_from(data, pos)[0]
-        length = header & 0xFF
-        if pos + 4 + length > end or length not in (4, 8):
-            raise OpenFlowDecodeError("bad OXS entry")
-        value = int.from_bytes(data[pos + 4 : pos + 4 + length], "big")
-        if header >> 16 == _OXS_CLASS:
-            field = (header >> 9) & 0x7F
-            if field == _OXS_DURATION:
-                stats["duration_sec"], stats["duration_nsec"] = value >> 32, value & 0xFFFFFFFF
-            elif field == _OXS_IDLE_TIME:
-                stats["idle_age"] = value >> 32
-            elif field == _OXS_PACKET_COUNT:
-                stats["packet_count"] = value
-            elif field == _OXS_BYTE_COUNT:
-                stats["byte_count"] = value
-        pos += 4 + length
-    return stats
 
 
 def _decode_group_descs(data: bytes, pos: int) -> Iterator[GroupMod]:

@@ -4,18 +4,21 @@ GROUP_STATS, and the raw reply of any other type."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar, Self
 
 from . import constants as c
-from .errors import OpenFlowEncodeError
+from .actions import decode_instructions
+from .errors import OpenFlowDecodeError, OpenFlowEncodeError
 from .fields import Match, format_port
 from .flows import FlowMod, format_flow
 from .groups import _GROUP_MOD, GroupMod, format_group
 from .message import Message
 
+_U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
+_U64 = struct.Struct("!Q")
 _ZEROS = bytes(8)
 _EMPTY_MATCH = Match()
 _EMPTY_MATCH = Match()
@@ -155,24 +158,120 @@ def _oxs(field: int, value: int) -> bytes:
 
 
 class FlowDescReply(Message):
-    """OFPMP_FLOW_DESC reply: installed flows. ``more`` means more replies follow."""
+    """OFPMP_FLOW_DESC reply: installed flows. ``more`` means more replies follow.
+
+    Decoded from the wire, the flows stay bytes until read (``flows``): a full switch
+    answers with hundreds of thousands, and what the adoption and the drift check need of
+    each is its cookie (``cookies`` reads that field alone). The entries' framing is checked
+    when the reply is decoded; a flow's own encoding when it is read."""
 
     __slots__ = ()
-    _fields = ("flows", "more")
-    flows: tuple[FlowDesc, ...]
+    _fields = ("more",)
     more: bool
     msg_type = c.MsgType.MULTIPART_REPLY
     raw_name = "OFPST_FLOW reply"
 
     def __new__(cls, flows: Iterable[FlowDesc] = (), more: bool = False) -> FlowDescReply:
-        flows = tuple(flows)
         wire = _MULTIPART.pack(c.MultipartType.FLOW_DESC, c.OFPMPF_MORE if more else 0) + b"".join(
             f.encode() for f in flows
         )
-        return tuple.__new__(cls, (wire, flows, bool(more)))
+        return tuple.__new__(cls, (wire, bool(more)))
+
+    @classmethod
+    def decoded(cls, body: bytes, more: bool) -> FlowDescReply:
+        """The reply whose body (after the OpenFlow header) is ``body``."""
+        for _ in _flow_desc_entries(body, _MULTIPART.size):
+            pass
+        return tuple.__new__(cls, (body, bool(more)))
+
+    @property
+    def flows(self) -> tuple[FlowDesc, ...]:
+        return tuple(_decode_flow_descs(self[0], _MULTIPART.size))
+
+    @property
+    def cookies(self) -> list[int]:
+        """Each flow's cookie, in order (nothing else decoded)."""
+        return [cookie for _, _, cookie in _flow_desc_entries(self[0], _MULTIPART.size)]
 
     def to_text(self, xid: int = 0) -> str:
-        return "".join("\n " + f.format_flow() for f in self[1])
+        return "".join("\n " + f.format_flow() for f in self.flows)
+
+
+_COOKIE_AT = 16  # in a flow desc entry
+
+
+def _flow_desc_entries(data: bytes, pos: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, cookie) of each flow desc entry from ``pos``; checks the lengths."""
+    size = len(data)
+    unpack_length, unpack_cookie = _U16.unpack_from, _U64.unpack_from
+    while pos < size:
+        if pos + 24 > size:
+            raise OpenFlowDecodeError("truncated flow desc")
+        length = unpack_length(data, pos)[0]
+        end = pos + length
+        if length < 24 or end > size:
+            raise OpenFlowDecodeError(f"bad flow desc length {length}")
+        yield pos, end, unpack_cookie(data, pos + _COOKIE_AT)[0]
+        pos = end
+
+
+def _decode_flow_descs(data: bytes, pos: int) -> Iterator[FlowDesc]:
+    while pos < len(data):
+        if pos + 24 > len(data):
+            raise OpenFlowDecodeError("truncated flow desc")
+        (length, table_id, priority, idle, hard, flags, importance, cookie) = (
+            _FLOW_DESC.unpack_from(data, pos)
+        )
+        end = pos + length
+        if length < 24 or end > len(data):
+            raise OpenFlowDecodeError(f"bad flow desc length {length}")
+        match, match_len = Match.decode(data[:end], pos + 24)
+        stats_pos = pos + 24 + match_len
+        if stats_pos + 4 > end:
+            raise OpenFlowDecodeError("flow desc without stats")
+        _, stats_len = _OXS_STAT.unpack_from(data, stats_pos)
+        stats_end = stats_pos + (stats_len + 7) // 8 * 8
+        if stats_len < 4 or stats_end > end:
+            raise OpenFlowDecodeError("bad flow desc stats length")
+        stats = _decode_oxs(data, stats_pos + 4, stats_pos + stats_len)
+        instructions = decode_instructions(data, stats_end, end)
+        flow = FlowMod(
+            table_id,
+            priority,
+            match,
+            instructions,
+            cookie=cookie,
+            idle_timeout=idle,
+            hard_timeout=hard,
+            flags=flags,
+            importance=importance,
+        )
+        yield FlowDesc(flow, **stats)
+        pos = end
+
+
+def _decode_oxs(data: bytes, pos: int, end: int) -> dict[str, int]:
+    stats: dict[str, int] = {}
+    while pos < end:
+        if pos + 4 > end:
+            raise OpenFlowDecodeError("truncated OXS header")
+        header = _U32.unpack_from(data, pos)[0]
+        length = header & 0xFF
+        if pos + 4 + length > end or length not in (4, 8):
+            raise OpenFlowDecodeError("bad OXS entry")
+        value = int.from_bytes(data[pos + 4 : pos + 4 + length], "big")
+        if header >> 16 == _OXS_CLASS:
+            field = (header >> 9) & 0x7F
+            if field == _OXS_DURATION:
+                stats["duration_sec"], stats["duration_nsec"] = value >> 32, value & 0xFFFFFFFF
+            elif field == _OXS_IDLE_TIME:
+                stats["idle_age"] = value >> 32
+            elif field == _OXS_PACKET_COUNT:
+                stats["packet_count"] = value
+            elif field == _OXS_BYTE_COUNT:
+                stats["byte_count"] = value
+        pos += 4 + length
+    return stats
 
 
 class GroupDescReply(Message):
