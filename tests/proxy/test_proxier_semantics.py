@@ -124,13 +124,21 @@ def test_external_ips_follow_the_external_policy() -> None:
 # -- the proxier against a recording switch ------------------------------------------------------
 
 
+# the cookie of a flow an earlier agent (generation 7) left on the switch
+OUR_OLDER_FLOW = (pl.COOKIE_APP << pl.COOKIE_APP_SHIFT) | (7 << pl.COOKIE_GENERATION_SHIFT)
+
+
 class Recorder(FakeSwitch):
     """The shared fake switch, also standing in for the conntrack flusher: commits, sends
     and flushes all go into one log, in order."""
 
-    async def flush(self, filters) -> None:
+    async def flush(self, filters, *, again: bool = True) -> None:
         self.log.append(("flush", list(filters)))
-        self.pending += len(filters)  # a real flusher flushes them again after revalidation
+        self.flushed_again.append(again)
+        if again:  # a real flusher flushes them again after revalidation
+            self.pending += len(filters)
+
+    flushed_again: list[bool]
 
     pending = 0
 
@@ -149,6 +157,7 @@ class Recorder(FakeSwitch):
 @pytest.fixture
 def rig():
     recorder = Recorder()
+    recorder.flushed_again = []
     tracker = ChangeTracker()
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
@@ -381,6 +390,7 @@ def test_local_sets_fall_back_to_serving_terminating_endpoints(endpoints, expect
 
 async def test_cluster_ips_are_handed_on_only_when_they_change() -> None:
     recorder = Recorder()
+    recorder.flushed_again = []
     tracker = ChangeTracker()
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
@@ -414,6 +424,7 @@ async def test_pod_forwarding_is_staged_only_for_pods_that_changed() -> None:
     from ovsproxy.model.node import PodPort
 
     recorder = Recorder()
+    recorder.flushed_again = []
     tracker = ChangeTracker()
     tracker.on_synced(SYNC_SERVICES)
     tracker.on_synced(SYNC_ENDPOINT_SLICES)
@@ -481,6 +492,7 @@ async def test_each_side_frontend_map_is_built_once_per_changed_port(rig, monkey
         return original(self)
 
     monkeypatch.setattr(InstalledService, "frontend_endpoints", counted)
+    rec.cookies = [OUR_OLDER_FLOW]  # a restart: the first flushes are done again (pending)
     p = port("10.96.0.1", protocol=Protocol.UDP, name="dns", affinity_timeout=60)
     apply(tracker, p, [ep("10.0.0.1"), ep("10.0.0.2")])
     await proxier.sync()
@@ -495,6 +507,26 @@ async def test_each_side_frontend_map_is_built_once_per_changed_port(rig, monkey
     assert rec.kinds() == ["restored", "bundle", "send", "flush"]  # send: learned flows
     (flushes,) = rec.take("flush")
     assert FlushFilter(Protocol.UDP, ip("10.96.0.1"), 80, ip("10.0.0.1"), 8080) in flushes
+
+
+@pytest.mark.parametrize("ours_on_the_switch", [False, True], ids=["empty", "restart"])
+async def test_no_second_flush_after_a_commit_onto_a_switch_without_our_flows(
+    rig, ours_on_the_switch: bool
+) -> None:
+    """The first commit onto a switch that held no flow of ours (a cold start) flushes the new
+    frontends' untranslated entries once: no datapath flow cached before it came from our
+    pipeline, so none can commit one again. Onto a switch with our flows (an agent restart),
+    and in every later commit, they are flushed again after revalidation."""
+    tracker, proxier, rec = rig
+    if ours_on_the_switch:
+        rec.cookies = [OUR_OLDER_FLOW]
+    apply(tracker, port("10.96.0.1", protocol=Protocol.UDP, name="a"), [ep("10.0.0.1")])
+    await proxier.sync()
+    assert rec.flushed_again == [ours_on_the_switch]
+    assert bool(rec.pending) == ours_on_the_switch
+    apply(tracker, port("10.96.0.2", protocol=Protocol.UDP, name="b"), [ep("10.0.0.2")])
+    await proxier.sync()
+    assert rec.flushed_again == [ours_on_the_switch, True]
 
 
 async def test_a_new_frontend_is_published_only_once_its_flushes_settled(rig) -> None:

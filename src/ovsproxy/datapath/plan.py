@@ -60,6 +60,9 @@ class CommitStats:
     flows_deleted: int = 0
     seconds: float = 0.0
     kinds: dict[str, int] = field(default_factory=dict)
+    # an adopting commit that found no flow of ours on the switch: no datapath flow it had
+    # cached came from our pipeline
+    onto_empty_switch: bool = False
 
 
 class Sink(Protocol):

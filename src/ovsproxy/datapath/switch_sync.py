@@ -528,6 +528,7 @@ class SwitchSync:
             dirty_flows = dict.fromkeys(refs)
         desired.dirty_flows = dirty_flows
         stats = await self._commit_locked()
+        stats.onto_empty_switch = not cookies
         self._adopt = False
         return stats
 

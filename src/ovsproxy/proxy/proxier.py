@@ -743,7 +743,7 @@ class Proxier:
                         self.ctx, old_port, ip, l4_port
                     )
 
-    async def _post_commit(self) -> None:
+    async def _post_commit(self, commit: CommitStats) -> None:
         for add, key in self._forwarding_pending:
             if add:
                 self._forwarding.add(key)
@@ -764,7 +764,8 @@ class Proxier:
             flushes = sorted(self._flushes, key=str)
             self._flushes.clear()
             if self.conntrack is not None:
-                await self.conntrack.flush(flushes)
+                # (no second flush after a commit onto an empty switch: see conntrack)
+                await self.conntrack.flush(flushes, again=not commit.onto_empty_switch)
             else:
                 log.debug("no conntrack flusher: %d UDP flush(es) skipped", len(flushes))
 
@@ -849,14 +850,15 @@ class Proxier:
         latencies = tuple(committed - t for t in self._trigger_times)
         self._trigger_times.clear()
         self._synced_once = True
-        await self._post_commit()
+        await self._post_commit(commit)
         if self._frontends_added:
             # A new frontend is not published (``programmed``, /status) until the switch has
             # revalidated its cached datapath flows and the second flush of the frontend's
             # untranslated entries is done: a connection begun in between can meet a datapath
             # flow cached before the commit, and the second flush then cuts it (bench soak: a
             # phase begun as soon as /status showed its Services lost requests in its first
-            # 0.4 s; none with 2 s between).
+            # 0.4 s; none with 2 s between). After a commit onto a switch without our flows
+            # there is no second flush, so nothing to wait for.
             self._frontends_added = False
             if self.conntrack is not None:
                 await self.conntrack.settled()
