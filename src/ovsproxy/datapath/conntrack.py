@@ -25,8 +25,8 @@ runner is given, else ``REVALIDATION_GRACE`` seconds (best effort: two default r
 periods). The second flush runs in the background, coalesced across syncs, and skips pairs
 that came back meanwhile (``restored``). It is skipped after a commit onto a switch that held
 no flow of ours (``again=False``: a cold start, a vswitchd restart): no cached datapath flow
-was translated from our pipeline, so none can commit an entry into our zones again (at a
-10,000-Service cold start, its two revalidator waits cost 0.9 s before the first publish).
+was translated from our pipeline, so none can commit an entry into our zones again (and a
+cold start publishes without waiting for two revalidator rounds).
 Cost: two flush messages per removed (frontend, endpoint) pair and two appctl calls per
 batch; nothing per unchanged endpoint or Service.
 
