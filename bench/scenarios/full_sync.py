@@ -21,6 +21,10 @@ staging are pure CPU; the commit streams while OVS works on the other core), ``o
 the time from the bundle's last message to its commit reply (OVS alone), and
 ``ovs_cpu_{ours,ofctl,floor}_s`` ovs-vswitchd's CPU time in each contender's run.
 
+The content is the Services' groups and flows as ``service_objects`` builds them and the
+fixed pipeline: not the mid-stream flows (one per TCP endpoint) that the proxier adds in
+standalone mode (``proxy.mid_stream``); ``cold-start`` and ``scale`` load the whole agent's.
+
 ``ratio_vs_ofctl`` = ours / ofctl (target <= 1.2 at 10,000 x 10; goal <= 0.8),
 ``ratio_vs_floor`` = ours / floor (goal <= 2). ``same_content``: a hash of the switch's flows
 and groups after ours and after ofctl.

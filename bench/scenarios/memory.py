@@ -12,9 +12,11 @@ warm caches), which reports its VmRSS (``/proc/self/status``) after each layer:
   shares the flows and the groups' buckets with the desired state, after the memory policy
   around the sync (``datapath.memory``) gave the heap's free pages back to the OS.
 
-What it measures is the datapath and the model in one process, as the agent holds them; the
-agent's whole resident set (with the informers' objects, the proxier's trackers, the
-channel) is ``cold-start``'s ``agent_rss_mb_api``.
+What it measures is the datapath and the model in one process, as the agent holds them, for
+the Services' own groups and flows (not the standalone mode's mid-stream flows, one per TCP
+endpoint, which the proxier adds: ``proxy.mid_stream``); the agent's whole resident set
+(with the informers' objects, the proxier's trackers, the channel) is ``cold-start``'s
+``agent_rss_mb_api``.
 
 Goals (issue 16, at 10,000 x 10): ``rss_total_mb`` <= 150 and ``per_endpoint_datapath_bytes``
 <= 1,024; with ``--quick`` (2,000 Services) they are printed but mean little.
