@@ -578,6 +578,16 @@ def _soak(so: dict[str, Any] | None) -> list[str]:
         for name, ph in ((n, so[n]) for n in ("quiet", "hog"))
     ]
     churn = f" With `--churn`: {so['churns']} endpoint changes." if so.get("churn") else ""
+    stalls = [
+        f"{name}: the sampler's longest gap {ph['pressure']['gaps']['longest_s']} s (every"
+        f" {ph['pressure']['gaps']['asked_s']} s asked), CPU steal at most"
+        f" {ph['pressure']['steal']['worst_share']:.0%} and I/O pressure at most"
+        f" {ph['pressure']['io']['worst_share']:.0%} of an interval"
+        for name, ph in ((n, so[n]) for n in ("quiet", "hog"))
+        if {"gaps", "steal", "io"} <= ph.get("pressure", {}).keys()
+    ]
+    if stalls:
+        churn += " Whether the machine stalled (`bench.pressure`): " + "; ".join(stalls) + "."
     return [
         "### Soak (`soak`)",
         "",

@@ -16,9 +16,11 @@ the run's), and ``hog`` (beside a busy loop pinned to every core, bounded in tim
 phases. Figures per phase: requests, failed, retransmitted (a TCP connect that took >= 0.9 s or
 whose connection counted a retransmitted segment: answered, but one packet was lost), the
 latency p50 / p99 / max, per target kind; every failure with its evidence (ovsproxy.lab.evidence,
-collected when the client reports it, up to ``MAX_EXPLAINED`` a phase), and the first
-retransmitted requests. Goals (issue 23): 0 failed in both phases; 0 retransmitted when quiet;
-<= 0.1% retransmitted beside the hog.
+collected when the client reports it, up to ``MAX_EXPLAINED`` a phase), the first
+retransmitted requests, and the machine's own stalls over the phase (``bench.pressure``: CPU,
+I/O and memory pressure every 0.5 s; a failure's ``wall`` time is ``started_wall`` + t).
+Goals (issue 23): 0 failed in both phases; 0 retransmitted when quiet; <= 0.1% retransmitted
+beside the hog.
 """
 
 from __future__ import annotations
@@ -178,6 +180,7 @@ def stop_hogs(hogs: list[subprocess.Popen[bytes]]) -> None:
 
 def run_phase(world: SoakLab, name: str, total: int) -> dict[str, Any]:
     """``total`` requests from every client at once, failures explained as they come."""
+    from bench.pressure import PressureWatch
     from ovsproxy.lab.evidence import Evidence, lab_rig, serving_netns
 
     clients = world.clients()
@@ -192,7 +195,7 @@ def run_phase(world: SoakLab, name: str, total: int) -> dict[str, Any]:
     explaining = threading.Lock()
     load = os.getloadavg()[0]
 
-    with Evidence(rig, watched) as session:
+    with Evidence(rig, watched) as session, PressureWatch() as pressure:
 
         def read(label: str, netns: str, targets: list[dict[str, Any]]) -> None:
             spec = json.dumps(
@@ -267,6 +270,9 @@ def run_phase(world: SoakLab, name: str, total: int) -> dict[str, Any]:
         "elapsed_s": round(elapsed, 1),
         "requests_per_s": round(requests / elapsed, 1) if elapsed else None,
         "load_average_start": round(load, 2),
+        # the machine's own stalls over the phase (bench.pressure): a stall of every
+        # switch and agent at once shows here, at the failures' times
+        "pressure": pressure.summary(),
         "by_kind": kinds,
         "failures": failures[:MAX_LISTED],
         "retransmitted_requests": retransmitted[:MAX_LISTED],
