@@ -768,7 +768,11 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         "Root is needed for the private OVS sandbox and the network namespaces. Each run writes"
         " `bench/results/<date>-<scenario>[-quick].json` and `.md`, `all` also"
         " `<date>-all[-quick].json`, and `incremental`, `scale` and `chaos` their plots. Every"
-        " result file records the commit it measured and whether the tree was clean.",
+        " result file records the commit it measured and whether the tree was clean."
+        " `python -m bench.compare BEFORE.json AFTER.json` lists the figures two `all` runs"
+        " share and those that moved by more than 5%"
+        " ([`results/2026-12-04-before-after/`](results/2026-12-04-before-after/README.md):"
+        " issue 24's before and after, back to back).",
         "",
         f"Figures below: `{source}`{' (quick sizes)' if quick else ''}, on {report['date']}"
         f"{_provenance(report)}: {_machine(report['machine'])}.",
