@@ -272,21 +272,16 @@ def reset(sb: Sandbox) -> None:
         )
 
 
-def switch_content(sb: Sandbox) -> tuple[int, int, str]:
-    """(flows, groups, fingerprint) of the switch. The fingerprint names each group by the
-    ClusterIP whose ServiceLB flow points at it, not by its id: the proxier numbers groups
-    in its own order, ``bench.dp`` in the cluster's, and the content is the same."""
+def switch_content(sb: Sandbox, lines: dp.SwitchLines | None = None) -> tuple[int, int, str]:
+    """(flows, groups, fingerprint) of the switch (of ``lines``, its ``dp.switch_lines``,
+    when given). The fingerprint names each group by the ClusterIP whose ServiceLB flow
+    points at it, not by its id: the proxier numbers groups in its own order, ``bench.dp``
+    in the cluster's, and the content is the same."""
     import hashlib
     import re
 
-    flows = sorted(
-        line.strip()
-        for line in dp.ofctl(sb, "dump-flows", options=["--no-stats"]).splitlines()
-        if "actions=" in line
-    )
-    groups = sorted(
-        line.strip() for line in dp.ofctl(sb, "dump-groups").splitlines() if "group_id=" in line
-    )
+    flow_lines, group_lines = lines if lines is not None else dp.switch_lines(sb)
+    flows, groups = sorted(flow_lines), sorted(group_lines)
     names: dict[str, str] = {}
     for line in flows:
         target = re.search(r"actions=group:(\d+)", line)

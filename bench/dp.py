@@ -112,23 +112,31 @@ def flow_count(sb: Sandbox) -> int:
     return int(text.split("flow_count=")[1].split()[0])
 
 
-def fingerprint(sb: Sandbox, groups: bool = True) -> str:
-    """A hash of the switch's flows (no counters) and groups, to show two loads are equal
-    (``groups=False``: flows only, for groups too big for OVS to describe)."""
-    flows = sorted(
+SwitchLines = tuple[list[str], list[str]]  # (flows, groups) as ovs-ofctl prints them
+
+
+def switch_lines(sb: Sandbox, groups: bool = True) -> SwitchLines:
+    """The switch's flows (no counters) and groups, one a line as ``ovs-ofctl`` dumps them
+    (``groups=False``: no groups, for groups too big for OVS to describe)."""
+    flows = [
         line.strip()
         for line in ofctl(sb, "dump-flows", options=["--no-stats"]).splitlines()
         if "actions=" in line
-    )
+    ]
     group_lines = (
-        sorted(
-            line.strip() for line in ofctl(sb, "dump-groups").splitlines() if "group_id=" in line
-        )
+        [line.strip() for line in ofctl(sb, "dump-groups").splitlines() if "group_id=" in line]
         if groups
         else []
     )
+    return flows, group_lines
+
+
+def fingerprint(sb: Sandbox, groups: bool = True) -> str:
+    """A hash of the switch's flows (no counters) and groups, to show two loads are equal
+    (``groups=False``: flows only, for groups too big for OVS to describe)."""
+    flows, group_lines = switch_lines(sb, groups)
     digest = hashlib.sha256()
-    for line in (*flows, *group_lines):
+    for line in (*sorted(flows), *sorted(group_lines)):
         digest.update(line.encode() + b"\n")
     return digest.hexdigest()[:16]
 
@@ -329,15 +337,10 @@ def ofctl_text(messages: Sequence[of.Message]) -> tuple[list[str], list[str]]:
 _GROUP_WRITES = {int(c) for c in of.GroupModCommand if c.name in ("ADD", "ADD_OR_MOD")}
 
 
-def dump_for_ofctl(sb: Sandbox, groups_file: Path, flows_file: Path) -> None:
-    """What the switch holds, as ``ovs-ofctl add-groups``/``add-flows`` input: a baseline
-    that loads exactly what an agent installed (``ovs-ofctl``'s own dump, no counters)."""
-    flows = [
-        line.strip()
-        for line in ofctl(sb, "dump-flows", options=["--no-stats"]).splitlines()
-        if "actions=" in line
-    ]
-    groups = [line.strip() for line in ofctl(sb, "dump-groups").splitlines() if "group_id=" in line]
+def write_ofctl_input(lines: SwitchLines, groups_file: Path, flows_file: Path) -> None:
+    """A switch's ``switch_lines`` as ``ovs-ofctl add-groups``/``add-flows`` input: a
+    baseline that loads exactly what an agent installed (``ovs-ofctl``'s own dump)."""
+    flows, groups = lines
     groups_file.write_text("\n".join(groups) + "\n")
     flows_file.write_text("\n".join(flows) + "\n")
 

@@ -13,7 +13,7 @@ clock):
 * ``manifests``: the same with ``--manifests`` (the same cluster as YAML files);
 * ``ofctl``: ``ovs-ofctl --bundle add-groups`` + ``add-flows`` loading the same groups and
   flows: what the agent's first run installed, dumped by ``ovs-ofctl`` itself
-  (``dp.dump_for_ofctl``; the first round runs the agent first); the switch content after
+  (``dp.switch_lines``; the first round runs the agent first); the switch content after
   each contender is compared (``same_content``).
 
 Where the time goes: the same agent in ``bench.agent_probe`` (timers around the functions
@@ -175,9 +175,10 @@ async def _measure(
 
         def check(who: str) -> None:
             if who not in contents:
-                contents[who] = agentrun.switch_content(sb)
+                lines = dp.switch_lines(sb)
+                contents[who] = agentrun.switch_content(sb, lines)
                 if who == "api":  # the baseline loads what the agent installed
-                    dp.dump_for_ofctl(sb, groups_file, flows_file)
+                    dp.write_ofctl_input(lines, groups_file, flows_file)
             agentrun.reset(sb)
 
         async def from_api() -> agentrun.AgentRun:

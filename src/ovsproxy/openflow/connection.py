@@ -798,9 +798,23 @@ class Channel:
         timeout: float | None = None,
     ) -> list[of.FlowDesc]:
         """Installed flows (FLOW_DESC), each with its flow as an ADD ``FlowMod``."""
-        request = of.FlowDescRequest(table_id, cookie=cookie, cookie_mask=cookie_mask, match=match)
-        replies = await self.request(request, timeout or self.bundle_timeout)
+        replies = await self._flow_descs(table_id, cookie, cookie_mask, match, timeout)
         return [flow for reply in replies for flow in reply.flows]
+
+    async def _flow_descs(
+        self,
+        table_id: int,
+        cookie: int,
+        cookie_mask: int,
+        match: of.Match | None,
+        timeout: float | None,
+    ) -> list[of.FlowDescReply]:
+        """The FLOW_DESC replies (their flows decoded only when read)."""
+        request = of.FlowDescRequest(table_id, cookie=cookie, cookie_mask=cookie_mask, match=match)
+        replies: list[of.FlowDescReply] = await self.request(
+            request, timeout or self.bundle_timeout
+        )
+        return replies
 
     async def dump_groups(
         self,
@@ -846,8 +860,7 @@ class Channel:
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
         """The cookies of the installed flows that match ``cookie``/``mask`` (a FLOW_DESC
         dump of which only the cookies are decoded)."""
-        request = of.FlowDescRequest(cookie=cookie, cookie_mask=mask)
-        replies = await self.request(request, self.bundle_timeout)
+        replies = await self._flow_descs(of.OFPTT_ALL, cookie, mask, None, None)
         return [c for reply in replies for c in reply.cookies]
 
     # -- receiving ------------------------------------------------------------------------------
