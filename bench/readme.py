@@ -770,7 +770,9 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         " `<date>-all[-quick].json`, and `incremental`, `scale` and `chaos` their plots. Every"
         " result file records the commit it measured and whether the tree was clean."
         " `python -m bench.compare BEFORE.json AFTER.json` lists the figures two `all` runs"
-        " share and those that moved by more than 5%"
+        " share and those that moved by more than 5%; `--before FILE... --after FILE...`"
+        " compares each figure's median over several result files a side (rounds alternated"
+        " between the trees, single scenarios or `all`)"
         " ([`results/2026-12-04-before-after/`](results/2026-12-04-before-after/README.md):"
         " issue 24's before and after, back to back).",
         "",

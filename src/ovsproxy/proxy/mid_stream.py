@@ -93,15 +93,13 @@ class MidStreamIndex:
             return
         for key, fronts in old.items():
             if key in new:
-                if new[key] != fronts:
-                    self._touch_others(key, name)
+                if new[key] != fronts:  # the other holders' flow for it may change
+                    dirty.update(self._other_holders(key, name))
                 continue
-            held = holders[key]
-            if held is name or held == name:
+            rest = self._other_holders(key, name)
+            if not rest:
                 del holders[key]
             else:  # others keep it: one fewer holder, their flow may change
-                assert isinstance(held, frozenset)
-                rest = held - {name}
                 holders[key] = next(iter(rest)) if len(rest) == 1 else rest
                 dirty.update(rest)
         for key in new.keys() - old.keys():
@@ -118,10 +116,12 @@ class MidStreamIndex:
             self._ports.pop(name, None)
         dirty.add(name)
 
-    def _touch_others(self, key: EndpointKey, name: Hashable) -> None:
+    def _other_holders(self, key: EndpointKey, name: Hashable) -> frozenset[Hashable]:
+        """The Service ports other than ``name`` (one of them) holding the endpoint."""
         held = self._holders[key]
         if isinstance(held, frozenset):
-            self._dirty.update(held - {name})
+            return held - {name}
+        return frozenset()
 
     def frontends(self, key: EndpointKey) -> Frontends:
         """Every frontend mapping to the endpoint, over every Service port holding it."""
