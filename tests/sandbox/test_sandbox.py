@@ -200,7 +200,7 @@ def test_cli_up_status_down() -> None:
 
 
 def test_a_sandbox_being_started_by_a_live_owner_is_not_a_leftover(tmp_path: Path) -> None:
-    from ovsproxy.ovs.sandbox import _start_time
+    from ovsproxy.ovs.namespaces import start_time
 
     me = os.getpid()
     starting = SandboxRecord(
@@ -211,7 +211,7 @@ def test_a_sandbox_being_started_by_a_live_owner_is_not_a_leftover(tmp_path: Pat
         gateway="gw0",
         owner_pid=me,
         persistent=False,
-        owner_started=_start_time(me),
+        owner_started=start_time(me),
     )
     assert not starting.is_leftover()  # no daemon pid recorded yet: still not another's to sweep
     recycled = SandboxRecord(
@@ -225,3 +225,47 @@ def test_a_sandbox_being_started_by_a_live_owner_is_not_a_leftover(tmp_path: Pat
         owner_started=1,
     )
     assert recycled.is_leftover()  # same pid, another process: the owner is gone
+
+
+def test_remove_owned_deletes_namespaces_workdir_and_record(tmp_path: Path) -> None:
+    from ovsproxy.ovs import sandbox as sb
+    from ovsproxy.ovs.namespaces import NETNS_PREFIX, create_netns, netns_exists
+
+    name = f"{NETNS_PREFIX}rm-{os.getpid()}"
+    create_netns(name)
+    workdir, record = tmp_path / "work", tmp_path / "x.json"
+    workdir.mkdir()
+    (workdir / "f").write_text("x")
+    record.write_text("{}")
+    sb.remove_owned("sandbox", "x", [name], workdir, record)
+    assert not netns_exists(name)
+    assert not workdir.exists() and not record.exists()
+
+
+def test_remove_owned_keeps_the_record_while_a_namespace_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A namespace that cannot be deleted (busy): only its record lets a later sweep find it.
+    from ovsproxy.ovs import sandbox as sb
+
+    monkeypatch.setattr(sb, "delete_netns", lambda ns: ns != "ovsp-busy")
+    workdir, record = tmp_path / "work", tmp_path / "x.json"
+    workdir.mkdir()
+    record.write_text("{}")
+    sb.remove_owned("lab", "x", ["ovsp-gone", "ovsp-busy"], workdir, record)
+    assert record.exists() and not workdir.exists()
+    assert "lab x: a namespace is still there; its record is kept" in caplog.text
+
+
+def test_load_records_skips_what_does_not_load(tmp_path: Path) -> None:
+    from ovsproxy.ovs import sandbox as sb
+
+    for name, text in (("b", "1"), ("a", "2"), ("c", "bad")):
+        (tmp_path / f"{name}.json").write_text(text)
+    (tmp_path / "d.txt").write_text("3")
+
+    def load(path: Path) -> int | None:
+        return int(path.read_text()) if path.read_text().isdigit() else None
+
+    assert sb.load_records(tmp_path, load) == [2, 1]  # by file name; c does not load
+    assert sb.load_records(tmp_path / "missing", load) == []

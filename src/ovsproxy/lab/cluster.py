@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,7 @@ from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses
 from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
-from ovsproxy.ovs.namespaces import NETNS_PREFIX, add_netns, netns_exists
+from ovsproxy.ovs.namespaces import NETNS_PREFIX, add_netns, netns_exists, start_time
 from ovsproxy.ovs.sandbox import Pod, Sandbox, SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -117,7 +116,7 @@ class LabRecord:
 
     def is_leftover(self) -> bool:
         if not self.persistent:
-            return sb._start_time(self.owner_pid) != self.owner_started
+            return start_time(self.owner_pid) != self.owner_started
         if not all(netns_exists(ns) for ns in self.netns):
             return True
         for name in self.sandboxes:
@@ -130,26 +129,16 @@ class LabRecord:
 def cleanup_lab_record(record: LabRecord) -> None:
     """Remove everything a lab record names: agents (by pid), nodes, namespaces, files."""
     for node, pid in record.agents.items():
-        sb._kill(pid, record.agent_markers.get(node))
+        sb.stop_process(pid, record.agent_markers.get(node))
     for name in record.sandboxes:
         sandbox_record = SandboxRecord.load(sb.REGISTRY / f"{name}.json")
         if sandbox_record is not None:
             sb.cleanup_record(sandbox_record)
-    gone = [sb._delete_netns(ns) for ns in record.netns]
-    shutil.rmtree(record.workdir, ignore_errors=True)
-    if not all(gone):
-        # Kept: without its record, a namespace left here would be nobody's to remove.
-        log.warning("lab %s: a namespace is still there; its record is kept", record.name)
-        return
-    with contextlib.suppress(FileNotFoundError):
-        record.path.unlink()
+    sb.remove_owned("lab", record.name, record.netns, record.workdir, record.path)
 
 
 def list_lab_records() -> list[LabRecord]:
-    if not LAB_REGISTRY.is_dir():
-        return []
-    records = (LabRecord.load(p) for p in sorted(LAB_REGISTRY.glob("*.json")))
-    return [r for r in records if r is not None]
+    return sb.load_records(LAB_REGISTRY, LabRecord.load)
 
 
 def sweep_lab_leftovers() -> list[str]:
@@ -262,7 +251,7 @@ class Lab:
             # Persistent only once complete: until then it is ours (a persistent record whose
             # parts are missing would be swept as a leftover by any other lab or sandbox start).
             persistent=False,
-            owner_started=sb._start_time(os.getpid()),
+            owner_started=start_time(os.getpid()),
             netns=[self.underlay_netns, self.external_netns],
             sandboxes=[f"{self.name}-n{i}" for i in range(1, self.node_count + 1)],
         )
@@ -503,7 +492,7 @@ class Lab:
     def stop_agent(self, node_name: str) -> None:
         node = self.nodes[node_name]
         if node.agent is not None:
-            sb._kill(node.agent.pid, None, timeout=10)
+            sb.stop_process(node.agent.pid, None, timeout=10)
             with contextlib.suppress(Exception):
                 node.agent.wait(timeout=5)
             node.agent = None

@@ -30,9 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 from ovsproxy.ovs.namespaces import (
     NETNS_PREFIX,
@@ -95,10 +96,11 @@ def _pid_alive(pid: int, marker: str | None = None) -> bool:
         return False
 
 
-_start_time = start_time
-
-
-def _kill(pid: int, marker: str | None, timeout: float = 5.0, sig: int = signal.SIGTERM) -> None:
+def stop_process(
+    pid: int, marker: str | None, timeout: float = 5.0, sig: int = signal.SIGTERM
+) -> None:
+    """Signal ``pid`` (if it is still the process ``marker`` names) and wait for it to end;
+    SIGKILL after ``timeout`` seconds."""
     if not _pid_alive(pid, marker):
         return
     with contextlib.suppress(ProcessLookupError):
@@ -116,8 +118,30 @@ def _kill(pid: int, marker: str | None, timeout: float = 5.0, sig: int = signal.
         os.waitpid(pid, 0)
 
 
-def _delete_netns(name: str) -> bool:
-    return delete_netns(name)
+R = TypeVar("R")
+
+
+def load_records(registry: Path, load: Callable[[Path], R | None]) -> list[R]:
+    """Every record in a registry directory that loads (sandboxes', labs')."""
+    if not registry.is_dir():
+        return []
+    records = (load(p) for p in sorted(registry.glob("*.json")))
+    return [r for r in records if r is not None]
+
+
+def remove_owned(
+    kind: str, name: str, netns: Iterable[str], workdir: str | Path, record_path: Path
+) -> None:
+    """Delete the namespaces and the work directory a registry record names, then the record.
+    The record is kept (with a warning) while one of its namespaces is still there: without
+    it, that namespace would be nobody's to remove."""
+    gone = [delete_netns(ns) for ns in netns]
+    shutil.rmtree(workdir, ignore_errors=True)
+    if not all(gone):
+        log.warning("%s %s: a namespace is still there; its record is kept", kind, name)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        record_path.unlink()
 
 
 @dataclass
@@ -161,7 +185,7 @@ class SandboxRecord:
         if not self.persistent:
             # Its owner runs it (and may be starting it right now, before any pid is
             # recorded): it is a leftover only once that very process is gone.
-            return _start_time(self.owner_pid) != self.owner_started
+            return start_time(self.owner_pid) != self.owner_started
         # A persistent sandbox is only fine while its daemons and namespace are all there.
         return not (self.processes_alive() and netns_exists(self.netns))
 
@@ -169,22 +193,14 @@ class SandboxRecord:
 def cleanup_record(record: SandboxRecord) -> None:
     """Remove everything a record names: processes (by pid), namespaces, run directory."""
     for pid in record.pids.values():
-        _kill(pid, record.rundir)
-    gone = [_delete_netns(ns) for ns in [*record.pod_netns, record.netns]]
-    shutil.rmtree(record.rundir, ignore_errors=True)
-    if not all(gone):
-        # Kept: without its record, a namespace left here would be nobody's to remove.
-        log.warning("sandbox %s: a namespace is still there; its record is kept", record.name)
-        return
-    with contextlib.suppress(FileNotFoundError):
-        record.path.unlink()
+        stop_process(pid, record.rundir)
+    remove_owned(
+        "sandbox", record.name, [*record.pod_netns, record.netns], record.rundir, record.path
+    )
 
 
 def list_records() -> list[SandboxRecord]:
-    if not REGISTRY.is_dir():
-        return []
-    records = (SandboxRecord.load(p) for p in sorted(REGISTRY.glob("*.json")))
-    return [r for r in records if r is not None]
+    return load_records(REGISTRY, SandboxRecord.load)
 
 
 def sweep_leftovers() -> list[str]:
@@ -319,7 +335,7 @@ class Sandbox:
             gateway=self.gateway,
             owner_pid=os.getpid(),
             persistent=self.persistent,
-            owner_started=_start_time(os.getpid()),
+            owner_started=start_time(os.getpid()),
         )
         self.record.save()
         try:
@@ -386,7 +402,7 @@ class Sandbox:
         assert self.record is not None
         pid = self.record.pids.pop("ovsdb-server", None)
         if pid:
-            _kill(pid, str(self.rundir), sig=signal.SIGKILL if kill else signal.SIGTERM)
+            stop_process(pid, str(self.rundir), sig=signal.SIGKILL if kill else signal.SIGTERM)
         proc = self._procs.pop("ovsdb-server", None)
         if proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -500,7 +516,7 @@ class Sandbox:
         assert self.record is not None
         pid = self.record.pids.get("ovs-vswitchd")
         if pid:
-            _kill(pid, str(self.rundir), sig=signal.SIGKILL if kill else signal.SIGTERM)
+            stop_process(pid, str(self.rundir), sig=signal.SIGKILL if kill else signal.SIGTERM)
         proc = self._procs.pop("ovs-vswitchd", None)
         if proc is not None:  # our child: reaped only once every thread has exited
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -725,7 +741,7 @@ class Sandbox:
     def _stop_pod_server(self, pod: Pod) -> None:
         if pod.server is None:
             return
-        _kill(pod.server.pid, None, timeout=3)
+        stop_process(pod.server.pid, None, timeout=3)
         with contextlib.suppress(Exception):
             pod.server.wait(timeout=3)
         pod.server = None
@@ -740,7 +756,7 @@ class Sandbox:
         self._stop_pod_server(pod)
         with OVSDB(self.ovsdb) as db:
             db.del_port(self.bridge, pod.interface)
-        gone = _delete_netns(pod.netns)
+        gone = delete_netns(pod.netns)
         _run(["ip", "link", "del", pod.interface], netns=self.netns, check=False)
         # A namespace that could not be deleted stays in the record: the next start's sweep
         # is to find it.
