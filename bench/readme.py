@@ -106,8 +106,9 @@ def _where(fs: dict[str, Any], enc: dict[str, Any] | None) -> list[str]:
         " group (as its encoding: no bucket values) and writing the groups and flows into the"
         " commit's bundle as their owners are staged, so Open vSwitch takes them in while the"
         f" rest is still being built -- and the **commit** {_s(head['ours_commit_s'])}: adopting"
-        " the switch (its groups and flow cookies), writing into the same bundle whatever was"
-        " not written while staging, then OVS's commit of the bundle. Cyclic garbage collection"
+        " the switch (its groups and the keys of its flows), writing into the same bundle"
+        " whatever was not written while staging, then OVS's commit of the bundle. Cyclic"
+        " garbage collection"
         " inside:"
         f" {_s(head['ours_gc_s'])} (the collector is paused while a burst of staging and its"
         " commit run, and the new state is frozen out of its sight afterwards).",

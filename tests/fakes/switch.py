@@ -78,7 +78,8 @@ class FakeSwitch:
         self.fail: BaseException | None = None
         self.during: list[Callable[[], object]] = []
         self.present_groups: set[int] = set()
-        self.cookies: list[int] = []
+        self.cookies: list[int] = []  # flows of ours it holds, by cookie alone
+        self.held_flows: list[tuple[int, bytes]] = []  # ...and by cookie and key
         self.opened = 0
         self.drains = 0
         self.discarded = 0
@@ -113,7 +114,11 @@ class FakeSwitch:
         return set(self.present_groups)
 
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
-        return list(self.cookies)
+        return [*self.cookies, *(c for c, _ in self.held_flows)]
+
+    async def flow_keys(self, cookie: int, mask: int) -> list[tuple[int, bytes]]:
+        # a cookie of ``cookies`` stands for a flow whose key nothing stages
+        return [*((c, b"") for c in self.cookies), *self.held_flows]
 
     def kinds(self) -> list[str]:
         """The kinds of the ``log`` entries, in order."""

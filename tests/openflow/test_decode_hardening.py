@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import struct
 import sys
@@ -19,6 +20,7 @@ from collections.abc import Callable
 
 import pytest
 
+from ovsproxy.datapath.desired import flow_key
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.protocol import constants as c
 
@@ -242,3 +244,21 @@ def test_values_with_unknown_fields_rebuild_from_their_names() -> None:
     assert of.get_field("oxm_8000_0_4") is of.get_field("in_port")
     with pytest.raises(of.OpenFlowEncodeError, match="unknown field"):
         of.get_field("oxm_ffff_1_4")  # experimenter class: not a plain OXM header
+
+
+def test_a_flow_desc_reply_gives_each_flows_key_as_the_datapath_keys_it() -> None:
+    # matches of two lengths (padding differs), two tables and priorities
+    flows = [
+        of.FlowMod(
+            13,
+            100,
+            of.Match(
+                eth_type=0x800, ip_proto=17, ipv4_dst=ipaddress.ip_address("10.96.0.1"), udp_dst=53
+            ),
+            actions=[of.GroupAction(4)],
+            cookie=0xAB,
+        ),
+        of.FlowMod(0, 7, of.Match(in_port=3), actions=[of.Output(1)], cookie=0xCD),
+    ]
+    reply = of.decode(of.encode(of.FlowDescReply([of.FlowDesc(f) for f in flows]), 5))
+    assert reply.keyed_cookies == [(f.cookie, flow_key(f)) for f in flows]

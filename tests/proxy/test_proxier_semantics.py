@@ -156,6 +156,10 @@ class Recorder(FakeSwitch):
 
 @pytest.fixture
 def rig():
+    return _rig()
+
+
+def _rig():
     recorder = Recorder()
     recorder.flushed_again = []
     tracker = ChangeTracker()
@@ -527,6 +531,41 @@ async def test_no_second_flush_after_a_commit_onto_a_switch_without_our_flows(
     apply(tracker, port("10.96.0.2", protocol=Protocol.UDP, name="b"), [ep("10.0.0.2")])
     await proxier.sync()
     assert rec.flushed_again == [ours_on_the_switch, True]
+
+
+async def test_a_restart_flushes_a_frontend_the_switch_already_served_once(rig) -> None:
+    """An agent restarted onto a switch that already serves a frontend (the older agent's
+    ServiceLB flow for it: any action, any generation) flushes its untranslated entries once
+    and publishes it without waiting for a second flush: no packet to it was committed
+    untranslated. A frontend the switch did not serve is flushed again, as always."""
+    # what an older agent (generation 7) left on the switch: its flows for "kept"
+    older = FakeSwitch()
+    older_tracker = ChangeTracker()
+    older_tracker.on_synced(SYNC_SERVICES)
+    older_tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    older_dp = SwitchSync(older, pl.PipelineConfig(), 7)
+    older_proxier = Proxier(older_tracker, older_dp, node_name=NODE, reject_action=REJECT_MARK)
+    kept = port("10.96.0.1", protocol=Protocol.UDP, name="kept")
+    apply(older_tracker, kept, [ep("10.0.0.9")])  # other endpoints than now: same frontend
+    await older_proxier.sync()
+    tracker, proxier, rec = rig
+    rec.held_flows = [(OUR_OLDER_FLOW, key) for key in older_dp.installed.flows]
+    apply(tracker, kept, [ep("10.0.0.1")])
+    apply(tracker, port("10.96.0.2", protocol=Protocol.UDP, name="new"), [ep("10.0.0.2")])
+    await proxier.sync()
+    flushes = rec.take("flush")
+    assert [sorted(str(f.frontend) for f in filters) for filters in flushes] == [
+        ["10.96.0.1"],
+        ["10.96.0.2"],
+    ]
+    assert rec.flushed_again == [False, True]
+    assert rec.published_at_settle is not None  # "new" waited for its second flush
+    # only the frontend the switch already served: nothing to wait for
+    rec2_tracker, rec2_proxier, rec2 = _rig()
+    rec2.held_flows = [(OUR_OLDER_FLOW, key) for key in older_dp.installed.flows]
+    apply(rec2_tracker, kept, [ep("10.0.0.1")])
+    await rec2_proxier.sync()
+    assert rec2.flushed_again == [False] and rec2.published_at_settle is None
 
 
 async def test_a_new_frontend_is_published_only_once_its_flushes_settled(rig) -> None:

@@ -160,10 +160,11 @@ def endpoint(
     return Endpoint(address, port, node_name=node, **kw)
 
 
-async def make_world(sandbox: Sandbox, **tuning: Any) -> World:
+async def make_world(sandbox: Sandbox, generation: int = 1, **tuning: Any) -> World:
     """The agent's core (``agent.core.build_core``, the Service semantics live) over a channel
-    to the sandbox's switch, started; ``tuning``: ``build_core``'s (e.g. ``max_ovs_timeout``).
-    The affinity sweeper runs every hour: a test sweeps when it means to."""
+    to the sandbox's switch, started; ``generation``: its cookie generation (another one for
+    an agent restarted onto the switch); ``tuning``: ``build_core``'s (e.g.
+    ``max_ovs_timeout``). The affinity sweeper runs every hour: a test sweeps when it means to."""
 
     async def pods() -> list[PodPort]:
         return [
@@ -174,7 +175,7 @@ async def make_world(sandbox: Sandbox, **tuning: Any) -> World:
     channel = Channel(sandbox.openflow)
     config = AgentConfig(node_name=NODE, node_ports=False)
     tuning.setdefault("sweep_interval", 3600.0)
-    core = build_core(config, channel, NodeFacts(pods=pods), **tuning)
+    core = build_core(config, channel, NodeFacts(generation, pods=pods), **tuning)
     assert core.semantics is not None and core.semantics.conntrack.appctl is not None
     await channel.start()
     return World(sandbox, channel, core.datapath, core.tracker, core.proxier, core.semantics)

@@ -26,7 +26,9 @@ periods). The second flush runs in the background, coalesced across syncs, and s
 that came back meanwhile (``restored``). It is skipped after a commit onto a switch that held
 no flow of ours (``again=False``: a cold start, a vswitchd restart): no cached datapath flow
 was translated from our pipeline, so none can commit an entry into our zones again (and a
-cold start publishes without waiting for two revalidator rounds).
+cold start publishes without waiting for two revalidator rounds). The proxier also flushes a
+new frontend's untranslated entries once when the switch already served that frontend (an
+agent restart: the older agent's flow took every packet to it; ``CommitStats.held_before``).
 Cost: two flush messages per removed (frontend, endpoint) pair and two appctl calls per
 batch; nothing per unchanged endpoint or Service.
 

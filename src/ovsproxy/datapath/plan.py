@@ -63,6 +63,9 @@ class CommitStats:
     # an adopting commit that found no flow of ours on the switch: no datapath flow it had
     # cached came from our pipeline
     onto_empty_switch: bool = False
+    # an adopting commit asked to watch some flow keys (``SwitchSync.commit(watch=...)``):
+    # those of them the switch held before it (an older agent's flows, any generation)
+    held_before: frozenset[FlowKey] = frozenset()
 
 
 class Sink(Protocol):

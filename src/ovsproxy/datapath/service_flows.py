@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from ovsproxy.datapath import pipeline as pl
-from ovsproxy.datapath.desired import EncodedFlow
+from ovsproxy.datapath.desired import EncodedFlow, FlowKey, flow_key
 from ovsproxy.datapath.flow_context import (
     IPPROTO_TCP,
     BucketWire,
@@ -167,6 +167,12 @@ def _templates(ctx: Context, protocol: Protocol) -> tuple[DnatTemplates, Fronten
 def endpoint_dnat_flow(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> of.FlowMod:
     """EndpointDNAT: ct(commit, zone=Z, nat(dst=IP:PORT), exec(ct_mark)) then Forwarding."""
     return _templates(ctx, protocol)[0][ip.version].flow(int(ip), port)
+
+
+def frontend_flow_key(ctx: Context, ip: IPAddress, port: int, protocol: Protocol) -> FlowKey:
+    """The key (table, priority, match) of a frontend's ServiceLB flow, whatever its action
+    (to the group, the reject, the drop): what ``frontend_objects`` stages for it."""
+    return flow_key(_templates(ctx, protocol)[1][ip.version].flow(int(ip), port, ()))
 
 
 def mid_stream_flow(

@@ -46,7 +46,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -166,6 +167,10 @@ class Switch(Protocol):
 
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
         """Cookies of the flows whose cookie matches cookie/mask."""
+
+    async def flow_keys(self, cookie: int, mask: int) -> list[tuple[int, FlowKey]]:
+        """(cookie, key: table, priority and match as bytes) of the flows whose cookie
+        matches cookie/mask."""
 
 
 class _Streaming:
@@ -395,12 +400,14 @@ class SwitchSync:
         return bool(desired.dirty_flows or desired.dirty_groups or self._stale_generations)
 
     # -- committing -------------------------------------------------------------------------
-    async def commit(self) -> CommitStats:
+    async def commit(self, watch: Callable[[], AbstractSet[FlowKey]] | None = None) -> CommitStats:
         """Send what changed since the last successful commit as one bundle (nothing at all
-        when nothing changed). Raises on failure; the same diff is retried by the next call."""
+        when nothing changed). Raises on failure; the same diff is retried by the next call.
+        When this commit adopts a switch that holds flows of ours, its stats tell which of
+        the keys ``watch()`` returns the switch held before (``CommitStats.held_before``)."""
         async with self._lock:
             if self._adopt:
-                return await self._resync_locked()
+                return await self._resync_locked(watch)
             return await self._commit_locked()
 
     async def on_connected(self) -> None:
@@ -494,14 +501,14 @@ class SwitchSync:
     async def _save_group_ids(self) -> None:
         await self.group_ids.record(self.installed)
 
-    async def _resync_locked(self) -> CommitStats:
+    async def _resync_locked(
+        self, watch: Callable[[], AbstractSet[FlowKey]] | None = None
+    ) -> CommitStats:
         present = await self.group_ids.in_switch(
             self.installed, self.desired, self.switch.group_ids
         )
-        cookies = await self.switch.flow_cookies(
-            pl.COOKIE_APP << pl.COOKIE_APP_SHIFT, pl.COOKIE_APP_MASK
-        )
-        generations = {pl.cookie_generation(c) for c in cookies}
+        held = await self.switch.flow_keys(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT, pl.COOKIE_APP_MASK)
+        generations = {pl.cookie_generation(c) for c, _ in held}
         self._stale_generations = {
             g
             for g in generations
@@ -528,7 +535,10 @@ class SwitchSync:
             dirty_flows = dict.fromkeys(refs)
         desired.dirty_flows = dirty_flows
         stats = await self._commit_locked()
-        stats.onto_empty_switch = not cookies
+        stats.onto_empty_switch = not held
+        if watch is not None and held:
+            watched = watch()
+            stats.held_before = frozenset(key for _, key in held if key in watched)
         self._adopt = False
         return stats
 

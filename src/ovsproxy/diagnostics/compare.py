@@ -134,6 +134,9 @@ class RecordingSwitch:
     async def flow_cookies(self, cookie: int, mask: int) -> list[int]:
         return []
 
+    async def flow_keys(self, cookie: int, mask: int) -> list[tuple[int, bytes]]:
+        return []
+
 
 # -- views --------------------------------------------------------------------------------
 

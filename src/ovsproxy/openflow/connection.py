@@ -863,6 +863,12 @@ class Channel:
         replies = await self._flow_descs(of.OFPTT_ALL, cookie, mask, None, None)
         return [c for reply in replies for c in reply.cookies]
 
+    async def flow_keys(self, cookie: int, mask: int) -> list[tuple[int, bytes]]:
+        """(cookie, key) of the installed flows that match ``cookie``/``mask``: the key is
+        the flow's table, priority and match as bytes (``FlowDescReply.keyed_cookies``)."""
+        replies = await self._flow_descs(of.OFPTT_ALL, cookie, mask, None, None)
+        return [pair for reply in replies for pair in reply.keyed_cookies]
+
     # -- receiving ------------------------------------------------------------------------------
 
     def _on_events(self, conn: _Connection, events: list[ses.Event]) -> None:

@@ -24,7 +24,8 @@ Service semantics (kube-proxy's), per IP family as kube-proxy's per-family proxi
   conntrack entries of that pair are flushed, and flushed again once Open vSwitch has
   revalidated its datapath flows, unless the pair came back meanwhile (``datapath.conntrack``).
 * any protocol: after the commit that adds a frontend, its untranslated entries (plain
-  connections committed before it was one) are flushed the same way (``_frontends_new``).
+  connections committed before it was one) are flushed the same way (``_frontends_new``);
+  once only when the switch already served it (an agent restart, ``_post_commit``).
 
 * two Services claiming one nodePort, healthCheckNodePort or address:port: the newer's port
   is refused before anything is staged (``proxy.claims``), and served once the claim is free.
@@ -45,6 +46,7 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.affinity import SWEEP_INTERVAL
 from ovsproxy.datapath.conntrack import ConntrackFlusher, FlushFilter
+from ovsproxy.datapath.desired import FlowKey
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.pod_flows import pod_forwarding_flows
@@ -559,6 +561,12 @@ class Proxier:
         self._flushes: dict[FlushFilter, None] = {}
         # This sync added a frontend: it is published only once its flushes have settled
         self._frontends_added = False
+        # ...the untranslated-entry filters of the frontends added, and (when an adopting
+        # commit found flows of ours: ``_watch``) each one's ServiceLB flow key: a frontend
+        # whose flow the switch already held (an agent restart) needs no second flush
+        # (nothing committed its entries untranslated), and no wait for one
+        self._added_frontends: dict[FlushFilter, None] = {}
+        self._frontend_keys: dict[FlushFilter, FlowKey] = {}
         # (IP protocol, frontend address, L4 port) of every frontend with usable endpoints,
         # kept when frontends reject (``forwards``)
         self._forwarding: set[tuple[int, IPAddress, int]] = set()
@@ -708,6 +716,7 @@ class Proxier:
             if added:
                 self._flushes.update(dict.fromkeys(added))
                 self._frontends_added = True
+                self._added_frontends.update(dict.fromkeys(added))
         if self._reject_action:
             self._update_forwarding(old, old_map, new, new_map)
         if old is None:
@@ -760,12 +769,24 @@ class Proxier:
                 log.warning("deleting %d learned flow set(s) failed: %s", len(deletes), exc)
         elif self._send is None:
             self._learned_deletes.clear()
+        held = commit.held_before
+        served = {f for f, key in self._frontend_keys.items() if key in held}
+        if served and len(served) == len(self._added_frontends):
+            self._frontends_added = False  # an older agent's frontends, all: nothing to wait for
+        self._frontend_keys.clear()
+        self._added_frontends.clear()
         if self._flushes:
             flushes = sorted(self._flushes, key=str)
             self._flushes.clear()
             if self.conntrack is not None:
-                # (no second flush after a commit onto an empty switch: see conntrack)
-                await self.conntrack.flush(flushes, again=not commit.onto_empty_switch)
+                # (no second flush after a commit onto an empty switch, nor for a frontend
+                # the switch already served: see conntrack)
+                once = [f for f in flushes if f in served]
+                if once:
+                    await self.conntrack.flush(once, again=False)
+                rest = [f for f in flushes if f not in served]
+                if rest:
+                    await self.conntrack.flush(rest, again=not commit.onto_empty_switch)
             else:
                 log.debug("no conntrack flusher: %d UDP flush(es) skipped", len(flushes))
 
@@ -857,8 +878,9 @@ class Proxier:
             # untranslated entries is done: a connection begun in between can meet a datapath
             # flow cached before the commit, and the second flush then cuts it (bench soak: a
             # phase begun as soon as /status showed its Services lost requests in its first
-            # 0.4 s; none with 2 s between). After a commit onto a switch without our flows
-            # there is no second flush, so nothing to wait for.
+            # 0.4 s; none with 2 s between). After a commit onto a switch without our flows,
+            # or for frontends the switch already served, there is no second flush, so
+            # nothing to wait for.
             self._frontends_added = False
             if self.conntrack is not None:
                 await self.conntrack.settled()
@@ -924,7 +946,7 @@ class Proxier:
             if self.mid_stream is not None:
                 self.mid_stream.stage(self.datapath, self.ctx)
             try:
-                commit = await self.datapath.commit()
+                commit = await self.datapath.commit(watch=self._watch)
                 break
             except DatapathError as exc:
                 culprits = [
@@ -948,6 +970,14 @@ class Proxier:
             else:
                 self._good[name] = state
         return commit
+
+    def _watch(self) -> set[FlowKey]:
+        """For an adopting commit onto a switch with flows of ours: the ServiceLB flow keys
+        of the frontends added (computed then only, not at every cold start)."""
+        keys = self._frontend_keys
+        for f in self._added_frontends:
+            keys[f] = svc.frontend_flow_key(self.ctx, f.frontend, f.port, f.protocol)
+        return set(keys.values())
 
     def _set_aside(self, name: ServicePortName, reason: str) -> None:
         good = self._good.get(name)

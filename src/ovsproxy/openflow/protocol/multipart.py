@@ -193,11 +193,38 @@ class FlowDescReply(Message):
         """Each flow's cookie, in order (nothing else decoded)."""
         return [cookie for _, _, cookie in _flow_desc_entries(self[0], _MULTIPART.size)]
 
+    @property
+    def keyed_cookies(self) -> list[tuple[int, bytes]]:
+        """Each flow's cookie and its identity in its table, in order: the table (one byte),
+        the priority (two) and the match as encoded, padding included (``datapath.desired.
+        flow_key``'s form). Open vSwitch encodes the match of a flow it describes as we
+        encoded it when we added it, so the keys are comparable."""
+        body = self[0]
+        out = []
+        for start, _, cookie in _flow_desc_entries(body, _MULTIPART.size):
+            match_at = start + _MATCH_AT
+            if match_at + 4 > len(body):
+                raise OpenFlowDecodeError("flow desc without a match")
+            match_end = match_at + ((_U16.unpack_from(body, match_at + 2)[0] + 7) & ~7)
+            out.append(
+                (
+                    cookie,
+                    body[start + _TABLE_AT : start + _TABLE_AT + 1]
+                    + body[start + _PRIORITY_AT : start + _PRIORITY_AT + 2]
+                    + body[match_at:match_end],
+                )
+            )
+        return out
+
     def to_text(self, xid: int = 0) -> str:
         return "".join("\n " + f.format_flow() for f in self.flows)
 
 
-_COOKIE_AT = 16  # in a flow desc entry
+# in a flow desc entry
+_TABLE_AT = 4
+_PRIORITY_AT = 6
+_COOKIE_AT = 16
+_MATCH_AT = 24
 
 
 def _flow_desc_entries(data: bytes, pos: int) -> Iterator[tuple[int, int, int]]:
