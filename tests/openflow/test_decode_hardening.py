@@ -262,3 +262,14 @@ def test_a_flow_desc_reply_gives_each_flows_key_as_the_datapath_keys_it() -> Non
     ]
     reply = of.decode(of.encode(of.FlowDescReply([of.FlowDesc(f) for f in flows]), 5))
     assert reply.keyed_cookies == [(f.cookie, flow_key(f)) for f in flows]
+
+
+def test_a_flow_desc_match_longer_than_its_entry_is_a_decode_error_for_its_key() -> None:
+    flows = [of.FlowMod(0, 7, of.Match(in_port=3), cookie=1), of.FlowMod(0, 8, cookie=2)]
+    data = bytearray(of.encode(of.FlowDescReply([of.FlowDesc(f) for f in flows]), 5))
+    first = 16  # OpenFlow header and multipart header
+    entry_length = int.from_bytes(data[first : first + 2], "big")
+    data[first + 24 + 2 : first + 24 + 4] = entry_length.to_bytes(2, "big")  # the match's length
+    reply = of.decode(bytes(data))  # the entries' framing is still whole
+    with pytest.raises(of.OpenFlowDecodeError, match="match runs past its entry"):
+        reply.keyed_cookies  # noqa: B018

@@ -201,11 +201,13 @@ class FlowDescReply(Message):
         encoded it when we added it, so the keys are comparable."""
         body = self[0]
         out = []
-        for start, _, cookie in _flow_desc_entries(body, _MULTIPART.size):
+        for start, end, cookie in _flow_desc_entries(body, _MULTIPART.size):
             match_at = start + _MATCH_AT
-            if match_at + 4 > len(body):
+            if match_at + 4 > end:
                 raise OpenFlowDecodeError("flow desc without a match")
             match_end = match_at + ((_U16.unpack_from(body, match_at + 2)[0] + 7) & ~7)
+            if match_end > end:
+                raise OpenFlowDecodeError("flow desc match runs past its entry")
             out.append(
                 (
                     cookie,
@@ -243,17 +245,12 @@ def _flow_desc_entries(data: bytes, pos: int) -> Iterator[tuple[int, int, int]]:
 
 
 def _decode_flow_descs(data: bytes, pos: int) -> Iterator[FlowDesc]:
-    while pos < len(data):
-        if pos + 24 > len(data):
-            raise OpenFlowDecodeError("truncated flow desc")
-        (length, table_id, priority, idle, hard, flags, importance, cookie) = (
-            _FLOW_DESC.unpack_from(data, pos)
+    for start, end, cookie in _flow_desc_entries(data, pos):
+        _, table_id, priority, idle, hard, flags, importance, _ = _FLOW_DESC.unpack_from(
+            data, start
         )
-        end = pos + length
-        if length < 24 or end > len(data):
-            raise OpenFlowDecodeError(f"bad flow desc length {length}")
-        match, match_len = Match.decode(data[:end], pos + 24)
-        stats_pos = pos + 24 + match_len
+        match, match_len = Match.decode(data[:end], start + _MATCH_AT)
+        stats_pos = start + _MATCH_AT + match_len
         if stats_pos + 4 > end:
             raise OpenFlowDecodeError("flow desc without stats")
         _, stats_len = _OXS_STAT.unpack_from(data, stats_pos)
@@ -274,7 +271,6 @@ def _decode_flow_descs(data: bytes, pos: int) -> Iterator[FlowDesc]:
             importance=importance,
         )
         yield FlowDesc(flow, **stats)
-        pos = end
 
 
 def _decode_oxs(data: bytes, pos: int, end: int) -> dict[str, int]:
