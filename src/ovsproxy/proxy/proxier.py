@@ -559,9 +559,8 @@ class Proxier:
         self._claims_unpublished = False
         # Work that must follow the commit that makes it safe (kept across failed commits).
         self._flushes: dict[FlushFilter, None] = {}
-        # This sync added a frontend: it is published only once its flushes have settled
-        self._frontends_added = False
-        # ...the untranslated-entry filters of the frontends added, and (when an adopting
+        # The untranslated-entry filters of the frontends added since the last commit (a new
+        # frontend is published only once its flushes have settled), and (when an adopting
         # commit found flows of ours: ``_watch``) each one's ServiceLB flow key: a frontend
         # whose flow the switch already held (an agent restart) needs no second flush
         # (nothing committed its entries untranslated), and no wait for one
@@ -715,7 +714,6 @@ class Proxier:
             added = _frontends_new(protocol, before, new_map)
             if added:
                 self._flushes.update(dict.fromkeys(added))
-                self._frontends_added = True
                 self._added_frontends.update(dict.fromkeys(added))
         if self._reject_action:
             self._update_forwarding(old, old_map, new, new_map)
@@ -752,7 +750,9 @@ class Proxier:
                         self.ctx, old_port, ip, l4_port
                     )
 
-    async def _post_commit(self, commit: CommitStats) -> None:
+    async def _post_commit(self, commit: CommitStats) -> bool:
+        """Work that follows a successful commit; True when a frontend it added waits for
+        the second flush of its untranslated entries."""
         for add, key in self._forwarding_pending:
             if add:
                 self._forwarding.add(key)
@@ -771,8 +771,8 @@ class Proxier:
             self._learned_deletes.clear()
         held = commit.held_before
         served = {f for f, key in self._frontend_keys.items() if key in held}
-        if served and len(served) == len(self._added_frontends):
-            self._frontends_added = False  # an older agent's frontends, all: nothing to wait for
+        # an older agent's frontends are flushed once: nothing of theirs to wait for
+        unserved_added = any(f not in served for f in self._added_frontends)
         self._frontend_keys.clear()
         self._added_frontends.clear()
         if self._flushes:
@@ -789,6 +789,7 @@ class Proxier:
                     await self.conntrack.flush(rest, again=not commit.onto_empty_switch)
             else:
                 log.debug("no conntrack flusher: %d UDP flush(es) skipped", len(flushes))
+        return unserved_added
 
     def set_node_ips(
         self, node_ips: Sequence[IPAddress], node_port_ips: Sequence[IPAddress]
@@ -871,19 +872,17 @@ class Proxier:
         latencies = tuple(committed - t for t in self._trigger_times)
         self._trigger_times.clear()
         self._synced_once = True
-        await self._post_commit(commit)
-        if self._frontends_added:
-            # A new frontend is not published (``programmed``, /status) until the switch has
-            # revalidated its cached datapath flows and the second flush of the frontend's
-            # untranslated entries is done: a connection begun in between can meet a datapath
-            # flow cached before the commit, and the second flush then cuts it (bench soak: a
-            # phase begun as soon as /status showed its Services lost requests in its first
-            # 0.4 s; none with 2 s between). After a commit onto a switch without our flows,
-            # or for frontends the switch already served, there is no second flush, so
-            # nothing to wait for.
-            self._frontends_added = False
-            if self.conntrack is not None:
-                await self.conntrack.settled()
+        waits = await self._post_commit(commit)
+        # A new frontend is not published (``programmed``, /status) until the switch has
+        # revalidated its cached datapath flows and the second flush of the frontend's
+        # untranslated entries is done: a connection begun in between can meet a datapath
+        # flow cached before the commit, and the second flush then cuts it (bench soak: a
+        # phase begun as soon as /status showed its Services lost requests in its first
+        # 0.4 s; none with 2 s between). After a commit onto a switch without our flows,
+        # or for frontends the switch already served, there is no second flush, so
+        # nothing to wait for.
+        if waits and self.conntrack is not None:
+            await self.conntrack.settled()
         if self.followers:
             commit_view = Committed(
                 touched, full, self.tracker.cluster_ips_version, self.tracker.cluster_ips
