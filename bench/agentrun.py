@@ -272,6 +272,15 @@ def reset(sb: Sandbox) -> None:
         )
 
 
+def baseline_of_installed(sb: Sandbox, groups_file: Path, flows_file: Path) -> tuple[int, int, str]:
+    """Write what the switch holds now (an agent's install, dumped by ``ovs-ofctl``) as
+    ``ovs-ofctl add-groups``/``add-flows`` input, the baseline that loads the same content;
+    returns its ``switch_content``."""
+    lines = dp.switch_lines(sb)
+    dp.write_ofctl_input(lines, groups_file, flows_file)
+    return switch_content(sb, lines)
+
+
 def switch_content(sb: Sandbox, lines: dp.SwitchLines | None = None) -> tuple[int, int, str]:
     """(flows, groups, fingerprint) of the switch (of ``lines``, its ``dp.switch_lines``,
     when given). The fingerprint names each group by the ClusterIP whose ServiceLB flow

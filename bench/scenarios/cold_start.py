@@ -174,11 +174,10 @@ async def _measure(
         contents: dict[str, tuple[int, int, str]] = {}
 
         def check(who: str) -> None:
-            if who not in contents:
-                lines = dp.switch_lines(sb)
-                contents[who] = agentrun.switch_content(sb, lines)
-                if who == "api":  # the baseline loads what the agent installed
-                    dp.write_ofctl_input(lines, groups_file, flows_file)
+            if who == "api" and who not in contents:  # the baseline loads what it installed
+                contents[who] = agentrun.baseline_of_installed(sb, groups_file, flows_file)
+            elif who not in contents:
+                contents[who] = agentrun.switch_content(sb)
             agentrun.reset(sb)
 
         async def from_api() -> agentrun.AgentRun:

@@ -42,10 +42,8 @@ async def _one(sb: Any, services: int, tmp: Path) -> dict[str, Any]:
         kubeconfig = str(api.kubeconfig(tmp / f"kubeconfig-{services}"))
         agentrun.reset(sb)
         run = await agentrun.run_agent(agentrun.agent_flags(sb, ["--kubeconfig", kubeconfig]))
-        lines = dp.switch_lines(sb)
-        content = agentrun.switch_content(sb, lines)
         groups_file, flows_file = tmp / f"groups-{services}", tmp / f"flows-{services}"
-        dp.write_ofctl_input(lines, groups_file, flows_file)  # the baseline: what it installed
+        content = agentrun.baseline_of_installed(sb, groups_file, flows_file)
         agentrun.reset(sb)
         ofctl = await asyncio.to_thread(dp.run_ofctl, sb, groups_file, flows_file)
         same = agentrun.switch_content(sb) == content
