@@ -77,3 +77,11 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
+
+# The real Kubernetes components (kube-apiserver, kube-controller-manager, kube-proxy, kubectl)
+# and etcd that the tests, the lab and the benches run, built from the Go module proxy at the
+# pins in tools/ (once per machine; scripts/build-kube.sh). `make run` does not need them and
+# sets OVSPROXY_KUBE=skip.
+if [ "${OVSPROXY_KUBE:-build}" != "skip" ]; then
+  scripts/build-kube.sh >/dev/null
+fi

@@ -18,7 +18,7 @@ import pytest
 from ovsproxy.lab.cluster import LAB_REGISTRY, Lab, LabRecord, list_lab_records
 from ovsproxy.lab.evidence import attached_rig
 from ovsproxy.lab.manifests import LabPort, LabService, addresses, endpoint_texts, write_service
-from ovsproxy.ovs.sandbox import _pid_alive, netns_exists
+from ovsproxy.ovs.sandbox import pid_alive, netns_exists
 
 from .conftest import start_lab
 from .helpers import client_pod, clients, http
@@ -34,7 +34,7 @@ def _nothing_left(record: LabRecord) -> None:
     assert not [ns for ns in namespaces if netns_exists(ns)], namespaces
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"ovsp-{record.name}-" not in out, out
-    assert not [p for p in record.agents.values() if _pid_alive(p)], record.agents
+    assert not [p for p in record.agents.values() if pid_alive(p)], record.agents
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert record.workdir not in ps and f"ovsproxy-{record.name}-n" not in ps
     assert not Path(record.workdir).exists()
@@ -65,7 +65,7 @@ def test_node_leaving(lab: Lab) -> None:
     agent_pid = node3.agent.pid if node3.agent else None
     lab.remove_node("node-3")
     assert not netns_exists(node3.netns)
-    assert agent_pid is not None and not _pid_alive(agent_pid)
+    assert agent_pid is not None and not pid_alive(agent_pid)
     remaining = tuple(ep for ep in service.endpoints if ep.node != "node-3")
     started = time.monotonic()
     write_service(lab.manifests, dataclasses.replace(service, endpoints=remaining))
@@ -108,7 +108,7 @@ def test_crashed_run_is_cleaned_by_the_next() -> None:
         os.kill(proc.pid, signal.SIGKILL)  # no cleanup runs
         proc.wait()
         # Its agents and daemons (own sessions) outlive it, its namespaces too...
-        assert all(_pid_alive(p) for p in record.agents.values())
+        assert all(pid_alive(p) for p in record.agents.values())
         assert netns_exists(f"ovsp-{record.sandboxes[0]}")
         # ...until the next lab starts.
         with Lab(1):

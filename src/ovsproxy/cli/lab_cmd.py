@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ovsproxy.lab.cluster import Lab, LabError, lab_down, lab_status, list_lab_records
-from ovsproxy.lab.manifests import endpoint_texts, write_service
+from ovsproxy.lab.controlplane import ControlPlaneError
+from ovsproxy.lab.manifests import endpoint_texts
 from ovsproxy.ovs.sandbox import SandboxError
 
 DEFAULT_NAME = "lab"
@@ -21,7 +22,13 @@ DEFAULT_NAME = "lab"
 def _print_status(info: dict[str, Any]) -> None:
     console = Console()
     head = Table(title=f"ovsproxy lab {info['name']}", show_header=False)
-    head.add_row("manifests", info["manifests"])
+    kube = info.get("kubernetes")
+    if kube:
+        head.add_row("API server", kube["server"])
+        head.add_row("kubeconfig", f"export KUBECONFIG={kube['kubeconfig']}")
+        head.add_row("kubectl", kube["kubectl"])
+    else:
+        head.add_row("manifests", info["manifests"])
     head.add_row(
         "underlay", f"{info['underlay']['netns']} ({', '.join(info['underlay']['networks'])})"
     )
@@ -74,13 +81,21 @@ def lab() -> None:
 @click.option("--nodes", default=3, show_default=True, help="number of nodes")
 @click.option("--zones", default=1, show_default=True, help="zones (assigned round-robin)")
 @click.option("--name", default=DEFAULT_NAME, show_default=True)
+@click.option(
+    "--manifests",
+    "manifests_only",
+    is_flag=True,
+    help="no control plane: the agents read the lab's manifests directory instead",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the status as JSON")
-def up(nodes: int, zones: int, name: str, as_json: bool) -> None:
-    """Start a lab that stays up until `ovsproxy lab down`."""
+def up(nodes: int, zones: int, name: str, manifests_only: bool, as_json: bool) -> None:
+    """Start a lab that stays up until `ovsproxy lab down`: a real Kubernetes control plane
+    (etcd, kube-apiserver, kube-controller-manager on loopback), N nodes with their pods
+    registered as Node and Pod objects, and the Service lab/web."""
     try:
-        cluster = Lab(nodes, zones=zones, name=name, persistent=True).up()
-        service = cluster.web_service()
-        write_service(cluster.manifests, service)
+        cluster = Lab(nodes, zones=zones, name=name, persistent=True, kube=not manifests_only)
+        cluster.up()
+        service = cluster.apply_web_service()
         # Up means usable: every agent has programmed lab/web.
         for port in service.ports:
             cluster.wait_endpoints(
@@ -88,7 +103,7 @@ def up(nodes: int, zones: int, name: str, as_json: bool) -> None:
                 endpoint_texts(service.endpoints, port.target_port),
             )
         status = cluster.status()
-    except (LabError, SandboxError) as exc:
+    except (LabError, SandboxError, ControlPlaneError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
         click.echo(json.dumps(status, indent=2))
@@ -101,7 +116,19 @@ def up(nodes: int, zones: int, name: str, as_json: bool) -> None:
         f"web pod. Try:\n  ip netns exec {client['netns']} curl -s http://10.96.0.10/\n"
         f"  ip netns exec {node['netns']} curl -s http://[fd00:10:96::10]/\n"
         f"  ovsproxy status --address {node['agent']['metrics'].removeprefix('http://')}\n"
-        f"Edit or add manifests in {status['manifests']}; `ovsproxy lab down` removes it all."
+        + _kube_hint(status)
+        + "`ovsproxy lab down` removes it all."
+    )
+
+
+def _kube_hint(status: dict[str, Any]) -> str:
+    kube = status.get("kubernetes")
+    if not kube:
+        return f"Edit or add manifests in {status['manifests']}; "
+    return (
+        f"The cluster's API server is {kube['server']}; kubectl of the same release:\n"
+        f"  export KUBECONFIG={kube['kubeconfig']}\n"
+        f"  {kube['kubectl']} -n lab get services,endpointslices,pods -o wide\n"
     )
 
 

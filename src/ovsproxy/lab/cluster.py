@@ -45,7 +45,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
-from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses
+from ovsproxy.lab.controlplane import (
+    REGISTRY as CONTROL_PLANE_REGISTRY,
+)
+from ovsproxy.lab.controlplane import (
+    ControlPlane,
+    ControlPlaneRecord,
+    kube_binary,
+)
+from ovsproxy.lab.kubelet import ContainerPort, Kubelet, PodSpec
+from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses, write_service
 from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
@@ -94,6 +103,7 @@ class LabRecord:
     sandboxes: list[str] = field(default_factory=list)
     agents: dict[str, int] = field(default_factory=dict)  # node -> pid
     agent_markers: dict[str, str] = field(default_factory=dict)  # node -> cmdline marker
+    control_plane: str | None = None  # its ControlPlaneRecord's name (a lab with kube=True)
     status: dict[str, Any] = field(default_factory=dict)  # the last status() (for `lab status`)
     created: float = field(default_factory=time.time)
 
@@ -119,6 +129,10 @@ class LabRecord:
             return start_time(self.owner_pid) != self.owner_started
         if not all(netns_exists(ns) for ns in self.netns):
             return True
+        if self.control_plane is not None:
+            cp = ControlPlaneRecord.load(CONTROL_PLANE_REGISTRY / f"{self.control_plane}.json")
+            if cp is None or cp.is_leftover():
+                return True
         for name in self.sandboxes:
             record = SandboxRecord.load(sb.REGISTRY / f"{name}.json")
             if record is None or record.is_leftover():
@@ -130,6 +144,10 @@ def cleanup_lab_record(record: LabRecord) -> None:
     """Remove everything a lab record names: agents (by pid), nodes, namespaces, files."""
     for node, pid in record.agents.items():
         sb.stop_process(pid, record.agent_markers.get(node))
+    if record.control_plane is not None:
+        cp = ControlPlaneRecord.load(CONTROL_PLANE_REGISTRY / f"{record.control_plane}.json")
+        if cp is not None:
+            cp.remove()
     for name in record.sandboxes:
         sandbox_record = SandboxRecord.load(sb.REGISTRY / f"{name}.json")
         if sandbox_record is not None:
@@ -189,6 +207,14 @@ class Lab:
     a serving pod answers HTTP on 8080 and UDP on 5353 with its name; pod names get the node
     number appended (``web-1`` on node-1). ``source_args`` replace the agents' default source
     (the lab's manifests directory), e.g. ``("--kubeconfig", path)``.
+
+    ``kube=True`` makes it a cluster: a real control plane (``lab.controlplane``: etcd,
+    kube-apiserver, kube-controller-manager) on loopback, every node a Node object, every pod
+    a Pod object bound to its node (``lab.kubelet`` plays the kubelet's part), the shipped
+    ``deploy/base/rbac.yaml`` applied, and the agents reading the API server with a token of
+    that ServiceAccount. The control plane runs in the machine's namespace, on 127.0.0.1:
+    that is where the agents run (they join their node's namespace only for netlink) and
+    where an operator's kubectl runs, so neither needs a route toward a lab namespace.
     """
 
     def __init__(
@@ -202,6 +228,7 @@ class Lab:
         agents: bool = True,
         source_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
+        kube: bool = False,
     ) -> None:
         if not 1 <= nodes <= MAX_NODES:
             raise LabError(f"nodes: {nodes} is not between 1 and {MAX_NODES}")
@@ -217,6 +244,10 @@ class Lab:
         self.run_agents = agents
         self.source_args = tuple(source_args)
         self.agent_args = tuple(agent_args)
+        self.kube = kube
+        self.control_plane: ControlPlane | None = None
+        self.kubelet: Kubelet | None = None
+        self.pod_specs: dict[str, PodSpec] = {}
         self.underlay_netns = f"{NETNS_PREFIX}{self.name}-ul"
         self.external_netns = f"{NETNS_PREFIX}{self.name}-ext"
         self.workdir = Path()
@@ -228,6 +259,10 @@ class Lab:
     @property
     def manifests(self) -> Path:
         return self.workdir / "manifests"
+
+    @property
+    def agent_kubeconfig(self) -> Path:
+        return self.workdir / "agent.kubeconfig"
 
     @property
     def external_ips(self) -> tuple[IPAddress, ...]:
@@ -255,6 +290,11 @@ class Lab:
             netns=[self.underlay_netns, self.external_netns],
             sandboxes=[f"{self.name}-n{i}" for i in range(1, self.node_count + 1)],
         )
+        if self.kube:
+            self.control_plane = ControlPlane(
+                f"ovsp-cp-{self.name}", workdir=self.workdir, service_cidrs=SERVICE_CIDRS
+            )
+            self.record.control_plane = self.control_plane.name
         self.record.save()
         try:
             self._start()
@@ -262,6 +302,9 @@ class Lab:
             self.down()
             raise
         if self.persistent:
+            if self.control_plane is not None:
+                self.control_plane.record.persistent = True
+                self.control_plane.record.save()
             for node in self.nodes.values():
                 assert node.sandbox.record is not None
                 node.sandbox.persistent = node.sandbox.record.persistent = True
@@ -272,15 +315,23 @@ class Lab:
         return self
 
     def _start(self) -> None:
-        self._underlay()
-        indexes = range(1, self.node_count + 1)
-        # Nodes come up in parallel: their daemons and `ip` calls mostly wait.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, self.node_count)) as pool:
-            for node in pool.map(self._node, indexes):
-                self.nodes[node.name] = node
-        self._external_client()
-        for node in self.nodes.values():
-            self._routes(node)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as background:
+            # The control plane's start (mostly kube-apiserver's own, 5-30 s) overlaps the nodes'.
+            cp_started = background.submit(self._start_control_plane) if self.kube else None
+            self._underlay()
+            indexes = range(1, self.node_count + 1)
+            # Nodes come up in parallel: their daemons and `ip` calls mostly wait.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, self.node_count)) as pool:
+                for node in pool.map(self._node, indexes):
+                    self.nodes[node.name] = node
+            self._external_client()
+            for node in self.nodes.values():
+                self._routes(node)
+            if cp_started is not None:
+                cp_started.result()
+        if self.kubelet is not None:
+            for node in self.nodes.values():
+                self.register_node(node)
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, self.node_count)) as pool:
             list(pool.map(self._default_pods, self.nodes.values()))
         if self.run_agents:
@@ -288,6 +339,24 @@ class Lab:
                 self.start_agent(node.name, wait=False)
             for node in self.nodes.values():
                 self.wait_agent(node.name)
+
+    def _start_control_plane(self) -> None:
+        assert self.control_plane is not None
+        api = self.control_plane.start()
+        self.kubelet = Kubelet(api)
+        api.create_namespace("lab")
+        # The agents' identity is the shipped ServiceAccount with the shipped RBAC.
+        api.ovsproxy_kubeconfig(self.agent_kubeconfig, seconds=7 * 86400)
+
+    def register_node(self, node: LabNode) -> None:
+        """The node's Node object: its name, zone, node IPs and pod CIDRs, Ready."""
+        assert self.kubelet is not None
+        self.kubelet.register_node(
+            node.name,
+            addresses=[str(ip) for ip in node.node_ips],
+            pod_cidrs=[str(c) for c in node.pod_cidrs],
+            zone=node.zone,
+        )
 
     def _underlay(self) -> None:
         ns = self.underlay_netns
@@ -364,7 +433,7 @@ class Lab:
         v4, v6 = node.pod_cidrs
         used = {int(p.ipv4.ip) for p in node.pods.values() if p.ipv4 is not None}
         host = next(h for h in range(10, 250) if int(v4[h]) not in used)
-        return node.sandbox.add_pod(
+        pod = node.sandbox.add_pod(
             pod_name,
             ipv4=_host(v4, host),
             ipv6=_host(v6, host),
@@ -372,6 +441,34 @@ class Lab:
             http_ports=(HTTP_PORT,) if serves else (),
             udp_ports=(UDP_PORT,) if serves else (),
         )
+        if self.kubelet is not None:
+            ports = (
+                (ContainerPort(HTTP_PORT, "TCP", "http"), ContainerPort(UDP_PORT, "UDP", "dns"))
+                if serves
+                else ()
+            )
+            spec = PodSpec(
+                name=pod_name,
+                namespace="lab",
+                node=node_name,
+                ips=tuple(str(ip) for ip in pod.ips),
+                labels={"app": pod_name.rsplit("-", 1)[0]},
+                ports=ports,
+            )
+            self.kubelet.run_pod(spec)
+            self.pod_specs[pod_name] = spec
+        return pod
+
+    def delete_pod(self, pod_name: str, *, drains: bool = False, wait: float = 0.0) -> None:
+        """A pod's end as a cluster sees it: terminating (serving while it ``drains``) for
+        ``wait`` seconds, then gone from the API and from its node."""
+        node = self.node_of(pod_name)
+        spec = self.pod_specs.pop(pod_name, None)
+        if self.kubelet is not None and spec is not None:
+            self.kubelet.terminate_pod(spec, drains=drains)
+            time.sleep(wait)
+            self.kubelet.remove_pod(spec.namespace, spec.name)
+        node.sandbox.remove_pod(pod_name)
 
     def endpoints(self, *pod_names: str, **conditions: bool) -> tuple[LabEndpoint, ...]:
         """The named pods (default: every serving pod) as endpoints, with their node and zone."""
@@ -393,6 +490,39 @@ class Lab:
             self.endpoints(),
         )
 
+    def apply_web_service(self) -> LabService:
+        """``lab/web`` served: through the API (a Service selecting ``app: web``, whose
+        EndpointSlices kube-controller-manager makes) with ``kube``, else as a manifest."""
+        service = self.web_service()
+        if self.control_plane is None:
+            write_service(self.manifests, service)
+            return service
+        self.control_plane.request(
+            "POST",
+            "/api/v1/namespaces/lab/services",
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": service.name, "namespace": "lab"},
+                "spec": {
+                    "selector": {"app": "web"},
+                    "clusterIPs": [str(ip) for ip in service.cluster_ips],
+                    "ipFamilyPolicy": "RequireDualStack",
+                    "ipFamilies": ["IPv4", "IPv6"],
+                    "ports": [
+                        {
+                            "name": p.name,
+                            "port": p.port,
+                            "targetPort": p.target_port,
+                            "protocol": p.protocol,
+                        }
+                        for p in service.ports
+                    ],
+                },
+            },
+        )
+        return service
+
     def pod(self, pod_name: str) -> Pod:
         for node in self.nodes.values():
             if pod_name in node.pods:
@@ -406,8 +536,13 @@ class Lab:
         raise KeyError(pod_name)
 
     # -- agents -------------------------------------------------------------------------
+    def default_source_args(self) -> tuple[str, ...]:
+        if self.kube:
+            return ("--kubeconfig", str(self.agent_kubeconfig))
+        return ("--manifests", str(self.manifests))
+
     def agent_command(self, node: LabNode) -> list[str]:
-        source = self.source_args or ("--manifests", str(self.manifests))
+        source = self.source_args or self.default_source_args()
         cmd = [
             sys.executable,
             "-m",
@@ -552,6 +687,10 @@ class Lab:
             with contextlib.suppress(Exception):
                 node.sandbox.down()
         self.nodes.clear()
+        if self.control_plane is not None:
+            self.control_plane.stop()
+            self.control_plane = None
+            self.kubelet = None
         record = self.record or LabRecord.load(LAB_REGISTRY / f"{self.name}.json")
         if record is not None:
             cleanup_lab_record(record)
@@ -579,6 +718,7 @@ class Lab:
                 "ips": [str(ip) for ip in self.external_ips],
             },
             "service_cidrs": list(SERVICE_CIDRS),
+            "kubernetes": self._kubernetes_status(),
             "started_in_s": round(self.started_in, 3) if self.started_in is not None else None,
             "nodes": [
                 {
@@ -611,6 +751,17 @@ class Lab:
             ],
         }
 
+    def _kubernetes_status(self) -> dict[str, Any] | None:
+        if self.control_plane is None:
+            return None
+        return {
+            "server": self.control_plane.url,
+            "kubeconfig": str(self.control_plane.admin_kubeconfig),
+            "kubectl": str(kube_binary("kubectl")),
+            "agent_kubeconfig": str(self.agent_kubeconfig),
+            "logs": str(self.control_plane.workdir),
+        }
+
     def _save_status(self) -> None:
         if self.record is not None:
             self.record.status = self.status()
@@ -632,7 +783,7 @@ def lab_status(name: str) -> dict[str, Any]:
     status["leftover"] = record.is_leftover()
     for node in status.get("nodes", []):
         pid = record.agents.get(node["name"])
-        node["agent"]["running"] = pid is not None and sb._pid_alive(
+        node["agent"]["running"] = pid is not None and sb.pid_alive(
             pid, record.agent_markers.get(node["name"])
         )
     return status

@@ -80,7 +80,7 @@ def _run(
     return result
 
 
-def _pid_alive(pid: int, marker: str | None = None) -> bool:
+def pid_alive(pid: int, marker: str | None = None) -> bool:
     """True when pid runs and (if marker is given) its command line mentions marker."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -101,7 +101,7 @@ def stop_process(
 ) -> None:
     """Signal ``pid`` (if it is still the process ``marker`` names) and wait for it to end;
     SIGKILL after ``timeout`` seconds."""
-    if not _pid_alive(pid, marker):
+    if not pid_alive(pid, marker):
         return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
@@ -109,7 +109,7 @@ def stop_process(
     while time.monotonic() < deadline:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)  # reap if it is our child
-        if not _pid_alive(pid, marker):
+        if not pid_alive(pid, marker):
             return
         time.sleep(0.02)
     with contextlib.suppress(ProcessLookupError):
@@ -179,7 +179,7 @@ class SandboxRecord:
             return None
 
     def processes_alive(self) -> bool:
-        return bool(self.pids) and all(_pid_alive(p, self.rundir) for p in self.pids.values())
+        return bool(self.pids) and all(pid_alive(p, self.rundir) for p in self.pids.values())
 
     def is_leftover(self) -> bool:
         if not self.persistent:
