@@ -3,6 +3,7 @@ the decision depends on the set of ports only, and the incremental resolver agre
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections.abc import Iterable
 
@@ -226,9 +227,61 @@ def test_the_resolver_after_any_sequence_of_changes_is_the_decision(batches, ful
             flipped = resolver.reset({n: ServiceState(p) for n, p in current.items()})
         else:
             flipped = resolver.update(changes.items())
-        assert resolver.refusals == resolve(current.values())
+        assert resolver.refusals == resolve(current.values(), resolver.seen)
+        assert set(resolver.seen) == {n.service for n in current}
         assert flipped == {
             n
             for n in before.keys() | resolver.refusals.keys()
             if before.get(n) != resolver.refusals.get(n)
         }
+
+
+def untimed(ports: list[ServicePort]) -> list[ServicePort]:
+    """As kubectl writes manifests: ``creationTimestamp: null``."""
+    return [dataclasses.replace(p, created=None) for p in ports]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(services().map(untimed), min_size=1, max_size=6), services().map(untimed))
+def test_a_service_added_later_never_takes_a_claim_from_a_served_one(served, newcomer) -> None:
+    """Finding (issue 35): without creationTimestamps the claim went by name, so a newly added
+    file (bad-collide.yaml) took nodePort 30080 from the Service serving it, on every node.
+    Now between two Services without a timestamp the one seen first keeps it: whatever the
+    newcomer's name, every port served before stays served."""
+    resolver = ClaimResolver()
+    current = cluster(served)
+    newcomer_service = newcomer[0].name.service
+    # a Service already held would be an update, not a newcomer
+    current = {n: p for n, p in current.items() if n.service != newcomer_service}
+    resolver.update(current.items())
+    serving = {n for n in current if n not in resolver.refusals}
+    resolver.update((p.name, p) for p in newcomer)
+    assert serving.isdisjoint(resolver.refusals), resolver.refusals
+    # and the newcomer is refused exactly where it collides with what serves
+    owners = {c for n in serving for c in claims_of(current[n])}
+    for port in newcomer:
+        assert (port.name in resolver.refusals) == any(c in owners for c in claims_of(port))
+    # Services seen in one update tie, and the name decides, as `ovsproxy check` does
+    together = ClaimResolver()
+    together.update([*current.items(), *((p.name, p) for p in newcomer)])
+    assert together.refusals == resolve([*current.values(), *newcomer])
+
+
+def test_bad_collide_added_later_does_not_take_the_served_node_port() -> None:
+    def port(namespace: str, name: str) -> ServicePort:
+        return ServicePort(
+            ServicePortName(namespace, name), (IPS[0] if name == "web" else IPS[1],), 80,
+            Protocol.TCP, node_port=30080,
+        )  # fmt: skip
+
+    served, bad = port("demo", "web"), port("demo", "bad-collide")  # "bad-collide" < "web"
+    resolver = ClaimResolver()
+    resolver.update([(served.name, served)])
+    assert resolver.update([(bad.name, bad)]) == {bad.name}
+    assert set(resolver.refusals) == {bad.name}
+    assert resolver.refusals[bad.name][0].owner == served.name
+    # the served one goes: the newcomer gets the port; it comes back: it is the newcomer now
+    resolver.update([(served.name, None)])
+    assert resolver.refusals == {}
+    resolver.update([(served.name, served)])
+    assert set(resolver.refusals) == {served.name}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import random
 import threading
 import time
@@ -19,6 +20,7 @@ from ovsproxy.model import IPAddress, IPFamily, IPNetwork
 from ovsproxy.routes import KernelRoute, RouteManager
 from ovsproxy.routes.linux import ROUTE_PROTOCOL, LinuxRouteBackend
 from ovsproxy.servicecidr import (
+    AGGREGATION_FLOOR,
     ServiceCIDRDiscoverer,
     covers,
     parse_cluster_ip,
@@ -531,3 +533,121 @@ async def test_backend_refuses_to_delete_a_foreign_route(netns: Netns) -> None:
     finally:
         await backend.close()
     assert netns.routes(V4)[0]["dst"] == "10.96.0.0/16"
+
+
+# -- hostile neighbours (issue 35): never the node's own routes -----------------------------
+
+UPLINK = "up0"
+UPLINK_GW = {V4: "192.0.2.1", V6: "2001:db8:ff::1"}
+
+
+def add_uplink(ns: Netns) -> None:
+    """The node's uplink with its default routes, metric 100 (as DHCP / networkd make them)."""
+    ns.ip("link", "add", UPLINK, "type", "veth", "peer", "name", f"{UPLINK}p")
+    for dev in (UPLINK, f"{UPLINK}p"):
+        ns.ip("link", "set", dev, "up")
+    ns.ip("addr", "add", "192.0.2.2/24", "dev", UPLINK)
+    ns.ip("-6", "addr", "add", "2001:db8:ff::2/64", "dev", UPLINK, "nodad")
+    for family in (V4, V6):
+        ns.add_route(f"default via {UPLINK_GW[family]} dev {UPLINK} metric 100", family)
+
+
+def route_get(ns: Netns, address: str) -> dict:
+    out = ns.ip("-j", "route", "get", address).stdout
+    found: dict = json.loads(out)[0]
+    return found
+
+
+def default_routes(ns: Netns) -> list[tuple[str, str, str, int]]:
+    return sorted(
+        (r["dst"], r.get("gateway", ""), r["dev"], r.get("metric", 0))
+        for r in ns.routes(dev=None)
+        if r["dst"] == "default"
+    )
+
+
+async def test_far_apart_cluster_ips_never_take_the_nodes_default_route(netns: Netns) -> None:
+    """Finding (issue 35): 10.96.0.1 beside 172.30.0.1 (and fd00:10:96::1 beside
+    2001:db8:1::1) grew the Service route to 0.0.0.0/0 (::/2) via the virtual next hop at
+    metric 0, ahead of the node's default route at metric 100 on its uplink."""
+    add_uplink(netns)
+    before = default_routes(netns)
+    assert len(before) == 2
+    d = ServiceCIDRDiscoverer()
+    d.cluster_ips_synced()
+    manager = manager_for(netns)
+    await manager.start()
+    await manager.reconcile(d.desired)
+    for ip in ("10.96.0.1", "10.96.0.10", "172.30.0.1", "fd00:10:96::1", "2001:db8:1::1"):
+        for change in d.add_cluster_ip(ip):
+            await manager.apply(change)
+    try:
+        assert default_routes(netns) == before
+        for outside in ("8.8.8.8", "2001:4860:4860::8888", "192.168.1.1"):
+            assert route_get(netns, outside)["dev"] == UPLINK, outside
+        for cluster_ip in ("10.96.0.1", "172.30.0.1", "fd00:10:96::1", "2001:db8:1::1"):
+            assert route_get(netns, cluster_ip)["dev"] == "gw0", cluster_ip
+        ours = netns.service_routes()
+        assert all(n.prefixlen >= AGGREGATION_FLOOR[IPFamily.of(n)] for n in ours), ours
+        assert ours == {
+            net("10.96.0.0/28"),
+            net("172.30.0.1/32"),
+            net("fd00:10:96::1/128"),
+            net("2001:db8:1::1/128"),
+        }
+        # The Service that needed 172.30.0.1 is gone: its route goes; 10.96.0.10's too, and
+        # the /28 shrinks to 10.96.0.1/32, the narrower route in before the wider one goes.
+        for ip in ("172.30.0.1", "10.96.0.10"):
+            for change in d.delete_cluster_ip(ip):
+                await manager.apply(change)
+        assert netns.service_routes(V4) == {net("10.96.0.1/32")}
+        assert default_routes(netns) == before
+    finally:
+        await manager.stop()
+
+
+async def test_a_route_of_another_device_on_the_desired_prefix_is_a_conflict(
+    netns: Netns,
+) -> None:
+    """The conflict check reads the whole table: the node's own 10.96.0.0/16 on its uplink at
+    metric 100 was shadowed by ours at metric 0 (the kernel accepts a second route that
+    differs in metric); the node's default route too, with --service-cidr 0.0.0.0/0."""
+    add_uplink(netns)
+    netns.add_route(f"10.96.0.0/16 via {UPLINK_GW[V4]} dev {UPLINK} metric 100")
+    manager = manager_for(netns)
+    await manager.start()
+    try:
+        changes = await manager.reconcile(["10.96.0.0/16", "10.97.0.0/16"])
+    finally:
+        await manager.stop()
+    assert changes.conflicts == (net("10.96.0.0/16"),)
+    assert netns.service_routes(V4) == {net("10.97.0.0/16")}
+    assert route_get(netns, "10.96.0.1")["dev"] == UPLINK
+    default = manager_for(netns)
+    await default.start()
+    try:
+        changes = await default.reconcile(["0.0.0.0/0", "::/0"])
+    finally:
+        await default.stop()
+    assert set(changes.conflicts) == {net("0.0.0.0/0"), net("::/0")}
+    assert route_get(netns, "8.8.8.8")["dev"] == UPLINK
+    assert route_get(netns, "2001:4860:4860::8888")["dev"] == UPLINK
+
+
+async def test_shrinking_is_make_before_break(netns: Netns) -> None:
+    log: list[str] = []
+    d = ServiceCIDRDiscoverer()
+    d.add_cluster_ips(["10.96.0.1", "10.96.200.1"])
+    d.cluster_ips_synced()
+    manager = RouteManager(WatchingBackend(netns, log), "gw0", sync_interval=None)
+    await manager.start()
+    await manager.reconcile(d.desired)
+    log.clear()
+    for change in d.delete_cluster_ip("10.96.200.1"):
+        await manager.apply(change)
+    await manager.stop()
+    assert netns.service_routes(V4) == {net("10.96.0.1/32")}
+    assert [entry.split()[:2] for entry in log] == [
+        ["add", "10.96.0.1/32"],
+        ["delete", "10.96.0.0/16"],
+    ]

@@ -159,3 +159,20 @@ def test_services_claiming_one_port_are_named_with_both_files_and_lines(tmp_path
         f"already claimed by {owner.format('http/TCP')}",
     ]  # (nodePort 30053 is UDP in t/old, TCP in t/nodeport: two claims, no conflict)
     assert lines[-1].endswith(". 4 problem(s).")
+
+
+def test_special_external_ips_fail_the_check(tmp_path: Path) -> None:
+    """Finding (issue 35): `ovsproxy check` exited 0 on externalIPs the API server refuses."""
+    (tmp_path / "svc.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: grab, namespace: t}\n"
+        "spec:\n  clusterIP: 10.96.0.50\n  ports: [{port: 80}]\n"
+        "  externalIPs: [169.254.169.254, 127.0.0.1]\n"
+    )
+    result = run(str(tmp_path))
+    assert result.exit_code == 1, result.output
+    assert "Service t/grab: spec.externalIPs[0]: may not be in the link-local range" in (
+        result.output
+    )
+    assert "Service t/grab: spec.externalIPs[1]: may not be in the loopback range" in (
+        result.output
+    )

@@ -25,6 +25,7 @@ from ovsproxy.sources.convert import (
     parse_time,
     proxy_label_selector,
     service_ignored_reason,
+    special_ip,
 )
 
 
@@ -445,8 +446,20 @@ service_ports = st.lists(
     max_size=5,
     unique_by=(lambda p: p[0], lambda p: (p[1], p[2])),
 )
-v4 = st.integers(1, 2**32 - 2).map(lambda i: str(ipaddress.IPv4Address(i)))
-v6 = st.integers(1, 2**128 - 2).map(lambda i: str(ipaddress.IPv6Address(i)))
+# Valid ClusterIPs: not special (loopback, link-local, ...), and an IPv6 one not IPv4-mapped
+# (that one is IPv4).
+v4 = (
+    st.integers(1, 2**32 - 2)
+    .map(ipaddress.IPv4Address)
+    .filter(lambda ip: not special_ip(ip))
+    .map(str)
+)
+v6 = (
+    st.integers(1, 2**128 - 2)
+    .map(ipaddress.IPv6Address)
+    .filter(lambda ip: not special_ip(ip) and ip.ipv4_mapped is None)
+    .map(str)
+)
 
 
 @given(service_ports, st.one_of(st.tuples(v4), st.tuples(v6), st.tuples(v4, v6), st.tuples(v6, v4)))
@@ -739,3 +752,70 @@ def test_creation_timestamp_is_unix_seconds_on_every_port_and_a_bad_one_is_named
     assert convert_service(obj).ports[0].created == 1767225600.0
     obj["metadata"]["creationTimestamp"] = "yesterday"
     assert errors_of(convert_service, obj) == {("metadata.creationTimestamp", "yesterday")}
+
+
+# -- special addresses (issue 35): what kube-apiserver's ValidateNonSpecialIP refuses ----------
+
+LOOPBACK = "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+LINK_LOCAL = "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+LL_MULTICAST = "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+
+
+def messages_of(convert, obj) -> dict[str, str]:
+    with pytest.raises(InvalidObjectError) as info:
+        convert(obj)
+    return {e.field: e.message for e in info.value.errors}
+
+
+def test_special_external_ips_are_refused_with_the_field_and_kube_apiservers_message() -> None:
+    """Finding: externalIPs 127.0.0.1, 169.254.169.254 and 0.0.0.0 were accepted and
+    steered, for the node's own traffic too; `ovsproxy check` passed them."""
+    obj = service(
+        externalIPs=[
+            "127.0.0.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "224.0.0.251",
+            "::1",
+            "fe80::1",
+            "ff02::fb",
+            "::",
+            "::ffff:127.0.0.1",
+            "192.0.2.10",
+        ]
+    )
+    assert messages_of(convert_service, obj) == {
+        "spec.externalIPs[0]": LOOPBACK,
+        "spec.externalIPs[1]": LINK_LOCAL,
+        "spec.externalIPs[2]": "may not be unspecified (0.0.0.0)",
+        "spec.externalIPs[3]": LL_MULTICAST,
+        "spec.externalIPs[4]": LOOPBACK,
+        "spec.externalIPs[5]": LINK_LOCAL,
+        "spec.externalIPs[6]": LL_MULTICAST,
+        "spec.externalIPs[7]": "may not be unspecified (::)",
+        "spec.externalIPs[8]": LOOPBACK,  # IPv4-mapped: the IPv4 address, as Go reads it
+    }
+
+
+def test_special_cluster_ips_are_refused() -> None:
+    assert messages_of(convert_service, service(clusterIP="127.0.0.1")) == {
+        "spec.clusterIP": LOOPBACK
+    }
+    obj = service(clusterIP="169.254.169.254", clusterIPs=["169.254.169.254", "fe80::1"])
+    assert messages_of(convert_service, obj) == {
+        "spec.clusterIPs[0]": LINK_LOCAL,
+        "spec.clusterIPs[1]": LINK_LOCAL,
+    }
+
+
+def test_special_endpoint_addresses_are_refused() -> None:
+    obj = endpoint_slice(endpoints=[{"addresses": ["10.244.0.1"]}, {"addresses": ["127.0.0.1"]}])
+    assert messages_of(convert_endpoint_slice, obj) == {"endpoints[1].addresses[0]": LOOPBACK}
+
+
+def test_an_ipv4_mapped_ipv6_address_is_ipv4_as_go_reads_it() -> None:
+    """Finding: ``::ffff:10.96.0.10`` was taken as IPv6 (Go, and so kube-apiserver and
+    kube-proxy, take it as IPv4)."""
+    (port,) = convert_service(service(clusterIP="::ffff:10.96.0.10")).ports
+    assert port.cluster_ips == (ipaddress.IPv4Address("10.96.0.10"),)
+    assert parse_ip("::ffff:192.0.2.1") == ipaddress.IPv4Address("192.0.2.1")

@@ -34,7 +34,7 @@ from ovsproxy.datapath.switch_sync import Switch, SwitchSync
 from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
-from ovsproxy.proxy.followers import ClusterIPsFollower, Follower
+from ovsproxy.proxy.followers import Follower
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.servicecidr.feed import ClusterIPFeed
@@ -85,7 +85,7 @@ def commit_followers(
     if node_ingress is not None:
         followers += (node_ingress, node_ingress.health_checks)
     if discoverer is not None:
-        followers.append(ClusterIPsFollower(ClusterIPFeed(discoverer)))
+        followers.append(ClusterIPFeed(discoverer))
     return tuple(followers)
 
 

@@ -5,13 +5,17 @@ every address:port/protocol it answers on (its ClusterIPs, external IPs and load
 ingress IPs). Two Services can claim the same one only where no allocator stood between them
 (manifests, a second cluster's objects): the datapath would then hold two flows with one
 match, and the newest would win on every node. Instead the older Service keeps the claim
-(``metadata.creationTimestamp``, then namespace/name; a Service without a timestamp counts
-as newer than any with one) and the newer Service's conflicting port is refused whole: none
+(``metadata.creationTimestamp``; a Service without a timestamp counts as newer than any with
+one; between two without, the one the agent saw first -- ``ClaimResolver`` -- then
+namespace/name) and the newer Service's conflicting port is refused whole: none
 of its frontends reach the datapath, while its other ports, and every other Service, are
 served. A refused port holds no claim, so it refuses nothing of anyone's.
 
-``resolve`` is the decision, pure: its answer depends on the set of ports only, never on the
-order they came in. ``ClaimResolver`` keeps it across syncs: an update re-decides only the
+``resolve`` is the decision, pure: its answer depends on the set of ports (and, for Services
+without a timestamp, when each was first seen) only, never on the order they came in.
+Manifests made by kubectl carry ``creationTimestamp: null``: without the first-seen rule a
+newly added file would take a nodePort from the Service serving it whenever its name sorts
+first, on every node. ``ClaimResolver`` keeps it across syncs: an update re-decides only the
 ports that share a claim, directly or through others, with a changed port (a port without a
 conflict is decided alone), so a sync's cost follows its change; ``ovsproxy check`` calls
 ``resolve`` on the manifests' Services.
@@ -69,32 +73,39 @@ def claims_of(port: ServicePort) -> tuple[Claim, ...]:
     return tuple(dict.fromkeys(claims)) if len(claims) > 1 else tuple(claims)
 
 
-Seniority = tuple[bool, float, str, str]
+Seniority = tuple[bool, float, int, str, str]
+ServiceKey = tuple[str, str]
 
 
-def seniority(port: ServicePort) -> Seniority:
-    """The older Service first: by creationTimestamp (none: after every one given), then by
-    namespace/name."""
+def seniority(port: ServicePort, seen: Mapping[ServiceKey, int] | None = None) -> Seniority:
+    """The older Service first: by creationTimestamp (none: after every one given), then, for
+    equal timestamps (none), by when it was first seen (``seen``: a Service's first-seen
+    order, lower first; absent: 0), then by namespace/name."""
     name = port.name
     created = port.created
-    return (created is None, created or 0.0, name.namespace, name.name)
+    order = seen.get(name.service, 0) if seen else 0
+    return (created is None, created or 0.0, order, name.namespace, name.name)
 
 
 Refusals = dict[ServicePortName, tuple[PortConflict, ...]]
 
 
-def resolve(ports: Iterable[ServicePort]) -> Refusals:
+def resolve(ports: Iterable[ServicePort], seen: Mapping[ServiceKey, int] | None = None) -> Refusals:
     """The refused ports among ``ports`` (one ServicePort per name), each with every claim it
-    loses and the older port holding it. Ports are taken oldest Service first: a port gets
-    its claims unless another Service's port got one of them before it; ports of one Service
-    never conflict with each other (its own validation is the source's)."""
-    return _decide((port, claims_of(port)) for port in ports)
+    loses and the older port holding it. Ports are taken oldest Service first (``seniority``
+    with ``seen``): a port gets its claims unless another Service's port got one of them
+    before it; ports of one Service never conflict with each other (its own validation is
+    the source's)."""
+    return _decide(((port, claims_of(port)) for port in ports), seen)
 
 
-def _decide(ports: Iterable[tuple[ServicePort, tuple[Claim, ...]]]) -> Refusals:
+def _decide(
+    ports: Iterable[tuple[ServicePort, tuple[Claim, ...]]],
+    seen: Mapping[ServiceKey, int] | None = None,
+) -> Refusals:
     holders: dict[Claim, ServicePortName] = {}
     refusals: Refusals = {}
-    for port, claims in sorted(ports, key=lambda item: (seniority(item[0]), item[0].name)):
+    for port, claims in sorted(ports, key=lambda item: (seniority(item[0], seen), item[0].name)):
         name = port.name
         conflicts = tuple(
             PortConflict(name, holder, render_claim(claim))
@@ -120,6 +131,14 @@ class ClaimResolver:
         self._ports: dict[ServicePortName, tuple[ServicePort, tuple[Claim, ...]]] = {}
         self._claimants: dict[Claim, ServicePortName | set[ServicePortName]] = {}
         self.refusals: Refusals = {}
+        # When each Service held here was first seen (the number of the update that brought
+        # it), and how many of its ports are held: between two Services without a
+        # creationTimestamp the one served first keeps a claim, so a newly added manifest never
+        # takes a port from a Service already serving it. Services first seen in one update tie
+        # (then namespace/name): none of them was served before the other.
+        self.seen: dict[ServiceKey, int] = {}
+        self._held: dict[ServiceKey, int] = {}
+        self._updates = 0
 
     def refused(self, name: ServicePortName) -> bool:
         return bool(self.refusals) and name in self.refusals
@@ -133,6 +152,8 @@ class ClaimResolver:
         changed: list[tuple[ServicePortName, tuple[Claim, ...]]] = []
         freed: list[Claim] = []  # claims a changed port held (their other claimants may gain)
         entries, claimants = self._ports, self._claimants
+        self._updates += 1
+        emptied: list[ServiceKey] = []
         for name, port in ports:
             entry = entries.get(name)
             old = entry[0] if entry is not None else None
@@ -142,11 +163,17 @@ class ClaimResolver:
                 for claim in entry[1]:
                     if self._release(claim, name):
                         freed.append(claim)
+            service = name.service
             if port is None:
                 if entry is not None:
                     del entries[name]
+                    self._held[service] -= 1
+                    emptied.append(service)
                 changed.append((name, ()))
                 continue
+            if entry is None:
+                self._held[service] = self._held.get(service, 0) + 1
+                self.seen.setdefault(service, self._updates)
             claims = claims_of(port)
             entries[name] = (port, claims)
             changed.append((name, claims))
@@ -157,6 +184,10 @@ class ClaimResolver:
                         held.add(name)
                     else:
                         claimants[claim] = {held, name}  # type: ignore[arg-type]
+        for service in emptied:  # after the whole update: a port renamed is not a new Service
+            if self._held.get(service) == 0:
+                del self._held[service]
+                del self.seen[service]  # gone: if it comes back, it is new
         return self._redecide(changed, freed)
 
     def reset(self, states: Mapping[ServicePortName, ServiceState]) -> set[ServicePortName]:
@@ -207,7 +238,7 @@ class ClaimResolver:
                     stack.extend(other for other in held if other not in contested)
         if not contested:
             return flipped
-        decided = _decide(self._ports[name] for name in contested)
+        decided = _decide((self._ports[name] for name in contested), self.seen)
         for name in contested:
             now = decided.get(name)
             if now != refusals.get(name):

@@ -48,6 +48,7 @@ class KernelRoute:
     ours: bool
     protocol: int | str | None = None  # for logs: the mark the backend read
     metric: int | None = None
+    device: str | None = None  # set for a route of another device (``list_table``)
 
     @property
     def family(self) -> IPFamily:
@@ -55,8 +56,10 @@ class KernelRoute:
 
     def __str__(self) -> str:
         via = f" via {self.gateway}" if self.gateway is not None else ""
+        dev = f" dev {self.device}" if self.device is not None else ""
         mark = "ours" if self.ours else f"foreign proto={self.protocol}"
-        return f"{self.dst}{via} ({mark})"
+        metric = f" metric {self.metric}" if self.metric is not None else ""
+        return f"{self.dst}{via}{dev}{metric} ({mark})"
 
 
 @runtime_checkable
@@ -85,6 +88,9 @@ class RouteBackend(Protocol):
         """Every route of ``family`` on ``gateway`` in the table we manage, ours or not,
         except the next hop's own host route."""
         ...
+
+    # Optional: ``list_table(gateway, family)``, every route of the table on devices other
+    # than ``gateway`` (never ours), for the manager's conflict check (Linux has it).
 
     async def add_route(self, gateway: str, dst: IPNetwork) -> KernelRoute:
         """Add ``dst via next_hop dev gateway`` with our mark; ``RouteExistsError`` if taken."""

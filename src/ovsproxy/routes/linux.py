@@ -232,6 +232,34 @@ class LinuxRouteBackend:
             )
         return routes
 
+    async def list_table(self, gateway: str, family: IPFamily) -> list[KernelRoute]:
+        """Every unicast route of ``family`` in our table on a device other than ``gateway``
+        (the node's default route on its uplink, a CNI's routes, ...): never ours, so the
+        manager treats a desired prefix equal to one of them as a conflict. A Service route
+        on the same destination would take that route's traffic (ours has metric 0)."""
+        index = await self._index(gateway, refresh=True)
+        names = {
+            link["index"]: link.get("ifname") or str(link["index"])
+            async for link in await self.ipr.link("dump")
+        }
+        found = []
+        async for msg in await self.ipr.route("dump", family=_AF[family], table=self.table):
+            oif = msg.get("oif")
+            if msg.get("table") != self.table or msg["type"] != 1 or oif == index:
+                continue
+            gw = msg.get("gateway")
+            found.append(
+                KernelRoute(
+                    dst=self._dst(msg, family),
+                    gateway=ipaddress.ip_address(gw) if gw else None,
+                    ours=False,
+                    protocol=msg["proto"],
+                    metric=msg.get("priority"),
+                    device=names.get(oif, str(oif)) if oif is not None else "multipath",
+                )
+            )
+        return found
+
     async def add_route(self, gateway: str, dst: IPNetwork) -> KernelRoute:
         index = await self._index(gateway)
         hop = VIRTUAL_NEXT_HOP[IPFamily.of(dst)]

@@ -105,6 +105,7 @@ class _Job:
 class _FamilyState:
     installed: dict[IPNetwork, tuple[KernelRoute, ...]] = field(default_factory=dict)  # ours
     foreign: dict[IPNetwork, KernelRoute] = field(default_factory=dict)  # from the last listing
+    table: dict[IPNetwork, KernelRoute] = field(default_factory=dict)  # other devices' routes
     next_hop_ready: bool = False
     generation: int = 0  # last CIDRChange generation applied
     warned_conflicts: set[IPNetwork] = field(default_factory=set)
@@ -434,8 +435,22 @@ class RouteManager:
                 foreign[route.dst] = route
         state.installed = {dst: tuple(rs) for dst, rs in installed.items()}
         state.foreign = foreign
+        await self._list_table(family)
         # The listing is the truth now; re-check the next hop before relying on it.
         state.next_hop_ready = False
+
+    async def _list_table(self, family: IPFamily) -> None:
+        """The rest of the table: a desired prefix equal to a route of another device (the
+        node's default route on its uplink, a CNI's route) is a conflict too, or our metric-0
+        route would take its traffic. Backends without ``list_table`` see the gateway only."""
+        list_table = getattr(self.backend, "list_table", None)
+        if list_table is None:
+            return
+        others = await self._op("list", family, "table", list_table(self.gateway, family))
+        table: dict[IPNetwork, KernelRoute] = {}
+        for route in others:
+            table.setdefault(route.dst, route)
+        self._state[family].table = table
 
     async def _ensure_next_hop(self, family: IPFamily) -> None:
         state = self._state[family]
@@ -467,16 +482,23 @@ class RouteManager:
             except Exception as exc:
                 errors.append(f"next hop {family.name}: {exc}")
                 log.warning("routes: cannot set up the %s next hop: %s", family.name, exc)
+        if any(dst not in state.installed for dst in desired):
+            try:  # a prefix to add: judge it against the table as it is now
+                await self._list_table(family)
+            except Exception as exc:
+                errors.append(f"list {family.name} table: {exc}")
+                log.warning("routes: cannot list the %s table: %s", family.name, exc)
 
         for dst in desired:
             mine = state.installed.get(dst, ())
             if any(r.gateway == hop for r in mine):
                 kept.append(dst)
                 continue
-            if not mine and dst in state.foreign:
-                # The kernel would refuse the add anyway; a foreign route is never replaced.
+            holder = state.foreign.get(dst) or state.table.get(dst)
+            if not mine and holder is not None:
+                # A foreign route is never replaced, nor shadowed by ours on another device.
                 self._count("add", "conflict", family)
-                self._conflict(state, dst, str(state.foreign[dst]))
+                self._conflict(state, dst, str(holder))
                 failed.append(dst)
                 conflicts.append(dst)
                 continue

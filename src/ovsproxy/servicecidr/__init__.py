@@ -7,11 +7,14 @@ manager (``ovsproxy.routes``) only consumes the results. Mirrors Antrea's split 
 pkg/agent/servicecidr vs pkg/agent/route."""
 
 from ovsproxy.servicecidr.aggregate import (
+    AGGREGATION_FLOOR,
     AddressLike,
     NetworkLike,
+    aggregate,
     common_prefix,
     covers,
     family_of,
+    floor_of,
     grow,
     parse_cluster_ip,
     reduce_networks,
@@ -29,6 +32,7 @@ from ovsproxy.servicecidr.sources import (
 )
 
 __all__ = [
+    "AGGREGATION_FLOOR",
     "AddressLike",
     "CIDRChange",
     "CIDRSource",
@@ -36,10 +40,12 @@ __all__ = [
     "NetworkLike",
     "ServiceCIDRDiscoverer",
     "ServiceCIDRHandler",
+    "aggregate",
     "as_networks",
     "common_prefix",
     "covers",
     "family_of",
+    "floor_of",
     "grow",
     "parse_cluster_ip",
     "parse_configured_cidrs",

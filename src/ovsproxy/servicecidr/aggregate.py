@@ -17,6 +17,17 @@ NetworkLike = str | IPAddress | IPNetwork | ipaddress.IPv4Interface | ipaddress.
 AddressLike = str | IPAddress | IPNetwork | ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
 
+# The widest prefix aggregation may route, per family. Aggregation guesses a Service range from
+# the ClusterIPs it sees, and two ClusterIPs far apart (two ServiceCIDRs, a hostile manifest)
+# have a common prefix as short as /0: the node's default route, taken over at metric 0. No
+# Service range is that wide: kube-apiserver's allocators refuse IPv4 ranges wider than /12 and
+# IPv6 ranges wider than /108 (a 20-bit bitmap); the ServiceCIDR API allows wider ones, but a
+# /8 is already 16M Services. So ClusterIPs are grouped by their /8 (IPv4) or /32 (IPv6, an
+# ISP's whole allocation) and each group gets its own prefix: never shorter than the floor,
+# hence never the default route, nor half the Internet (2000::/3 is inside no /32).
+AGGREGATION_FLOOR: dict[IPFamily, int] = {IPFamily.IPv4: 8, IPFamily.IPv6: 32}
+
+
 # Spellings Kubernetes uses for "no ClusterIP" (headless Services) and an empty field.
 _NO_IP = frozenset({"", "none"})
 
@@ -129,6 +140,32 @@ def service_cidr_for(ips: Iterable[AddressLike | None]) -> dict[IPFamily, IPNetw
         cls = ipaddress.IPv4Address if family is IPFamily.IPv4 else ipaddress.IPv6Address
         result[family] = common_prefix(to_network(cls(lo)), cls(high[family]))
     return result
+
+
+def floor_of(ip: IPAddress) -> IPNetwork:
+    """The ``AGGREGATION_FLOOR`` prefix holding ``ip``: aggregation never routes wider."""
+    return ipaddress.ip_network((ip, AGGREGATION_FLOOR[IPFamily.of(ip)]), strict=False)
+
+
+def aggregate(ips: Iterable[AddressLike | None]) -> dict[IPFamily, tuple[IPNetwork, ...]]:
+    """Per family, the prefixes aggregation routes for ``ips``: one per ``floor_of`` group, the
+    smallest prefix holding that group's addresses (so never shorter than the floor).
+
+    Order-independent, like ``service_cidr_for``: a group's prefix is the common prefix of its
+    lowest and highest member. Invalid and headless values are skipped.
+    """
+    bounds: dict[IPNetwork, tuple[IPAddress, IPAddress]] = {}
+    for value in ips:
+        ip = parse_cluster_ip(value)
+        if ip is None:
+            continue
+        group = floor_of(ip)
+        low, high = bounds.get(group, (ip, ip))
+        bounds[group] = (min(low, ip), max(high, ip))
+    result: dict[IPFamily, list[IPNetwork]] = {}
+    for low, high in bounds.values():
+        result.setdefault(IPFamily.of(low), []).append(common_prefix(to_network(low), high))
+    return {family: tuple(sort_networks(nets)) for family, nets in result.items()}
 
 
 def covers(networks: Iterable[IPNetwork], item: IPAddress | IPNetwork) -> bool:

@@ -10,8 +10,14 @@ Rules (seed 000, and Antrea's ``pkg/agent/servicecidr``):
 * Nothing is emitted until the ClusterIP source has synced (and the ServiceCIDR informer, when
   used): the first CIDR is computed once from the complete list, so a restart does not walk the
   route through /32, /31, ... while the initial list streams in.
-* After that an address outside the current CIDR grows it to the longest common prefix; an
-  address inside changes nothing; deletes never shrink anything.
+* A family with configured or API ranges routes exactly those: a ClusterIP outside all of them
+  is reported (``unrouted()``, a warning) and not routed -- a wider guess could cover the
+  node's own routes.
+* A family without ranges is aggregated: ClusterIPs are grouped by their ``AGGREGATION_FLOOR``
+  prefix (/8, /32 for IPv6) and each group routes the longest common prefix of its members,
+  so no route is ever wider than the floor (never the default route). An address outside
+  grows its group's prefix; an address inside changes nothing; a delete shrinks the prefix to
+  what the remaining members need, and withdraws a group left empty.
 * Events carry only the families that changed, the complete new set of prefixes of that family,
   and a generation number so a consumer on another thread can drop an event that arrives after
   a newer one.
@@ -32,8 +38,10 @@ from dataclasses import dataclass
 from ovsproxy.model import IPAddress, IPFamily, IPNetwork, ServiceCIDR
 from ovsproxy.servicecidr.aggregate import (
     AddressLike,
+    common_prefix,
     covers,
     family_of,
+    floor_of,
     grow,
     parse_cluster_ip,
     reduce_networks,
@@ -108,7 +116,12 @@ class ServiceCIDRDiscoverer:
         self._ips_synced = False
         self._api_state = _APIState.PENDING if use_api else _APIState.UNUSED
         self._api_objects: dict[str, tuple[IPNetwork, ...]] = {}
-        self._spill: dict[IPFamily, IPNetwork | None] = dict.fromkeys(self._families)
+        # Aggregation, kept whatever the source (cheap, and ready when the source falls back):
+        # the known ClusterIPs per AGGREGATION_FLOOR group and the smallest prefix holding them.
+        self._members: dict[IPNetwork, set[IPAddress]] = {}
+        self._aggregated: dict[IPNetwork, IPNetwork] = {}
+        # Known ClusterIPs outside every configured or API range of their family: not routed.
+        self._unrouted: dict[IPFamily, set[IPAddress]] = {f: set() for f in self._families}
         self._current: dict[IPFamily, tuple[IPNetwork, ...]] = dict.fromkeys(self._families, ())
         self._sources: dict[IPFamily, CIDRSource] = {}
         self._generation = 0
@@ -153,6 +166,13 @@ class ServiceCIDRDiscoverer:
         with self._lock:
             return frozenset(self._ips)
 
+    def unrouted(self) -> frozenset[IPAddress]:
+        """Known ClusterIPs outside every configured or API range of their family: a problem
+        (a misconfigured range, a hostile manifest), so they are not routed. Aggregation routes
+        every ClusterIP, so a family it decides has none."""
+        with self._lock:
+            return frozenset(ip for ips in self._unrouted.values() for ip in ips)
+
     # -- ClusterIP events (from the proxier) -------------------------------------------------
 
     def add_cluster_ip(self, ip: AddressLike | None) -> list[CIDRChange]:
@@ -167,10 +187,27 @@ class ServiceCIDRDiscoverer:
                 if ip is None:
                     continue
                 self._ips[ip] += 1
+                if self._ips[ip] > 1:
+                    continue
                 family = IPFamily.of(ip)
-                if self._ready() and not covers(self._current[family], ip):
-                    self._spill[family] = grow(self._spill[family], ip)
-                    touched.add(family)
+                group = floor_of(ip)
+                self._members.setdefault(group, set()).add(ip)
+                prefix = self._aggregated.get(group)
+                self._aggregated[group] = grown = grow(prefix, ip)
+                if not self._ready():
+                    continue
+                if self._sources[family] is CIDRSource.AGGREGATED:
+                    if grown != prefix:
+                        touched.add(family)
+                elif not covers(self._current[family], ip):
+                    self._unrouted[family].add(ip)
+                    log.debug(  # the feed warns, naming the Services
+                        "servicecidr: ClusterIP %s is outside every %s Service range %s: "
+                        "not routed",
+                        ip,
+                        self._sources[family],
+                        [str(n) for n in self._current[family]],
+                    )
             changes = self._recompute(touched) if touched else []
         return self._emit(changes)
 
@@ -178,8 +215,11 @@ class ServiceCIDRDiscoverer:
         return self.delete_cluster_ips((ip,))
 
     def delete_cluster_ips(self, ips: Iterable[AddressLike | None]) -> list[CIDRChange]:
-        """Forget ClusterIPs. Never shrinks a prefix, so never emits; returns ``[]``."""
+        """Forget ClusterIPs. An aggregated prefix shrinks to what the remaining ClusterIPs
+        need (a group left empty is withdrawn): the event's consumer installs the narrower
+        route before deleting the wider one, so no known ClusterIP is ever uncovered."""
         with self._lock:
+            regroup: set[IPNetwork] = set()
             for value in ips:
                 ip = parse_cluster_ip(value)
                 if ip is None or ip not in self._ips:
@@ -187,7 +227,29 @@ class ServiceCIDRDiscoverer:
                 self._ips[ip] -= 1
                 if self._ips[ip] <= 0:
                     del self._ips[ip]
-        return []
+                    self._unrouted[IPFamily.of(ip)].discard(ip)
+                    group = floor_of(ip)
+                    self._members[group].discard(ip)
+                    regroup.add(group)
+            touched: set[IPFamily] = set()
+            for group in regroup:
+                members = self._members[group]
+                before = self._aggregated.get(group)
+                if members:
+                    low = min(members)
+                    self._aggregated[group] = common_prefix(to_network(low), max(members))
+                else:
+                    del self._members[group]
+                    del self._aggregated[group]
+                family = IPFamily.of(group)
+                if (
+                    self._ready()
+                    and self._sources[family] is CIDRSource.AGGREGATED
+                    and self._aggregated.get(group) != before
+                ):
+                    touched.add(family)
+            changes = self._recompute(touched) if touched else []
+        return self._emit(changes)
 
     def cluster_ips_synced(self) -> list[CIDRChange]:
         """The ClusterIP source has delivered its complete initial list."""
@@ -263,34 +325,12 @@ class ServiceCIDRDiscoverer:
     def _maybe_initialise(self) -> list[CIDRChange]:
         if not self._ready() or self._was_ready():
             return []
-        # Computed once from the complete list: the spill-over of each family is the common
-        # prefix of the addresses its configured/API ranges leave uncovered (all of them when
-        # aggregating).
-        api = self._api_view()
-        for family in self._families:
-            _, base = select_source(family, self._configured, api)
-            spill = None
-            for ip in self._ips:
-                if ip.version == family and not covers(base, ip):
-                    spill = grow(spill, ip)
-            self._spill[family] = spill
+        # Computed once from the complete list.
         return self._recompute(set(self._families), initial=True)
 
     def _api_changed(self) -> list[CIDRChange]:
         if not self._ready():
             return []
-        api = self._api_view()
-        for family in self._families:
-            _, base = select_source(family, self._configured, api)
-            spill = self._spill[family]
-            if spill is not None and covers(base, spill):
-                spill = None  # the real range now covers what we had to guess
-            for ip in self._ips:
-                if ip.version != family or covers(base, ip):
-                    continue
-                if spill is None or ip not in spill:
-                    spill = grow(spill, ip)  # keep every known ClusterIP routed
-            self._spill[family] = spill
         return self._recompute(set(self._families))
 
     def _recompute(self, families: set[IPFamily], *, initial: bool = False) -> list[CIDRChange]:
@@ -300,8 +340,21 @@ class ServiceCIDRDiscoverer:
             if family not in families:
                 continue
             source, base = select_source(family, self._configured, api)
-            spill = self._spill[family]
-            new = family_of(reduce_networks([*base, *([spill] if spill else [])]), family)
+            if base:
+                new = family_of(reduce_networks(base), family)
+                unrouted = {ip for ip in self._ips if ip.version == family and not covers(new, ip)}
+                for ip in sort_networks_of(unrouted - self._unrouted[family]):
+                    log.debug(  # the feed warns, naming the Services
+                        "servicecidr: ClusterIP %s is outside every %s Service range %s: "
+                        "not routed",
+                        ip,
+                        source,
+                        [str(n) for n in new],
+                    )
+                self._unrouted[family] = unrouted
+            else:  # aggregation routes every ClusterIP, one prefix per floor group
+                new = family_of(self._aggregated.values(), family)
+                self._unrouted[family] = set()
             self._sources[family] = source
             old = self._current[family]
             if new == old:
@@ -324,6 +377,11 @@ class ServiceCIDRDiscoverer:
             for handler in self._handlers:
                 handler(change)
         return changes
+
+
+def sort_networks_of(ips: Iterable[IPAddress]) -> list[IPAddress]:
+    """Addresses in a stable order (for logs)."""
+    return sorted(ips, key=lambda ip: (ip.version, int(ip)))
 
 
 def _net_key(net: IPNetwork) -> tuple[int, int, int]:

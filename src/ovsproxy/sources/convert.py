@@ -195,15 +195,48 @@ def parse_ipv4(text: str) -> ipaddress.IPv4Address | None:
 
 
 def parse_ip_text(text: str) -> IPAddress | None:
-    """``parse_ip`` for a string, unmemoized."""
+    """``parse_ip`` for a string, unmemoized. An IPv4-mapped IPv6 address (``::ffff:1.2.3.4``)
+    is the IPv4 address it maps, as Go's ``net.ParseIP`` reads it (kube-apiserver validates
+    and kube-proxy programs it as IPv4): ``::ffff:127.0.0.1`` is loopback, not an IPv6 one."""
     if ":" not in text:
         return parse_ipv4(text)
     if text != text.strip() or "%" in text:
         return None
     try:
-        return ipaddress.ip_address(text)
+        ip = ipaddress.ip_address(text)
     except ValueError:
         return None
+    mapped = ip.ipv4_mapped  # type: ignore[union-attr]  # text with ":" is IPv6
+    return mapped if mapped is not None else ip
+
+
+def special_ip(ip: IPAddress) -> str | None:
+    """Why kube-apiserver refuses ``ip`` as an endpoint address or an external IP
+    (``ValidateNonSpecialIP`` in pkg/apis/core/validation, its messages), or None.
+
+    Unspecified and loopback addresses are nonsensical as a destination, and link-local ones
+    are the node's own (169.254.169.254 is the cloud metadata service): steered for a
+    Service, they would take the node's own traffic."""
+    if ip.version == 4:
+        n = int(ip)
+        if n == 0:
+            return f"may not be unspecified ({ip})"
+        if n >> 24 == 127:
+            return LOOPBACK_RANGE
+        if n >> 16 == 0xA9FE:
+            return LINK_LOCAL_RANGE
+        if n >> 8 == 0xE00000:
+            return LINK_LOCAL_MULTICAST_RANGE
+        return None
+    if ip.is_unspecified:
+        return f"may not be unspecified ({ip})"
+    if ip.is_loopback:
+        return LOOPBACK_RANGE
+    if ip.is_link_local:
+        return LINK_LOCAL_RANGE
+    if int(ip) >> 112 & 0xFF0F == 0xFF02:  # Go's IsLinkLocalMulticast: ff02::/16, any flags
+        return LINK_LOCAL_MULTICAST_RANGE
+    return None
 
 
 # -- why a field is wrong: one sentence per rule, for the converter and ``structure`` alike --
@@ -211,6 +244,11 @@ def parse_ip_text(text: str) -> IPAddress | None:
 PORT_NUMBER = "must be a port number between 1 and 65535"
 AFFINITY_TIMEOUT = f"must be between 1 and {MAX_AFFINITY_TIMEOUT} seconds"
 NOT_AN_IP = "not a valid IP address"
+LOOPBACK_RANGE = "may not be in the loopback range (127.0.0.0/8, ::1/128)"
+LINK_LOCAL_RANGE = "may not be in the link-local range (169.254.0.0/16, fe80::/10)"
+LINK_LOCAL_MULTICAST_RANGE = (
+    "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"
+)
 NOT_A_CIDR = "not a valid CIDR (e.g. 10.0.0.0/8)"
 A_FAMILY = "must be IPv4 or IPv6"
 ADDRESS_TYPE = "must be IPv4, IPv6 or FQDN"
@@ -485,7 +523,7 @@ def service_value(
         _choice(spec.type, SERVICE_TYPES, report, ("spec", "type")) or ServiceType.CLUSTER_IP
     )
     cluster_ips = _cluster_ips(spec, report, ip)
-    external_ips = _ip_list(spec.external_ips, report, ("spec", "externalIPs"), ip)
+    external_ips = _ip_list(spec.external_ips, report, ("spec", "externalIPs"), ip, special=True)
     lb_ips = _load_balancer_ips(obj.status, report, ip)
     affinity = _choice(spec.session_affinity, AFFINITIES, report, ("spec", "sessionAffinity"))
     if affinity:
@@ -648,9 +686,14 @@ def _cluster_ips(spec: ServiceSpec, report: Report, parse: _IPFn) -> tuple[IPAdd
         return ()
     parsed = [parse(text) for text in raw]
     for index, ip in enumerate(parsed):
+        path: FieldPath = ("spec", "clusterIPs", index) if listed else ("spec", "clusterIP")
         if ip is None:
-            path: FieldPath = ("spec", "clusterIPs", index) if listed else ("spec", "clusterIP")
             report.bad(path, raw[index], NOT_AN_IP)
+        elif (why := special_ip(ip)) is not None:
+            # No allocator hands one out (none is in a Service range), and from the node's
+            # own namespace it would take the node's traffic: refused as an external IP is.
+            report.bad(path, raw[index], why)
+            parsed[index] = None
     ips = tuple([ip for ip in parsed if ip is not None])
     if len(raw) > 2:
         report.bad(("spec", "clusterIPs"), raw, "at most two, one per IP family")
@@ -681,8 +724,9 @@ def _cluster_ips(spec: ServiceSpec, report: Report, parse: _IPFn) -> tuple[IPAdd
 
 
 def _ip_list(
-    texts: list[str] | None, report: Report, path: FieldPath, parse: _IPFn
+    texts: list[str] | None, report: Report, path: FieldPath, parse: _IPFn, *, special: bool
 ) -> tuple[IPAddress, ...]:
+    """Addresses, each once; with ``special``, refused as ``special_ip`` says."""
     if not texts:
         return ()
     out: list[IPAddress] = []
@@ -690,6 +734,8 @@ def _ip_list(
         ip = parse(text)
         if ip is None:
             report.bad((*path, index), text, NOT_AN_IP)
+        elif special and (why := special_ip(ip)) is not None:
+            report.bad((*path, index), text, why)
         elif ip not in out:
             out.append(ip)
     return tuple(out)
@@ -816,6 +862,9 @@ def slice_value(
             else:
                 why = f"family mismatch: addressType is {address_type}"
             report.bad(("endpoints", _index(raw_endpoints, raw), "addresses", 0), text, why)
+            continue
+        if (special := special_ip(address)) is not None:
+            report.bad(("endpoints", _index(raw_endpoints, raw), "addresses", 0), text, special)
             continue
         conditions = raw.conditions
         if conditions is None:
