@@ -4,9 +4,10 @@
 setup:
 	@scripts/setup.sh
 
-# The embedded default needs no Kubernetes components: they are built by the other targets.
+# The embedded default: the runtime dependencies only (the lock, requirements.txt), and no
+# Kubernetes components (make test and the lab build them); make test adds its extras.
 run:
-	@OVSPROXY_KUBE=skip scripts/setup.sh
+	@OVSPROXY_EXTRAS= OVSPROXY_KUBE=skip scripts/setup.sh
 	.venv/bin/ovsproxy run $(ARGS)
 
 demo: setup

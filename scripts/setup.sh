@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-EXTRAS="${OVSPROXY_EXTRAS:-test,bench}"
+# OVSPROXY_EXTRAS: the optional dependencies besides the runtime's (empty: none, as `make run`).
+EXTRAS="${OVSPROXY_EXTRAS-test,bench}"
 
 # command -> Debian package that provides it
 declare -A PROVIDER=(
@@ -60,22 +61,39 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "setup: note: the OVS sandbox, network namespaces and routes need root (CAP_NET_ADMIN)." >&2
 fi
 
-# Reinstall only when the project metadata changed since the last install.
+# Reinstall only when the project metadata or the lock changed since the last install, or
+# extras are wanted that it did not install.
 stamp=".venv/.ovsproxy-installed"
-want="$(cat pyproject.toml | sha256sum | cut -d' ' -f1) $EXTRAS"
+lock="requirements.txt"  # the runtime dependencies, pinned and hashed
+meta="$(cat pyproject.toml "$lock" | sha256sum | cut -d' ' -f1)"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setup: installing ovsproxy[$EXTRAS] into .venv"
+have=""
+[ -f "$stamp" ] && have="$(cat "$stamp")"
+installed_extras="${have#* }"
+current=0
+if [ "${have%% *}" = "$meta" ]; then
+  current=1
+  IFS=',' read -ra wanted <<<"$EXTRAS"
+  for extra in "${wanted[@]}"; do
+    [[ ",$installed_extras," == *",$extra,"* ]] || current=0
+  done
+fi
+if [ "$current" -eq 0 ]; then
+  spec="."
+  [ -n "$EXTRAS" ] && spec=".[$EXTRAS]"
+  echo "setup: installing ovsproxy${EXTRAS:+[$EXTRAS]} into .venv"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   log=".venv/pip-install.log"
-  if ! .venv/bin/python -m pip install -q -e ".[$EXTRAS]" >"$log" 2>&1; then
+  # The runtime dependencies exactly as locked (hash-checked), then ovsproxy and its extras.
+  if ! { .venv/bin/python -m pip install -q --require-hashes -r "$lock" &&
+         .venv/bin/python -m pip install -q -e "$spec"; } >"$log" 2>&1; then
     grep -v "is ignored: it is neither a file nor a directory" "$log" >&2
     echo "setup: pip install failed (full log: $log)" >&2
     exit 1
   fi
-  echo "$want" > "$stamp"
+  echo "$meta $EXTRAS" > "$stamp"
 fi
 
 # The real Kubernetes components (kube-apiserver, kube-controller-manager, kube-proxy, kubectl)

@@ -207,6 +207,6 @@ def test_an_uncertain_commit_makes_its_groups_unknown() -> None:
     stage(state, "a", 2, gid=1)
     diff, _ = commit(state, installed)
     installed.group_ids_changed = False
-    installed.mark_uncertain(diff.plans)
+    installed.mark_uncertain(diff)
     assert installed.unknown_groups == {1} and 1 not in installed.groups
     assert installed.group_ids_changed

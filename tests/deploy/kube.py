@@ -101,6 +101,12 @@ def container_args(docs: list[Doc], workdir: Path, env: dict[str, str]) -> tuple
     return args, container
 
 
+def granted_capabilities(container: Doc) -> tuple[str, ...]:
+    """The capabilities a container runtime leaves the container's process: those its
+    securityContext adds (it drops ALL: test_manifests checks that)."""
+    return tuple(container["securityContext"]["capabilities"].get("add", []))
+
+
 def resource_key(doc: Doc) -> tuple[str, str, str, str]:
     meta = doc.get("metadata") or {}
     return (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import shlex
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.deploy.kube import (
     container_args,
     deployable_kustomizations,
     discovery_server,
+    granted_capabilities,
     hadolint_findings,
     kubectl,
     kubectl_dry_run,
@@ -275,3 +277,42 @@ def test_hadolint_fails_on_a_bad_dockerfile(tmp_path: Path) -> None:
     assert result.returncode != 0
     for rule in ("DL3006", "DL3008", "DL3002"):
         assert rule in result.stdout, result.stdout
+
+
+# -- least privilege -------------------------------------------------------------------------
+def _agent_container() -> Doc:
+    daemonset = next(d for d in load_documents(DEPLOY / "base" / "daemonset.yaml"))
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_the_agent_runs_with_least_privilege() -> None:
+    """Not privileged, every capability dropped but NET_ADMIN (tests/deploy/test_shipped.py
+    runs the agent with only what this grants), no privilege escalation, a read-only root
+    file system and the runtime's default seccomp profile. Root's uid stays: the OVS sockets
+    are root's (deploy/README.md)."""
+    context = _agent_container()["securityContext"]
+    assert context["privileged"] is False and context["allowPrivilegeEscalation"] is False
+    assert granted_capabilities(_agent_container()) == ("NET_ADMIN",)
+    assert context["capabilities"]["drop"] == ["ALL"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["runAsUser"] == 0 and context["runAsNonRoot"] is False
+
+
+def memory_limit_rule(peak_rss_mib: float) -> str:
+    """The container's memory limit from the agent's measured peak RSS at 10,000 Services:
+    twice it, rounded up to a multiple of 64 Mi (headroom for a cluster that grows and for a
+    full resync's transient state on top of the steady one)."""
+    return f"{math.ceil(2 * peak_rss_mib / 64) * 64}Mi"
+
+
+def test_the_memory_limit_follows_the_measured_peak_at_10000_services() -> None:
+    newest = max(
+        (p for p in (REPO / "bench" / "results").glob("*-scale.json")),
+        key=lambda p: p.name,
+    )
+    sizes = json.loads(newest.read_text())["scale"]["sizes"]
+    (at_10k,) = [s for s in sizes if s["services"] == 10_000]
+    limit = _agent_container()["resources"]["limits"]["memory"]
+    assert limit == memory_limit_rule(at_10k["peak_rss_mb"]), (newest.name, at_10k)

@@ -78,6 +78,41 @@ async def test_failed_sync_is_retried_with_growing_backoff_until_it_succeeds() -
     assert runner.stats.failures == 3 and runner.stats.consecutive_failures == 0
 
 
+class LeavesWork:
+    """A sync that succeeds but reports something left to retry (Service ports the switch
+    refused) its first ``times`` calls."""
+
+    def __init__(self, times: int) -> None:
+        self.calls: list[float] = []
+        self.times = times
+
+    async def __call__(self, full: bool) -> bool:
+        self.calls.append(time.monotonic())
+        self.times -= 1
+        return self.times >= 0
+
+
+async def test_a_sync_that_left_work_is_retried_with_backoff_without_a_request() -> None:
+    rec = LeavesWork(times=3)
+    results: list[bool] = []
+    runner = SyncRunner(
+        rec,
+        min_interval=0,
+        retry_initial=0.05,
+        retry_max=1,
+        on_result=lambda ok, _: results.append(ok),
+    )
+    task = await _running(runner)
+    runner.request()  # the only request
+    await runner.wait_idle(timeout=5)
+    runner.stop()
+    await task
+    assert results == [True] * 4  # each a success (the agent stays healthy)...
+    gaps = [b - a for a, b in zip(rec.calls, rec.calls[1:], strict=False)]
+    assert gaps[0] >= 0.04 and gaps[2] > gaps[0] * 2.5  # ...retried at 0.05, 0.1, 0.2 s
+    assert runner.stats.consecutive_incomplete == 0 and runner.stats.failures == 0
+
+
 async def test_periodic_full_resync_happens_without_any_request() -> None:
     rec = Recorder()
     runner = SyncRunner(rec, min_interval=0, full_resync_interval=0.1)

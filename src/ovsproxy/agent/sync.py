@@ -63,7 +63,9 @@ class Syncer:
         self.gc_compactions = 0
         self._compacted_at = time.monotonic()
 
-    async def __call__(self, full: bool) -> None:
+    async def __call__(self, full: bool) -> bool:
+        """One sync; True when it is done but left Service ports the switch refused, for the
+        runner to sync again with backoff (``proxy.runner``): each sync tries them again."""
         parts = self.parts
         assert parts.proxier is not None and parts.datapath is not None
         proxier, datapath = parts.proxier, parts.datapath
@@ -90,7 +92,7 @@ class Syncer:
             if parts.tracker.synced:  # (kube-proxy times failed syncs too)
                 self.metrics.sync_proxy_rules_duration.observe(time.perf_counter() - started)
         if not parts.tracker.synced:
-            return
+            return False
         for latency in result.programming_latencies:
             self.metrics.network_programming.observe(latency)
         if parts.routes is not None and not self._routes_reconciled:
@@ -145,3 +147,4 @@ class Syncer:
                     )
             else:
                 self.last_gc = gcpause.settle()
+        return bool(proxier.refused)

@@ -129,14 +129,20 @@ class InstalledState:
         for key in diff.delete_keys:
             installed_flows.pop(key, None)
 
-    def mark_uncertain(self, plans: dict[int, GroupResult]) -> None:
-        """A commit that may or may not have been applied: the groups it added or changed are
-        of unknown content now, rewritten (not re-added) next time."""
-        for gid, (_, kind) in plans.items():
+    def mark_uncertain(self, diff: Diff) -> None:
+        """A commit that may or may not have been applied (it timed out, or was cancelled,
+        after its COMMIT went out: a busy switch may apply it late). The groups it added or
+        changed are of unknown content now (rewritten whole, not re-added, next time: no
+        GROUP_EXISTS); the flows it added are counted as held, so that they are deleted if
+        they are no longer wanted (a late commit must not leave them behind). Neither tells
+        what it deleted: the synchroniser adopts the switch again before trusting this record
+        (``SwitchSync``)."""
+        for gid, (_, kind) in diff.plans.items():
             if kind in ("add", "modify", "incremental"):
                 self.unknown_groups.add(gid)
                 self.groups.pop(gid, None)
                 self.group_ids_changed = True
+        self.flows.update(zip(diff.add_keys, diff.add_flows, strict=True))
 
 
 class Diff:

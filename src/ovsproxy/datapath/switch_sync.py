@@ -8,7 +8,9 @@ nothing is sent until ``commit``. ``commit`` looks only at what staged owners to
 cost follows the size of the change, not the number of Services), has ``plan.emit`` write the
 messages in a safe order and sends them as one bundle. What the switch holds is recorded only
 when the bundle committed; a failed commit leaves everything dirty, so the next commit retries
-the same diff.
+the same diff. A commit whose outcome is unknown (its COMMIT went out, no answer came: a busy
+ovs-vswitchd may apply it after we gave up) makes the next commit adopt the switch again
+(``_outcome_unknown``).
 
 Streaming: the bundle is streamed (``Switch.bundle()``): messages are planned, encoded and
 written while Open vSwitch decodes the ones before them, so a full sync costs about
@@ -452,7 +454,7 @@ class SwitchSync:
         except asyncio.CancelledError:
             self._restore(diff)
             if diff.committing:
-                self.installed.mark_uncertain(diff.plans)
+                self._outcome_unknown(diff)
             raise
         except BundleError as exc:  # refused and discarded: nothing was applied
             self._restore(diff)
@@ -461,9 +463,7 @@ class SwitchSync:
         except Exception as exc:
             self._restore(diff)
             if diff.committing:
-                # A timeout may hide a commit that succeeded: groups this bundle added are
-                # of unknown content now, and are rewritten (not re-added) next time.
-                self.installed.mark_uncertain(diff.plans)
+                self._outcome_unknown(diff)
             elif not isinstance(exc, ChannelError):
                 raise  # a planning bug: the bundle was discarded, nothing was applied
             what = (
@@ -480,6 +480,18 @@ class SwitchSync:
         self.commits += 1
         await self._save_group_ids()
         return stats
+
+    def _outcome_unknown(self, diff: Diff) -> None:
+        """The bundle's COMMIT went out and no answer came (a timeout, a cancellation, a lost
+        connection): a busy ovs-vswitchd may still apply it, after we gave up on it. What the
+        switch holds is unknown, so the next commit adopts it again, as after a reconnection
+        (``_resync_locked``: every group we want written whole with ADD_OR_MOD, every flow we
+        want re-added, the rest of ours deleted), with what this bundle may have added counted
+        as held (``InstalledState.mark_uncertain``). A record kept as it was would send
+        nothing for a Service the late bundle deleted and is wanted again (it stays missing),
+        and ADD a group it added (GROUP_EXISTS, antrea#8190)."""
+        self.installed.mark_uncertain(diff)
+        self._adopt = True
 
     def _restore(self, diff: Diff) -> None:
         """A failed commit: everything it took is dirty again."""

@@ -857,6 +857,11 @@ class Proxier:
             for name in flipped - currents.keys():
                 # an older Service took a claim of this port, or gave one back
                 currents[name] = self.tracker.state_of(name)
+            for name in self.refused.keys() - currents.keys():
+                # Refused by the switch: tried again at every sync (a refusal may pass: a full
+                # table, a late commit), which the runner schedules with backoff while any
+                # port is refused (``agent.sync.Syncer``).
+                currents[name] = self.tracker.state_of(name)
             for name, current in currents.items():
                 if current is None or self.claims.refused(name):
                     self._remove_service(name)

@@ -3,7 +3,11 @@
 Event handlers call :meth:`SyncRunner.request`; the runner calls the sync function at most once
 per ``min_interval`` (bursts of events collapse into one sync), at least once per
 ``full_resync_interval`` (a full sync that heals drift), and retries a failed sync with capped
-exponential backoff. Only one sync runs at a time: the sync function owns the state it applies.
+exponential backoff. A sync that succeeds but reports that it left something to retry (the
+sync function returns True: Service ports the switch refused, set aside so that the others go
+in) is followed by another with the same backoff (its own count), without waiting for an
+unrelated event: a refusal may pass (a full table, a late commit). Only one sync runs at a
+time: the sync function owns the state it applies.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-SyncFunction = Callable[[bool], Awaitable[None]]  # argument: full resync
+# argument: full resync; returns True when the sync left something to retry
+SyncFunction = Callable[[bool], Awaitable[bool | None]]
 
 
 @dataclass
@@ -26,6 +31,7 @@ class RunnerStats:
     full_syncs: int = 0
     failures: int = 0
     consecutive_failures: int = 0
+    consecutive_incomplete: int = 0  # successful syncs in a row that left something to retry
     last_success: float | None = None  # time.monotonic()
     last_failure: str | None = None
     last_duration: float = 0.0
@@ -110,23 +116,25 @@ class SyncRunner:
         self._idle.clear()
         started = time.perf_counter()
         try:
-            await self._sync(full)
+            incomplete = await self._sync(full)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self.stats.failures += 1
             self.stats.consecutive_failures += 1
             self.stats.last_failure = f"{type(exc).__name__}: {exc}"
-            backoff = min(
-                self.retry_max, self.retry_initial * 2 ** (self.stats.consecutive_failures - 1)
-            )
-            backoff *= random.uniform(0.8, 1.2)  # no lock-step retries across agents
-            self._retry_at = time.monotonic() + backoff
+            backoff = self._retry_in(self.stats.consecutive_failures)
             self._full_requested |= full  # a failed full sync is retried as a full sync
             log.error("sync failed (retry in %.1fs): %s", backoff, self.stats.last_failure)
             ok = False
         else:
             self.stats.consecutive_failures = 0
+            if incomplete:
+                self.stats.consecutive_incomplete += 1
+                backoff = self._retry_in(self.stats.consecutive_incomplete)
+                log.info("sync left something to retry: again in %.1fs", backoff)
+            else:
+                self.stats.consecutive_incomplete = 0
             self.stats.last_success = time.monotonic()
             if full:
                 self._last_full = now
@@ -138,3 +146,11 @@ class SyncRunner:
             self._idle.set()
         if self._on_result is not None:
             self._on_result(ok, self.stats.last_duration)
+
+    def _retry_in(self, attempt: int) -> float:
+        """Schedule the retry after the ``attempt``-th failure in a row (capped exponential
+        backoff, jittered so that agents do not retry in lock-step); returns its delay."""
+        backoff: float = min(self.retry_max, self.retry_initial * 2.0 ** (attempt - 1))
+        backoff *= random.uniform(0.8, 1.2)
+        self._retry_at = time.monotonic() + backoff
+        return backoff
