@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .conftest import pod
+from .kube import Cluster, Port, pod
 from .probes import client_pod, endpoints_of, port_name, url, wait_programmed
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
@@ -104,7 +103,7 @@ def percentile(ordered: list[float], p: int) -> float:
 
 
 def test_service_endpoints_latency_should_not_be_very_high(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Service endpoints latency should not be very high
     [Conformance]".
@@ -132,7 +131,8 @@ def test_service_endpoints_latency_should_not_be_very_high(
         for trial in range(TRIALS):
             new = "web-2" if trial % 2 == 0 else "web-1"
             changed = time.monotonic()
-            cp.set_pods("latency-svc", [pods[new]])
+            cp.add_pod("latency-svc", pods[new])  # the new pod first: make before break
+            cp.delete_pod("web-2" if new == "web-1" else "web-1")
             deadline = changed + 30
             while True:
                 followed = [p.followed(changed, new) for p in probers]

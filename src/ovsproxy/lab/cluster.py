@@ -427,29 +427,46 @@ class Lab:
         for prefix, serves in self.pods_per_node:
             self.add_pod(node.name, f"{prefix}-{node.index}", serves=serves)
 
-    def add_pod(self, node_name: str, pod_name: str, *, serves: bool = True) -> Pod:
-        """A pod on ``node_name`` with the next free address of the node's pod CIDRs."""
+    def add_pod(
+        self,
+        node_name: str,
+        pod_name: str,
+        *,
+        serves: bool = True,
+        http_ports: Sequence[int] | None = None,
+        udp_ports: Sequence[int] | None = None,
+        namespace: str = "lab",
+    ) -> Pod:
+        """A pod on ``node_name`` with the next free address of the node's pod CIDRs.
+
+        A serving pod answers HTTP on 8080 and UDP on 5353 with its name, or on ``http_ports``
+        and ``udp_ports`` when given. With ``kube``, its Pod object (in ``namespace``) lists
+        those as its container ports (the default ones named ``http`` and ``dns``)."""
         node = self.nodes[node_name]
         v4, v6 = node.pod_cidrs
         used = {int(p.ipv4.ip) for p in node.pods.values() if p.ipv4 is not None}
         host = next(h for h in range(10, 250) if int(v4[h]) not in used)
+        custom = http_ports is not None or udp_ports is not None
+        tcp = tuple(http_ports or ()) if custom else (HTTP_PORT,) if serves else ()
+        udp = tuple(udp_ports or ()) if custom else (UDP_PORT,) if serves else ()
         pod = node.sandbox.add_pod(
             pod_name,
             ipv4=_host(v4, host),
             ipv6=_host(v6, host),
-            namespace="lab",
-            http_ports=(HTTP_PORT,) if serves else (),
-            udp_ports=(UDP_PORT,) if serves else (),
+            namespace=namespace,
+            http_ports=tcp,
+            udp_ports=udp,
         )
         if self.kubelet is not None:
-            ports = (
-                (ContainerPort(HTTP_PORT, "TCP", "http"), ContainerPort(UDP_PORT, "UDP", "dns"))
-                if serves
-                else ()
+            names = {(HTTP_PORT, "TCP"): "http", (UDP_PORT, "UDP"): "dns"} if not custom else {}
+            ports = tuple(
+                ContainerPort(number, protocol, names.get((number, protocol)))
+                for protocol, numbers in (("TCP", tcp), ("UDP", udp))
+                for number in numbers
             )
             spec = PodSpec(
                 name=pod_name,
-                namespace="lab",
+                namespace=namespace,
                 node=node_name,
                 ips=tuple(str(ip) for ip in pod.ips),
                 labels={"app": pod_name.rsplit("-", 1)[0]},
