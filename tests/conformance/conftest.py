@@ -44,9 +44,7 @@ def lab() -> Iterator[Lab]:
             ("node-3", "echo-3"),
             ("node-2", "echo-2b"),
         ):
-            cluster.add_pod(
-                node, pod_name, http_ports=ECHO_HTTP_PORTS, udp_ports=ECHO_UDP_PORTS
-            )
+            cluster.add_pod(node, pod_name, http_ports=ECHO_HTTP_PORTS, udp_ports=ECHO_UDP_PORTS)
         print(f"\nconformance lab {cluster.name}: up in {cluster.started_in:.2f} s")
         yield cluster
     mine = [r.name for r in list_lab_records() if r.owner_pid == os.getpid()]

@@ -18,9 +18,6 @@ a deleted pod would get answers, so the tests would see it. Each Service selects
 
 from __future__ import annotations
 
-import copy
-import ipaddress
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,9 +32,6 @@ Obj = dict[str, Any]
 NAMESPACE = "conformance"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
 PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
-MANAGED_BY_TESTS = "conformance-tests.ovsproxy.io"  # not the controller's: it leaves them alone
 
 
 @dataclass(frozen=True)
@@ -94,12 +88,10 @@ class Cluster:
         self.namespace = namespace
         self.services: set[str] = set()
         self.pods: dict[str, tuple[Pod, set[str]]] = {}  # running Pod objects: their Services
-        self.slices: set[str] = set()  # EndpointSlices the test wrote itself
 
     # -- Services --------------------------------------------------------------------------
     def _path(self, kind: str, name: str = "") -> str:
-        group = "/apis/discovery.k8s.io/v1" if kind == "endpointslices" else "/api/v1"
-        return f"{group}/namespaces/{self.namespace}/{kind}" + (f"/{name}" if name else "")
+        return f"/api/v1/namespaces/{self.namespace}/{kind}" + (f"/{name}" if name else "")
 
     def create_service(
         self,
@@ -216,75 +208,16 @@ class Cluster:
         self.pods.pop(pod_name)
         self.kubelet.remove_pod(self.namespace, pod_name)
 
-    # -- EndpointSlices the controller would not make --------------------------------------
-    def write_slice(
-        self,
-        service: str,
-        family: IPFamily,
-        ports: Sequence[tuple[str, str, int]],
-        pods: Sequence[Pod],
-        *,
-        suffix: str = "manual",
-    ) -> str:
-        """An EndpointSlice of ``service`` written as another controller would (managed-by
-        not the EndpointSlice controller's), all endpoints ready; replaced if it exists."""
-        name = f"{service}-{suffix}"
-        body: Obj = {
-            "apiVersion": "discovery.k8s.io/v1",
-            "kind": "EndpointSlice",
-            "metadata": {
-                "name": name,
-                "labels": {SERVICE_NAME_LABEL: service, MANAGED_BY_LABEL: MANAGED_BY_TESTS},
-            },
-            "addressType": family.name,
-            "ports": [{"name": n, "protocol": proto, "port": num} for n, proto, num in ports],
-            "endpoints": [
-                {
-                    "addresses": [str(ip) for ip in p.ips if IPFamily.of(ip) == family],
-                    "conditions": {"ready": True, "serving": True, "terminating": False},
-                    "nodeName": p.node,
-                    "targetRef": {"kind": "Pod", "namespace": self.namespace, "name": p.name},
-                }
-                for p in pods
-            ],
-        }
-        if name in self.slices:
-            current = self.api.request("GET", self._path("endpointslices", name))
-            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            self.api.request("PUT", self._path("endpointslices", name), body)
-        else:
-            self.api.request("POST", self._path("endpointslices"), body)
-            self.slices.add(name)
-        return name
-
     # -- the end of a test -----------------------------------------------------------------
     def cleanup(self, timeout: float = 30) -> None:
-        """Delete the test's Services, Pods and slices, then wait until no agent has a
+        """Delete the test's Services and Pods, then wait until no agent has a
         Service of the namespace left (the next test may reuse a Service's name)."""
         for name in sorted(self.services):
             self.delete_service(name)
         for name in sorted(self.pods):
             self.remove_pod(name)
-        for name in sorted(self.slices):
-            self.api.request("DELETE", self._path("endpointslices", name), ok=(200, 404))
-        self.slices.clear()
         prefix = f"{self.namespace}/"
         self.lab.wait_status(
             lambda _n, st: not any(s["name"].startswith(prefix) for s in st["services"]),
             timeout,
         )
-
-
-def in_family(ip: str, family: IPFamily) -> bool:
-    return ipaddress.ip_address(ip).version == int(family)
-
-
-def copy_obj(obj: Obj) -> Obj:
-    return copy.deepcopy(obj)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 20, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.1)

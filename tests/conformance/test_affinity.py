@@ -74,9 +74,7 @@ def _affinity_service(
     lab: Lab, cp: Cluster, family: IPFamily, name: str, type: str, gaps: Gaps, **spec: Any
 ) -> Target:
     pods = [pod(lab, p) for p in PODS]
-    cp.create_service(
-        name, family, [Port("", 80, HTTP_PORT)], type=type, **spec
-    )
+    cp.create_service(name, family, [Port("", 80, HTTP_PORT)], type=type, **spec)
     cp.set_pods(name, pods)
     wanted = endpoints_of(pods, family, HTTP_PORT)
     wait_programmed(lab, port_name(name, ""), wanted)
@@ -129,9 +127,7 @@ def _wait_affinity(lab: Lab, name: str, seconds: int) -> None:
     )
 
 
-def _affinity_timeout_test(
-    lab: Lab, cp: Cluster, family: IPFamily, type: str, gaps: Gaps
-) -> None:
+def _affinity_timeout_test(lab: Lab, cp: Cluster, family: IPFamily, type: str, gaps: Gaps) -> None:
     name = f"affinity-{type.lower()}-timeout"
     target = _affinity_service(
         lab,

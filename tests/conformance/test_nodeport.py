@@ -131,8 +131,10 @@ def test_should_be_able_to_update_service_type_to_NodePort_listening_on_same_por
     nodePort; then to tcp-port 80/TCP plus udp-port 80/UDP: two nodePorts are allocated and
     TCP and UDP are both served.
 
-    Beyond upstream: the TCP nodePort is kept across the second update; UDP on its nodePort
-    answers from every client; every agent lists both ports with their nodePorts."""
+    Beyond upstream: the TCP nodePort is kept across the second update (the update names no
+    nodePort, as upstream's; kube-apiserver carries a port's nodePort over by the port's
+    name); UDP on its nodePort answers from every client; every agent lists both ports with
+    their nodePorts."""
     pods = [pod(lab, "echo-1"), pod(lab, "echo-2")]
     tcp, udp_port = Port("tcp-port", 80, 80, "TCP"), Port("udp-port", 80, 80, "UDP")
     cp.create_service("nodeport-update-service", family, [tcp], pods=pods)
@@ -174,7 +176,8 @@ def test_should_release_NodePorts_on_delete(
 
     Beyond upstream: no listening socket on any node (the proxy holds none), the nodePort no
     longer answers from any client on any node after the delete, and the new Service with the
-    same nodePort is reachable there again, with its own pods."""
+    same nodePort (the API server's allocator accepting it is upstream's check that it was
+    released) is reachable there again, with its own pods."""
     pods = [pod(lab, "web-1")]
     cp.create_service("nodeport-reuse", family, [HTTP], type="NodePort", pods=pods)
     node_port = cp.node_port("nodeport-reuse")
@@ -183,6 +186,7 @@ def test_should_release_NodePorts_on_delete(
     assert_nodeport_reaches(lab, gaps, family, node_port, {"web-1"}, count=3)
 
     cp.delete_service("nodeport-reuse")
+    cp.delete_pod("web-1")  # (a pod outlives its Service: the new one would select it too)
     wait_absent(lab, "nodeport-reuse")
     for node in lab.nodes.values():
         listening = subprocess.run(
@@ -373,7 +377,8 @@ def test_should_be_able_to_change_the_type_from_NodePort_to_ExternalName(
 
     Beyond upstream: the proxy's side: before, it answers on the ClusterIP and every node's
     nodePort; after, no agent has it, no flow matches its ClusterIP, and neither the ClusterIP
-    nor the nodePort answers on any node."""
+    nor the nodePort answers on any node; the API server gives that nodePort to a new Service
+    (released)."""
     pods = [pod(lab, "web-1"), pod(lab, "web-2")]
     cp.create_service("nodeport-service", family, [HTTP], type="NodePort", pods=pods)
     name = port_name("nodeport-service", "http")
@@ -393,7 +398,10 @@ def test_should_be_able_to_change_the_type_from_NodePort_to_ExternalName(
     assert_nodeport_unreachable(lab, family, node_port, nodes=("node-1", "node-2", "node-3"))
     # Released: the API server's allocator gives the same nodePort to a new Service.
     again = cp.create_service(
-        "nodeport-again", family, [Port("http", 80, HTTP_PORT, node_port=node_port)], type="NodePort"
+        "nodeport-again",
+        family,
+        [Port("http", 80, HTTP_PORT, node_port=node_port)],
+        type="NodePort",
     )
     assert again["spec"]["ports"][0]["nodePort"] == node_port
     gaps.finish()

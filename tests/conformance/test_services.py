@@ -3,10 +3,12 @@ to the 3-node lab: ClusterIP Services, type changes that keep or drop a ClusterI
 service-proxy-name and headless labels, rejection, and terminating endpoints.
 
 Each test's docstring quotes the upstream name, says what upstream checks, and what ours
-checks beyond it. Upstream validates the Endpoints/EndpointSlice objects (the controller's
-job, which the ControlPlane double does here) and polls reachability from one exec pod; ours
-waits until every agent programs the expected endpoints and then asserts every answer, from
-every node's client pod and every node's own namespace.
+checks beyond it. The Services, Pods and EndpointSlices are the real control plane's
+(``Lab(kube=True)``: kube-apiserver allocates, kube-controller-manager makes the slices; see
+kube.py). Upstream validates the Endpoints/EndpointSlice objects (the controller's job) and
+polls reachability from one exec pod; ours waits until every agent programs the expected
+endpoints and then asserts every answer, from every node's client pod and every node's own
+namespace.
 """
 
 from __future__ import annotations
@@ -41,9 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 HTTP = Port("http", 80, HTTP_PORT)
 
 
-def test_should_serve_a_basic_endpoint_from_pods(
-    lab: Lab, cp: Cluster, family: IPFamily
-) -> None:
+def test_should_serve_a_basic_endpoint_from_pods(lab: Lab, cp: Cluster, family: IPFamily) -> None:
     """Upstream: "[sig-network] Services should serve a basic endpoint from pods [Conformance]".
 
     A Service (port 80 -> 80) with no pod shows no endpoints; pod1 starts: its endpoint is
@@ -134,9 +134,10 @@ def test_should_serve_endpoints_on_same_port_and_different_protocols(
     both are forwarded. Updated to the TCP port only: TCP works, UDP stops; to the UDP port
     only: UDP works, TCP stops.
 
-    Beyond upstream: from every node's pod and namespace; the pod's endpoint appears in the
-    slice before the Service does; after each update the removed protocol's port is gone
-    from every agent (not merely failing somewhere)."""
+    Beyond upstream: from every node's pod and namespace; after each update the removed
+    protocol's port is gone from every agent (not merely failing somewhere). (The double this
+    test ran against before published the slice before the Service; the real controller
+    writes it after the Service, as here.)"""
     tcp, udp_port = Port("tcp-port", 80, 80, "TCP"), Port("udp-port", 80, 80, "UDP")
     pod1 = pod(lab, "echo-1")
     cp.create_service("multiprotocol-test", family, [tcp, udp_port], pods=[pod1])
