@@ -18,7 +18,7 @@ import pytest
 from ovsproxy.lab.cluster import LAB_REGISTRY, Lab, LabRecord, list_lab_records
 from ovsproxy.lab.evidence import attached_rig
 from ovsproxy.lab.manifests import LabPort, LabService, addresses, endpoint_texts, write_service
-from ovsproxy.ovs.sandbox import pid_alive, netns_exists
+from ovsproxy.ovs.sandbox import netns_exists, pid_alive
 
 from .conftest import start_lab
 from .helpers import client_pod, clients, http

@@ -132,7 +132,8 @@ class ControlPlaneRecord:
     def remove(self) -> None:
         """Stop every process the record names (each only while its command line still
         names the work directory), then delete the work directory and the record."""
-        for pid in self.processes.values():
+        # Last started, first stopped: kube-apiserver ends promptly only while etcd answers.
+        for pid in reversed(self.processes.values()):
             sb.stop_process(pid, self.workdir, timeout=10.0)
         sb.remove_owned("control plane", self.name, (), self.workdir, self.path)
 
@@ -273,7 +274,7 @@ class ControlPlane:
         if self._client is not None:
             self._client.close()
             self._client = None
-        for proc in self._procs.values():
+        for proc in reversed(self._procs.values()):
             sb.stop_process(proc.pid, str(self.workdir), timeout=10.0)
         self._procs.clear()
         self.record.remove()
