@@ -166,7 +166,7 @@ def run(config_file: str | None, kube: bool, **flags: Any) -> None:
     log = logging.getLogger("ovsproxy.agent")
     log.info("--kube: starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
     try:
-        with example_control_plane() as api:
+        with example_control_plane(config.node_name) as api:
             log.info("API server %s holds the examples (namespace demo); kubectl:", api.url)
             log.info("  export KUBECONFIG=%s", user_kubeconfig(api))
             log.info("  %s get services,endpointslices", kube_binary("kubectl"))
