@@ -6,7 +6,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from support.controlplane import no_leftover_control_planes  # noqa: F401  (session check)
 from support.leftovers import no_leftover_labs  # noqa: F401  (session check)
 
 from ovsproxy.lab.cluster import Lab
