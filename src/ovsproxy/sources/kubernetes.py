@@ -377,7 +377,7 @@ class Informer(Generic[_Value]):
             if self.store.pop(event.key, None) is not None:
                 self._deliver(self.handler.on_delete, event.key)
         else:
-            log.warning("%s: unknown watch event type %r", self._name, kind)
+            log.warning("%s: unknown watch event type %.80r", self._name, kind)
         self.stats.events += 1
         if resource_version:
             self.resource_version = resource_version
