@@ -736,6 +736,20 @@ def _others(report: dict[str, Any]) -> list[str]:
             f" {fuzz['slowest_decode_ms']} ms (goal < {fuzz['goal_slowest_decode_ms']:g} ms);"
             f" {fuzz['inputs_per_s']:,} inputs/s."
         )
+        for part, what in (("manifests", "manifest files"), ("watch", "watch events")):
+            text = fuzz.get(part)
+            if text:
+                framing = (
+                    f", {text['framing_mismatches']} line-framing mismatches"
+                    if "framing_mismatches" in text
+                    else ""
+                )
+                out.append(
+                    f"  {text['inputs']:,} mutated {what} ({text['seeds']} seeds): "
+                    f"{text['unexpected_exceptions']} unexpected exceptions (goal 0){framing};"
+                    f" slowest {text['slowest_ms']} ms; {text['inputs_per_s']:,} inputs/s; "
+                    f"peak RSS {text['peak_rss_mib']} MiB."
+                )
     return [*out, ""]
 
 

@@ -394,3 +394,47 @@ async def test_the_collector_stays_paused_from_a_lists_first_page_to_its_end(
         assert gc.isenabled()
     finally:
         await source.stop()
+
+
+# -- hostile watch streams (issue 35). The fake API server writes the bytes: a real
+# kube-apiserver cannot be made to send an endless line or a malformed event.
+
+
+async def test_an_endless_watch_line_is_dropped_and_the_watch_recovers(
+    api, tmp_path, caplog
+) -> None:
+    """A line without end (64 MiB here, past a 1 MiB bound) is an error, not a buffer that
+    grows: the stream is dropped, and after the same line at the same resourceVersion three
+    times, a re-list moves past it; a Service added afterwards arrives."""
+    populate(api, 2)
+    tracker, source = await started(api, tmp_path, max_event_bytes=1 << 20)
+    try:
+        await until(lambda: api.open_watches == 2)
+        start = b'{"type": "ADDED", "object": {"x": "'
+        api.send_raw("services", start + b"x" * (1 << 20), repeat=64)
+        api.apply("services", service(3))
+        api.apply("endpointslices", endpoint_slice(3))
+        await until(lambda: "svc-3" in service_names(tracker), timeout=10)
+        assert source.services.stats.stuck_relists == 1, source.services.stats
+        assert source.services.stats.failures == 3
+        assert "a watch event longer than 1,048,576 bytes" in caplog.text
+    finally:
+        await source.stop()
+
+
+async def test_a_malformed_event_repeated_by_the_server_is_passed_by_a_relist(
+    api, tmp_path
+) -> None:
+    """Every watch resumed before it gets it again: after three failures there, a re-list."""
+    populate(api, 2)
+    tracker, source = await started(api, tmp_path)
+    try:
+        await until(lambda: api.open_watches == 2)
+        api.send_raw("services", b'{"type": "ADDED", "object": [not json\n')
+        api.apply("services", service(3))
+        api.apply("endpointslices", endpoint_slice(3))
+        await until(lambda: "svc-3" in service_names(tracker), timeout=10)
+        assert source.services.stats.stuck_relists == 1
+        assert source.services.stats.lists == 2
+    finally:
+        await source.stop()

@@ -101,7 +101,10 @@ def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource 
 
         log.info("source: manifests %s (watched for changes)", ", ".join(paths))
         return ManifestSource(
-            [Path(p) for p in paths], tracker, service_proxy_name=config.service_proxy_name
+            [Path(p) for p in paths],
+            tracker,
+            service_proxy_name=config.service_proxy_name,
+            max_file_bytes=config.manifest_max_bytes,
         )
     from ovsproxy.sources.kubernetes import KubernetesSource
 

@@ -24,6 +24,11 @@ def _options(func: Any) -> Any:
             help="YAML file; flags override its keys",
         ),
         click.option("--manifests", multiple=True, help="manifest file or directory (repeat)"),
+        click.option(
+            "--manifest-max-bytes",
+            type=int,
+            help="a larger manifest file is not read (reported) [67108864]",
+        ),
         click.option("--kubeconfig", help="read the Kubernetes API with this kubeconfig"),
         click.option(
             "--in-cluster",
