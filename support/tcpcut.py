@@ -23,6 +23,7 @@ class Forwarder:
         self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
         self._cut = False
+        self._relays: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Forwarder:
         self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
@@ -35,6 +36,9 @@ class Forwarder:
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
+        for task in list(self._relays):
+            task.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
 
     @property
     def open_connections(self) -> int:
@@ -60,12 +64,16 @@ class Forwarder:
             writer.transport.abort()
             return
         self.connections += 1
+        task = asyncio.current_task()
+        assert task is not None
+        self._relays.add(task)
         pair = {writer, up_writer}
         self._open |= pair
         try:
             await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
         finally:
             self._open -= pair
+            self._relays.discard(task)
             for w in pair:
                 w.transport.abort()
 

@@ -33,7 +33,9 @@ FAST = {"page_size": 5, "watch_timeout": (30.0, 30.0), "backoff": Backoff(initia
 HIDDEN = {SERVICE_PROXY_NAME_LABEL: "other"}
 
 
-def service(i: int, ns: str, port: int = 80, labels: dict[str, str] | None = None) -> dict[str, Any]:
+def service(
+    i: int, ns: str, port: int = 80, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -172,7 +174,9 @@ async def test_paged_list_then_watch_from_its_resource_version(cp, agent_kubecon
     try:
         assert tracker.synced
         assert service_names(tracker, ns) == {f"svc-{i}" for i in range(1, 24)}
-        assert all(len(s.endpoints) == 1 for n, s in tracker.snapshot().items() if n.namespace == ns)
+        assert all(
+            len(s.endpoints) == 1 for n, s in tracker.snapshot().items() if n.namespace == ns
+        )
 
         lists = [r for r in seen if r.path == "/api/v1/services" and not r.watch]
         # The server paged: 5 per page, each further page asked with its continue token.
@@ -249,9 +253,7 @@ async def test_watch_expiry_while_services_are_deleted(cp, agent_kubeconfig, ns,
             assert len(changes) == 10 + 2 + 3  # nothing else was touched
             assert source.services.stats.expired == 1
             assert tracker.stats.events["Service/delete"] == 10  # from the diff
-            assert {k for k in source.services.store if k[0] == ns} == {
-                (ns, n) for n in survivors
-            }
+            assert {k for k in source.services.store if k[0] == ns} == {(ns, n) for n in survivors}
         finally:
             await source.stop()
 

@@ -10,7 +10,9 @@ without re-listing, which would lose the deletes that happened in the gap; so:
   advance the resourceVersion, so a dropped watch resumes where it was;
 * 410 Gone (an HTTP 410, or an ERROR event with code 410) re-lists and diffs against the
   store: deletes for objects that vanished during the gap, updates for changed ones;
-* any other failure reconnects after a capped exponential backoff with jitter.
+* any other failure retries after a capped exponential backoff with jitter: a dropped
+  connection (or a 429) resumes the watch; an error status from the server re-lists (from
+  some resourceVersions it fails every time: a delete at etcd's compacted revision is a 500).
 
 ``Informer`` is generic over resources: a ``kubejson.Codec`` makes each list page and watch
 event into keys, resourceVersions and values, which it delivers to an ``ObjectHandler``. It
@@ -207,6 +209,12 @@ class Informer(Generic[_Value]):
                 self.stats.failures += 1
                 self._failures += 1
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if isinstance(exc, ApiStatusError) and exc.code != 429:
+                    # The server refused to go on from this resourceVersion (e.g. etcd's
+                    # "PrevKv=nil" 500 for a delete at the compacted revision, every time
+                    # from there): list again, as client-go's reflector does. A dropped
+                    # connection or a 429 resumes the watch.
+                    self.resource_version = None
                 log.warning("%s: %s; retrying", self._name, message)
                 self.handler.on_error(SourceError(self._name, message))
                 await self._sleep_backoff()
