@@ -11,18 +11,18 @@ it, so one test's deletions never reach the next test's cluster-wide informers.
 from __future__ import annotations
 
 import secrets
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.controlplane import (  # noqa: F401  (fixtures and the session check)
     control_plane,
+    delete_namespace,
     kube_namespace,
     no_leftover_control_planes,
 )
 
-from ovsproxy.lab.controlplane import ApiError, ControlPlane
+from ovsproxy.lab.controlplane import ControlPlane
 
 
 @pytest.fixture(scope="package")
@@ -35,20 +35,6 @@ def cp() -> Iterator[ControlPlane]:
 def agent_kubeconfig(cp: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The agent's identity as shipped: deploy/base/rbac.yaml applied, its token."""
     return cp.ovsproxy_kubeconfig(tmp_path_factory.mktemp("kube") / "agent.kubeconfig")
-
-
-def delete_namespace(api: ControlPlane, name: str, timeout: float = 90.0) -> None:
-    api.request("DELETE", f"/api/v1/namespaces/{name}", ok=(200, 202, 404))
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            api.request("GET", f"/api/v1/namespaces/{name}")
-        except ApiError as exc:
-            if exc.status == 404:
-                return
-            raise
-        time.sleep(0.2)
-    raise AssertionError(f"namespace {name} still there after {timeout:.0f} s")
 
 
 @pytest.fixture
