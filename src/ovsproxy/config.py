@@ -200,6 +200,8 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError("ovsdb and openflow: give both (a real OVS) or neither (the sandbox)")
     if config.manifests and (config.kubeconfig or config.in_cluster):
         raise ConfigError("manifests and kubeconfig/in_cluster: choose one source")
+    if config.kubeconfig and config.in_cluster:
+        raise ConfigError("kubeconfig and in_cluster: choose one")
     return config
 
 
