@@ -262,7 +262,10 @@ async def test_a_restarted_apiserver_is_watched_again_from_where_it_was(
     cp, agent_kubeconfig, ns
 ) -> None:
     """kube-apiserver stops (SIGTERM: its watches end) and comes back on the same port: the
-    informers reconnect from their resourceVersion, with no re-list, and see what follows."""
+    informers come back and see what follows, with no 410. (Just after /readyz the restarted
+    server may refuse the ServiceAccount for a moment, 403, while its RBAC caches fill; on an
+    error status the informer re-lists, as client-go's reflector does, so the list count is
+    not fixed here.)"""
     populate(cp, ns, 3)
     slow = Backoff(initial=0.05, cap=1.0)  # the restart takes seconds: no tight retry loop
     tracker, source = await started(agent_kubeconfig, backoff=slow)
@@ -277,7 +280,7 @@ async def test_a_restarted_apiserver_is_watched_again_from_where_it_was(
         await until(lambda: tracker.pending == 2, timeout=10)
         changes = {n.name: c for n, c in tracker.checkpoint().items()}
         assert set(changes) == {"svc-3", "svc-4"}
-        assert source.services.stats.lists == 1 and source.services.stats.expired == 0
+        assert source.services.stats.expired == 0
         assert source.services.stats.failures >= 1  # it did see the server go
     finally:
         await source.stop()
@@ -546,8 +549,8 @@ async def test_errors_back_off_and_recover(fake, tmp_path) -> None:
 
 
 async def test_invalid_objects_are_reported_and_skipped(fake, tmp_path) -> None:
-    """An object the converter refuses: the real server refuses port 0 itself (and every
-    object it admits, the converter takes: test_admitted.py), so only the fake can serve one."""
+    """An object the converter refuses: the real server refuses port 0 itself (it validates
+    the fields the converter checks), so only the fake can serve one."""
     bad = fake_service(3)
     bad["spec"]["ports"][0]["port"] = 0
     fake.apply("services", bad)
