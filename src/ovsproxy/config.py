@@ -204,6 +204,8 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError("manifest_max_bytes must be >= 1")
     if config.manifests and (config.kubeconfig or config.in_cluster):
         raise ConfigError("manifests and kubeconfig/in_cluster: choose one source")
+    if config.kubeconfig and config.in_cluster:
+        raise ConfigError("kubeconfig and in_cluster: choose one")
     return config
 
 

@@ -10,7 +10,9 @@ without re-listing, which would lose the deletes that happened in the gap; so:
   advance the resourceVersion, so a dropped watch resumes where it was;
 * 410 Gone (an HTTP 410, or an ERROR event with code 410) re-lists and diffs against the
   store: deletes for objects that vanished during the gap, updates for changed ones;
-* any other failure reconnects after a capped exponential backoff with jitter;
+* any other failure retries after a capped exponential backoff with jitter: a dropped
+  connection (or a 429) resumes the watch; an error status from the server re-lists (from
+  some resourceVersions it fails every time: a delete at etcd's compacted revision is a 500);
 * a watch line (one event) longer than ``max_event_bytes`` is a failure (the stream is
   dropped, never buffered without end), and so is a line that does not decode; a watch that
   fails ``relist_after`` times in a row at one resourceVersion (a malformed event the server
@@ -225,7 +227,13 @@ class Informer(Generic[_Value]):
                 self.stats.failures += 1
                 self._failures += 1
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                if self._stuck():
+                if isinstance(exc, ApiStatusError) and exc.code != 429:
+                    # The server refused to go on from this resourceVersion (e.g. etcd's
+                    # "PrevKv=nil" 500 for a delete at the compacted revision, every time
+                    # from there): list again, as client-go's reflector does. A dropped
+                    # connection or a 429 resumes the watch.
+                    self.resource_version = None
+                elif self._stuck():
                     message += f"; {self.relist_after} failures at resourceVersion "
                     message += f"{self.resource_version}: re-listing"
                     self.stats.stuck_relists += 1
@@ -404,22 +412,51 @@ def _status_error(code: int, body: bytes) -> Exception:
     return ApiStatusError(code, message)
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster_config(service_account: str = SERVICE_ACCOUNT_DIR) -> Any:
+    """A pod's own configuration, as client-go's ``rest.InClusterConfig``: the server from
+    ``$KUBERNETES_SERVICE_HOST``/``_PORT``, the token, CA and namespace from the service
+    account's files. Raises ``ValueError`` naming what is missing."""
+    from lightkube.config.kubeconfig import KubeConfig
+
+    missing = [
+        v for v in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT") if not os.environ.get(v)
+    ]
+    missing += [
+        f"{service_account}/{name}"
+        for name in ("token", "ca.crt", "namespace")
+        if not os.path.isfile(os.path.join(service_account, name))
+    ]
+    if missing:
+        raise ValueError(f"in-cluster: {', '.join(missing)} missing (not running in a pod?)")
+    return KubeConfig.from_service_account(service_account=service_account)
+
+
 def kube_http_client(
     *,
     kubeconfig: str | os.PathLike[str] | None = None,
+    in_cluster: bool = False,
     context: str | None = None,
     timeout: float = 10.0,
     trust_env: bool = True,
 ) -> httpx.AsyncClient:
     """An HTTP client for the API server, configured by lightkube.
 
-    With ``kubeconfig``, that file; otherwise lightkube's order: the in-cluster service
-    account, then ``$KUBECONFIG``, then ``~/.kube/config``.
+    ``in_cluster``: the pod's service account (``in_cluster_config``) and nothing else;
+    ``kubeconfig``: that file; neither: lightkube's order (the in-cluster service account,
+    then ``$KUBECONFIG``, then ``~/.kube/config``).
     """
     from lightkube.config.client_adapter import AsyncClient, ConnectionParams
     from lightkube.config.kubeconfig import KubeConfig
 
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    if in_cluster and kubeconfig:
+        raise ValueError("kubeconfig and in-cluster: choose one")
+    if in_cluster:
+        config = in_cluster_config()
+    else:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     single = config.get(context_name=context)
     if single is None:
         where = kubeconfig or "$KUBECONFIG / ~/.kube/config / in-cluster"
@@ -494,6 +531,7 @@ class KubernetesSource:
         *,
         client: httpx.AsyncClient | None = None,
         kubeconfig: str | os.PathLike[str] | None = None,
+        in_cluster: bool = False,
         context: str | None = None,
         page_size: int = 500,
         watch_timeout: tuple[float, float] = (300.0, 600.0),
@@ -506,6 +544,7 @@ class KubernetesSource:
         self._client = client
         self._owns_client = client is None
         self._kubeconfig = kubeconfig
+        self._in_cluster = in_cluster
         self._context = context
         self._options: dict[str, Any] = {
             "page_size": page_size,
@@ -533,7 +572,10 @@ class KubernetesSource:
         if self._client is None:
             # Reads the kubeconfig or service-account files: small, but still blocking.
             self._client = await asyncio.to_thread(
-                kube_http_client, kubeconfig=self._kubeconfig, context=self._context
+                kube_http_client,
+                kubeconfig=self._kubeconfig,
+                in_cluster=self._in_cluster,
+                context=self._context,
             )
         handler = self.handler
         services = _ModelEvents(
