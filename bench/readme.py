@@ -669,6 +669,24 @@ def _peer_ovn(po: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _kube_build(kb: dict[str, Any]) -> list[str]:
+    """The first build of the real Kubernetes components (``kube-build``, run by name)."""
+    return [
+        "### The first build of the real Kubernetes components",
+        "",
+        f"`scripts/build-kube.sh` on a machine that never built them (Go's caches empty;"
+        f" `{kb['source']}`, commit `{str(kb.get('commit'))[:7]}`): Kubernetes"
+        f" {kb['kubernetes']} ({kb['what']}) and etcd {kb['etcd']} with {kb['go']} on"
+        f" {kb['cpus']} cores took **{kb['build_s'] / 60:.1f} min** (goal 20 min:"
+        f" {_met(kb['goal_met'])}; {kb['build_cpu_s'] / 60:.1f} min of CPU), downloaded"
+        f" {kb['downloaded_mb']:,.0f} MB of modules, and left {kb['module_cache_mb']:,.0f} MB"
+        f" in Go's module cache, {kb['build_cache_mb']:,.0f} MB in its build cache and"
+        f" {kb['binaries_mb']:,.0f} MB of binaries. Later set-ups with the same pins build"
+        " nothing.",
+        "",
+    ]
+
+
 def _others(report: dict[str, Any]) -> list[str]:
     out = ["### The other scenarios", ""]
     enc = report.get("encode")
@@ -718,6 +736,20 @@ def _others(report: dict[str, Any]) -> list[str]:
             f" {fuzz['slowest_decode_ms']} ms (goal < {fuzz['goal_slowest_decode_ms']:g} ms);"
             f" {fuzz['inputs_per_s']:,} inputs/s."
         )
+        for part, what in (("manifests", "manifest files"), ("watch", "watch events")):
+            text = fuzz.get(part)
+            if text:
+                framing = (
+                    f", {text['framing_mismatches']} line-framing mismatches"
+                    if "framing_mismatches" in text
+                    else ""
+                )
+                out.append(
+                    f"  {text['inputs']:,} mutated {what} ({text['seeds']} seeds): "
+                    f"{text['unexpected_exceptions']} unexpected exceptions (goal 0){framing};"
+                    f" slowest {text['slowest_ms']} ms; {text['inputs_per_s']:,} inputs/s; "
+                    f"peak RSS {text['peak_rss_mib']} MiB."
+                )
     return [*out, ""]
 
 
@@ -790,6 +822,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *(_chaos(report["chaos"], report["chaos"]["source"]) if _ok(report, "chaos") else []),
         *_soak(report["soak"] if _ok(report, "soak") else None),
         *(_peer_ovn(report["peer-ovn"]) if _ok(report, "peer-ovn") else []),
+        *(_kube_build(report["kube-build"]) if _ok(report, "kube-build") else []),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"
@@ -837,6 +870,7 @@ def render_files(result: Path, quick: Path | None = None) -> str:
     _own_result(report, result, "scale")
     _newest_result(report, result, "chaos")
     _newest_result(report, result, "soak")
+    _newest_result(report, result, "kube-build")
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from ovsproxy.lab.controlplane import ControlPlane, list_control_plane_records
+from ovsproxy.lab.controlplane import ApiError, ControlPlane, list_control_plane_records
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +40,48 @@ def no_leftover_control_planes() -> Iterator[None]:
     yield
     mine = [r.name for r in list_control_plane_records() if r.owner_pid == os.getpid()]
     assert not mine, f"leftover control planes {mine}"
+
+
+PLURALS = {
+    "Service": "services",
+    "EndpointSlice": "endpointslices",
+    "Node": "nodes",
+    "ServiceCIDR": "servicecidrs",
+}
+
+
+def object_path(obj: dict[str, Any]) -> str:
+    """The API path of ``obj`` (a kind of ``PLURALS``)."""
+    meta = obj["metadata"]
+    version = obj["apiVersion"]
+    base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
+    if meta.get("namespace"):
+        base += f"/namespaces/{meta['namespace']}"
+    return f"{base}/{PLURALS[obj['kind']]}/{meta['name']}"
+
+
+def apply_object(api: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply as the field manager ``tests``: what it no longer names goes."""
+    return api.request(
+        "PATCH",
+        object_path(obj),
+        obj,
+        params={"fieldManager": "tests", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+
+def delete_namespace(api: ControlPlane, name: str, timeout: float = 90.0) -> None:
+    """Delete a namespace and wait until the namespace controller has emptied and removed it
+    (so its objects' deletions never reach a later test's cluster-wide informers)."""
+    api.request("DELETE", f"/api/v1/namespaces/{name}", ok=(200, 202, 404))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            api.request("GET", f"/api/v1/namespaces/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return
+            raise
+        time.sleep(0.2)
+    raise AssertionError(f"namespace {name} still there after {timeout:.0f} s")

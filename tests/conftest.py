@@ -5,6 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from support.controlplane import (  # noqa: F401  (fixtures and the session check)
+    control_plane,
+    kube_namespace,
+    no_leftover_control_planes,
+)
 from support.leftovers import no_leftover_sandboxes  # noqa: F401  (session check)
 
 from ovsproxy.ovs.ovsdb import _import_ovsdbapp

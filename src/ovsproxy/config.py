@@ -29,6 +29,8 @@ class ConfigError(ValueError):
 class AgentConfig:
     # source
     manifests: tuple[str, ...] = ()
+    # a manifest file larger than this is not read (reported; its last good content stays)
+    manifest_max_bytes: int = 64 << 20
     kubeconfig: str | None = None
     in_cluster: bool = False
     # handle only Services labelled service.kubernetes.io/service-proxy-name=<this>; none:
@@ -198,8 +200,12 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError("min_sync_interval must be >= 0 and full_resync_interval > 0")
     if (config.ovsdb is None) != (config.openflow is None):
         raise ConfigError("ovsdb and openflow: give both (a real OVS) or neither (the sandbox)")
+    if config.manifest_max_bytes < 1:
+        raise ConfigError("manifest_max_bytes must be >= 1")
     if config.manifests and (config.kubeconfig or config.in_cluster):
         raise ConfigError("manifests and kubeconfig/in_cluster: choose one source")
+    if config.kubeconfig and config.in_cluster:
+        raise ConfigError("kubeconfig and in_cluster: choose one")
     return config
 
 

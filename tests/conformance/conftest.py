@@ -18,7 +18,6 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from support.controlplane import no_leftover_control_planes
 
 from ovsproxy.lab.cluster import HTTP_PORT, UDP_PORT, Lab, list_lab_records
 from ovsproxy.model import IPFamily
@@ -73,4 +72,4 @@ def family(request: pytest.FixtureRequest) -> IPFamily:
     return value
 
 
-__all__ = ["FAMILIES", "HTTP_PORT", "UDP_PORT", "no_leftover_control_planes"]
+__all__ = ["FAMILIES", "HTTP_PORT", "UDP_PORT"]

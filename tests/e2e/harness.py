@@ -46,7 +46,17 @@ def run_cleanup(sandbox: Sandbox, *extra: str) -> subprocess.CompletedProcess[st
 class AgentProcess:
     """``manifests`` None: no ``--manifests`` (give the source in ``extra``: ``--kubeconfig``)."""
 
-    def __init__(self, sandbox: Sandbox, manifests: Path | None, log: Path, *extra: str) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        manifests: Path | None,
+        log: Path,
+        *extra: str,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.prefix = prefix  # a command the agent runs under (unshare ...)
+        self.env = env  # the agent's environment [ours]
         self.sandbox = sandbox
         self.manifests = manifests
         self.log_path = log
@@ -60,6 +70,7 @@ class AgentProcess:
 
     def start(self, timeout: float = 30) -> AgentProcess:
         cmd = [
+            *self.prefix,
             sys.executable,
             "-m",
             "ovsproxy",
@@ -81,7 +92,7 @@ class AgentProcess:
             "debug",
             *self.extra,
         ]
-        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        env = {**(os.environ if self.env is None else self.env), "PYTHONWARNINGS": "ignore"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL

@@ -231,7 +231,9 @@ async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
     from ovsproxy.sources.kubernetes import NODES, kube_http_client
     from ovsproxy.sources.nodes import convert_node, node_field_selector
 
-    client = await asyncio.to_thread(kube_http_client, kubeconfig=config.kubeconfig)
+    client = await asyncio.to_thread(
+        kube_http_client, kubeconfig=config.kubeconfig, in_cluster=config.in_cluster
+    )
     try:
         response = await client.get(
             NODES.path(), params={"fieldSelector": node_field_selector(config.node_name)}

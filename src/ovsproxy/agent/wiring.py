@@ -101,13 +101,22 @@ def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource 
 
         log.info("source: manifests %s (watched for changes)", ", ".join(paths))
         return ManifestSource(
-            [Path(p) for p in paths], tracker, service_proxy_name=config.service_proxy_name
+            [Path(p) for p in paths],
+            tracker,
+            service_proxy_name=config.service_proxy_name,
+            max_file_bytes=config.manifest_max_bytes,
         )
     from ovsproxy.sources.kubernetes import KubernetesSource
 
-    log.info("source: Kubernetes API (%s)", config.kubeconfig or "in-cluster / default kubeconfig")
+    where = config.kubeconfig or (
+        "in-cluster service account" if config.in_cluster else "$KUBECONFIG / default kubeconfig"
+    )
+    log.info("source: Kubernetes API (%s)", where)
     return KubernetesSource(
-        tracker, kubeconfig=config.kubeconfig, service_proxy_name=config.service_proxy_name
+        tracker,
+        kubeconfig=config.kubeconfig,
+        in_cluster=config.in_cluster,
+        service_proxy_name=config.service_proxy_name,
     )
 
 

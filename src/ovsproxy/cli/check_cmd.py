@@ -17,30 +17,36 @@ import click
 
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import Service, ServicePort
-from ovsproxy.model.problems import Problem, SourceLocation
+from ovsproxy.model.problems import Problem, SourceError, SourceLocation
 from ovsproxy.proxy.claims import resolve
 from ovsproxy.sources.manifests import (
+    DEFAULT_MAX_FILE_BYTES,
+    SOURCE,
     ManifestObject,
     ObjectKey,
     ParsedManifest,
     discover_files,
     duplicate_problem,
     parse_manifest,
+    read_regular_file,
 )
 
 
 def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:
     """Parse every manifest under ``paths``; all problems, cross-file duplicates included."""
-    files, missing = discover_files(paths)
-    problems: list[Problem] = list(missing)
+    found = discover_files(paths)
+    problems: list[Problem] = [*found.missing, *(problem for _, problem in found.unlisted)]
     parsed: list[ParsedManifest] = []
     first: dict[ObjectKey, ManifestObject] = {}
     with gc_paused():
-        for path in files:
+        for path in found.files:
             try:
-                manifest = parse_manifest(path.read_bytes(), str(path))
+                data = read_regular_file(path, DEFAULT_MAX_FILE_BYTES)
             except OSError as exc:
-                raise click.FileError(str(path), hint=str(exc)) from exc
+                why = exc.strerror or str(exc)
+                problems.append(SourceError(SOURCE, why, SourceLocation(str(path))))
+                continue
+            manifest = parse_manifest(data, str(path))
             parsed.append(manifest)
             problems.extend(manifest.problems)
             seen_here: set[ObjectKey] = set()

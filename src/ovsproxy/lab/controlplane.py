@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import subprocess
 import tempfile
 import time
@@ -131,8 +132,10 @@ class ControlPlaneRecord:
 
     def remove(self) -> None:
         """Stop every process the record names (each only while its command line still
-        names the work directory), then delete the work directory and the record."""
-        for pid in self.processes.values():
+        names the work directory), then delete the work directory and the record. Last
+        started, first stopped: kube-apiserver stops in about a second while etcd is there,
+        and retries for tens of seconds once it is not."""
+        for pid in reversed(self.processes.values()):
             sb.stop_process(pid, self.workdir, timeout=10.0)
         sb.remove_owned("control plane", self.name, (), self.workdir, self.path)
 
@@ -273,7 +276,7 @@ class ControlPlane:
         if self._client is not None:
             self._client.close()
             self._client = None
-        for proc in self._procs.values():
+        for proc in reversed(self._procs.values()):  # as ControlPlaneRecord.remove
             sb.stop_process(proc.pid, str(self.workdir), timeout=10.0)
         self._procs.clear()
         self.record.remove()
@@ -441,7 +444,7 @@ class ControlPlane:
         if self._client is None:
             self._client = httpx.Client(
                 base_url=self.url,
-                verify=str(self.ca_file),
+                verify=ssl.create_default_context(cafile=str(self.ca_file)),
                 headers={"Authorization": f"Bearer {self.admin.token}"},
                 timeout=30,
             )

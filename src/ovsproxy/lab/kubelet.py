@@ -26,6 +26,7 @@ from ovsproxy.lab.controlplane import ApiError, ControlPlane
 Obj = dict[str, Any]
 ZONE_LABEL = "topology.kubernetes.io/zone"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: no kubelet runs it
+CONTAINER = "main"  # each pod's one container
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Kubelet:
     # -- pods
     def run_pod(self, pod: PodSpec, *, ready: bool = True) -> Obj:
         """Create the Pod bound to its node, then report it Running with its IPs."""
-        container: Obj = {"name": "main", "image": PAUSE_IMAGE}
+        container: Obj = {"name": CONTAINER, "image": PAUSE_IMAGE}
         if pod.ports:
             container["ports"] = [p.as_dict() for p in pod.ports]
         self.api.request(
@@ -155,6 +156,18 @@ class Kubelet:
             + [
                 {"type": kind, "status": "True", "lastTransitionTime": now}
                 for kind in ("Initialized", "PodScheduled")
+            ],
+            # What kubectl's READY column counts.
+            "containerStatuses": [
+                {
+                    "name": CONTAINER,
+                    "image": PAUSE_IMAGE,
+                    "imageID": "",
+                    "ready": ready,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now}},
+                }
             ],
         }
         return self.api.request(
