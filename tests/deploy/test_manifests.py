@@ -182,6 +182,7 @@ def agent_config_of(docs: list[Doc], tmp_path: Path) -> tuple[AgentConfig, Doc]:
     assert args[0] == "run", args
     context = run_command.make_context("run", args[1:])
     params = dict(context.params)
+    assert not params.pop("kube"), "the DaemonSet runs the agent, not the embedded default"
     config = load(params.pop("config_file"), **params)
     return config, container
 
