@@ -6,6 +6,12 @@ passes through untouched: the client still verifies the server's certificate) to
 ``cut()`` closes every relayed connection and refuses new ones until ``resume()``: to the
 client, the server is unreachable, while the test changes objects through its own (direct)
 connection. Runs in the test's event loop.
+
+``listen``: a listening socket made elsewhere, to serve on instead of a new one on 127.0.0.1.
+A socket belongs to the network namespace it was made in, while the connections to the
+target are made by the loop's thread: a socket made in a node's namespace relays that
+namespace's clients to the target on the test's own (root) namespace's loopback, with no
+address or route added anywhere.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import socket
 
 
 class Forwarder:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(
+        self, target_host: str, target_port: int, *, listen: socket.socket | None = None
+    ) -> None:
         self.target = (target_host, target_port)
+        self._listen = listen
         self.port = 0
         self.connections = 0  # accepted while open
         self._server: asyncio.Server | None = None
@@ -26,7 +35,10 @@ class Forwarder:
         self._relays: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Forwarder:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        if self._listen is not None:
+            self._server = await asyncio.start_server(self._relay, sock=self._listen)
+        else:
+            self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
         sock: socket.socket = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         return self

@@ -68,7 +68,8 @@ class AgentProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30) -> AgentProcess:
+    def start(self, timeout: float = 30, *, wait: bool = True) -> AgentProcess:
+        """Run the agent; ``wait``: until /healthz answers 200 (within ``timeout``)."""
         cmd = [
             *self.prefix,
             sys.executable,
@@ -97,7 +98,8 @@ class AgentProcess:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
             )
-        self.wait_healthy(timeout)
+        if wait:
+            self.wait_healthy(timeout)
         return self
 
     def wait_healthy(self, timeout: float = 30) -> None:

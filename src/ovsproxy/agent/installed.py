@@ -241,7 +241,13 @@ async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
     finally:
         await client.aclose()
     if response.status_code != 200:
-        log.warning("Node %s: list answered %d", config.node_name, response.status_code)
+        # The server's message says why (a 403 names the verb and the resource).
+        log.warning(
+            "Node %s: list answered %d: %s",
+            config.node_name,
+            response.status_code,
+            response.text[:300],
+        )
         return ()
     items = response.json().get("items") or []
     return convert_node(items[0]).host_ips if items else ()

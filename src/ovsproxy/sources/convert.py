@@ -826,9 +826,9 @@ def slice_value(
             protocol = Protocol.TCP
         port = raw_port.port
         if port is None:
-            report.bad(("ports", index, "port"), None, "required")
-            port = 0
-        elif not 1 <= port <= 65535:
+            # The API admits it ("all ports"); kube-proxy skips such a port, not the slice.
+            continue
+        if not 1 <= port <= 65535:
             report.bad(("ports", index, "port"), port, PORT_NUMBER)
             port = 0
         if (port_name, protocol) in seen:

@@ -193,6 +193,9 @@ class Informer(Generic[_Value]):
         self.resource_version: str | None = None
         self.synced = False
         self.stats = InformerStats()
+        # The last failure ("kubernetes/<plural>: ..."), until a list or a watch succeeds:
+        # what /status shows while the informer retries (a 403 names the verb and resource).
+        self.problem: str | None = None
         self._failures = 0  # consecutive, for the backoff
         self._failed_at: tuple[str | None, int] = (None, 0)  # (resourceVersion, failures there)
         self._synced_event = asyncio.Event()
@@ -239,6 +242,7 @@ class Informer(Generic[_Value]):
                     self.stats.stuck_relists += 1
                     self.resource_version = None
                 log.warning("%s: %s; retrying", self._name, message)
+                self.problem = f"{self._name}: {message}"
                 self.handler.on_error(SourceError(self._name, message))
                 await self._sleep_backoff()
 
@@ -288,6 +292,7 @@ class Informer(Generic[_Value]):
         self.resource_version = resource_version
         self.stats.lists += 1
         self._failures = 0
+        self.problem = None
         if not self.synced:
             self.synced = True
             self._synced_event.set()
@@ -331,6 +336,7 @@ class Informer(Generic[_Value]):
             if response.status_code != 200:
                 raise _status_error(response.status_code, await response.aread())
             self.stats.watches += 1
+            self.problem = None
             async for line in self._lines(response):
                 if line.strip():
                     self._on_event(self.codec.event(line))
@@ -642,6 +648,11 @@ class KubernetesSource:
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(informer.wait_synced() for informer in self.informers))
+
+    @property
+    def problems(self) -> list[str]:
+        """What each informer that is failing now last failed with (``/status``)."""
+        return [informer.problem for informer in self.informers if informer.problem]
 
     async def stop(self) -> None:
         for task in self._tasks:
