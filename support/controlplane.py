@@ -1,5 +1,8 @@
 """The real Kubernetes control plane for tests (``ovsproxy.lab.controlplane``), as fixtures.
 
+Imported once, by tests/conftest.py: a conftest below it importing them again would make
+another session control plane for its tests.
+
 ``control_plane``: etcd + kube-apiserver + kube-controller-manager of the pinned release,
 started once per test process (each xdist worker its own) the first time a test asks, stopped
 and removed at the end of the session. ``kube_namespace``: a fresh namespace per test, deleted
@@ -19,11 +22,17 @@ import pytest
 
 from ovsproxy.lab.controlplane import ApiError, ControlPlane, list_control_plane_records
 
+SESSION_PREFIX = "ovsp-cp-session-"
+
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    with ControlPlane() as api:
+    """The session's control plane. Checked here, not by ``no_leftover_control_planes``: that
+    one can be set up after this one (first used by a later test) and so torn down before it."""
+    api = ControlPlane(f"{SESSION_PREFIX}{os.getpid()}-{secrets.token_hex(2)}")
+    with api:
         yield api
+    assert api.name not in {r.name for r in list_control_plane_records()}, "not removed"
 
 
 @pytest.fixture
@@ -36,9 +45,14 @@ def kube_namespace(control_plane: ControlPlane) -> Iterator[str]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftover_control_planes() -> Iterator[None]:
-    """No control plane of this test run may outlive the session."""
+    """No control plane a test of this run started may outlive the session (the session's
+    own is ``control_plane``'s to check)."""
     yield
-    mine = [r.name for r in list_control_plane_records() if r.owner_pid == os.getpid()]
+    mine = [
+        r.name
+        for r in list_control_plane_records()
+        if r.owner_pid == os.getpid() and not r.name.startswith(SESSION_PREFIX)
+    ]
     assert not mine, f"leftover control planes {mine}"
 
 

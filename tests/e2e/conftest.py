@@ -6,10 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from support.controlplane import (  # noqa: F401  (the session check)
-    delete_namespace,
-    no_leftover_control_planes,
-)
+from support.controlplane import delete_namespace
 
 from ovsproxy.lab import build_lab
 from ovsproxy.lab.controlplane import ControlPlane

@@ -15,12 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.controlplane import (  # noqa: F401  (fixtures and the session check)
-    control_plane,
-    delete_namespace,
-    kube_namespace,
-    no_leftover_control_planes,
-)
+from support.controlplane import delete_namespace
 
 from ovsproxy.lab.controlplane import ControlPlane
 
