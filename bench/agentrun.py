@@ -73,6 +73,8 @@ def agent_flags(sb: Sandbox, source: list[str], min_sync_interval: float = 0.0) 
         "bench-node",
         "--metrics-address",
         "127.0.0.1:0",
+        "--health-address",
+        "",
         "--min-sync-interval",
         str(min_sync_interval),
         "--log-format",
@@ -91,6 +93,7 @@ def agent_config(sb: Sandbox, source: dict[str, Any], min_sync_interval: float =
         "netns": sb.netns,
         "node_name": "bench-node",
         "metrics_address": "127.0.0.1:0",
+        "health_address": "",
         "min_sync_interval": min_sync_interval,
         "log_level": "warning",
     }

@@ -6,8 +6,9 @@ The ConfigMap's file is used as shipped. Overridden with flags (which win over t
 only because this machine differs from a node: the OVS sockets (the sandbox's run directory
 instead of /var/run/openvswitch), the API (a kubeconfig naming the fake instead of the pod's
 service account), the node's network namespace (the agent runs in the test's namespace, not
-in the node's as a hostNetwork pod does) and the metrics port (10256 on every address of this
-machine's namespace may be taken; the probes' port is checked by test_manifests). The sandbox
+in the node's as a hostNetwork pod does) and the HTTP ports (10256 on every address of this
+machine's namespace may be taken: the health address is turned off and the metrics one moved;
+the probes' port is checked by test_manifests). The sandbox
 is built with the variant's bridge and gateway names, so those come from the file.
 """
 
@@ -77,7 +78,7 @@ def run_and_check(name: str, args: list[str], kubeconfig: Path, tmp_path: Path) 
             *(sys.executable, "-m", "ovsproxy", *args),  # ENTRYPOINT ["ovsproxy"] + args
             *("--ovsdb", sandbox.ovsdb, "--openflow", sandbox.openflow),
             *("--kubeconfig", str(kubeconfig), "--netns", sandbox.netns),
-            *("--metrics-address", f"127.0.0.1:{port}"),
+            *("--metrics-address", f"127.0.0.1:{port}", "--health-address", ""),
         ]
         log = tmp_path / "agent.log"
         with log.open("wb") as out:

@@ -1,0 +1,349 @@
+"""A small bounded HTTP/1.x server for the agent's endpoints (health, metrics, /status, the
+healthCheckNodePorts): one request per connection, answered and closed.
+
+Every input is bounded, so a hostile neighbour on the node's address can cost the agent at most
+a fixed number of descriptors and a fixed amount of memory and time:
+
+* a cap on open connections per ``ConnectionBudget``; at the cap, a new connection evicts the
+  one that has been reading its request the longest (a client that trickles its request loses
+  its place to one that sends it at once, as a kubelet probe does);
+* one deadline for the whole request (request line and headers), however it is trickled;
+* bounded request line, header size and header count: answered 414 or 431, never a traceback;
+* a deadline for writing the answer;
+* a bad request is answered with its status; an error in a handler is a 500 and one log line,
+  and repeated log lines are rate-limited (``RateLimitedLog``).
+
+Imports nothing of ovsproxy (bottom layer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import resource
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one connection may cost."""
+
+    max_connections: int = 64  # per budget (a server, or a set of servers sharing one)
+    request_timeout: float = 5.0  # the whole request: line and headers
+    write_timeout: float = 30.0  # the whole answer
+    max_request_line: int = 4096
+    max_header_bytes: int = 16384  # all header lines together
+    max_headers: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str  # without the query
+    headers: dict[str, str]  # names lower-cased
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def text_response(status: int, text: str) -> Response:
+    return Response(status, text.encode())
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class RequestError(Exception):
+    """A request refused before it reached the handler, with the status it is answered."""
+
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
+
+
+class RateLimitedLog:
+    """One warning per ``interval`` per kind; the lines dropped meanwhile are counted and
+    reported with the next one, so a flood of bad clients cannot flood the log."""
+
+    def __init__(self, logger: logging.Logger, interval: float = 10.0) -> None:
+        self.logger = logger
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._dropped: dict[str, int] = {}
+
+    def emit(self, kind: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        last = self._last.get(kind)
+        if last is not None and now - last < self.interval:
+            self._dropped[kind] = self._dropped.get(kind, 0) + 1
+            return
+        self._last[kind] = now
+        dropped = self._dropped.pop(kind, 0)
+        suffix = f" ({dropped} more like it not logged)" if dropped else ""
+        self.logger.warning(message + suffix, *args)
+
+
+@dataclass
+class ConnectionBudget:
+    """The connections open on one or more servers, oldest first, and what they cost so far.
+
+    ``counters``: accepted, evicted (at the cap, still reading), refused (at the cap, none
+    reading), timeouts, rejected (bad requests), errors (handler failures)."""
+
+    limits: Limits = field(default_factory=Limits)
+    log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
+    # Open connections in the order they were accepted, with whether each is still reading
+    # its request (only those are evicted).
+    # and its transport, aborted on eviction (a task cancelled before it ran never closes it).
+    _open: dict[asyncio.Task[None], tuple[bool, asyncio.WriteTransport]] = field(
+        default_factory=dict
+    )
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            ("accepted", "evicted", "refused", "timeouts", "rejected", "errors"), 0
+        )
+    )
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def admit(self, task: asyncio.Task[None], transport: asyncio.WriteTransport) -> bool:
+        """Count ``task``'s connection; at the cap, cancel the oldest one still reading its
+        request, or, when every open one is being answered, refuse this one (False)."""
+        self.counters["accepted"] += 1
+        if len(self._open) >= self.limits.max_connections:
+            victim = next((t for t, (reading, _) in self._open.items() if reading), None)
+            if victim is None:
+                self.counters["refused"] += 1
+                self.log.emit(
+                    "refused",
+                    "HTTP: %d connections open (the cap), all being answered: one refused",
+                    self.limits.max_connections,
+                )
+                return False
+            _, victim_transport = self._open.pop(victim)
+            victim_transport.abort()
+            victim.cancel()
+            self.counters["evicted"] += 1
+            self.log.emit(
+                "evicted",
+                "HTTP: %d connections open (the cap): the oldest one still sending its "
+                "request was closed",
+                self.limits.max_connections,
+            )
+        self._open[task] = (True, transport)
+        return True
+
+    def answering(self, task: asyncio.Task[None]) -> None:
+        entry = self._open.get(task)
+        if entry is not None:
+            self._open[task] = (False, entry[1])
+
+    def release(self, task: asyncio.Task[None]) -> None:
+        self._open.pop(task, None)
+
+
+async def read_request(reader: asyncio.StreamReader, limits: Limits) -> Request:
+    """The request line and headers, within ``limits`` (the caller applies the deadline).
+    The reader's own limit must be at least ``max_request_line`` and ``max_header_bytes``."""
+    try:
+        line = await reader.readline()
+    except ValueError:  # longer than the reader's limit: no newline in sight
+        raise RequestError(414, "request line too long") from None
+    if len(line) > limits.max_request_line:
+        raise RequestError(414, "request line too long")
+    parts = line.decode("latin-1").split()
+    if not parts:
+        raise RequestError(400, "no request line")
+    if len(parts) not in (2, 3) or not parts[1].startswith("/"):
+        raise RequestError(400, "malformed request line")
+    method, target = parts[0], parts[1]
+    headers: dict[str, str] = {}
+    total = 0
+    count = 0
+    while True:
+        try:
+            line = await reader.readline()
+        except ValueError:
+            raise RequestError(431, "header too long") from None
+        if line in (b"\r\n", b"\n"):
+            break
+        if not line:
+            raise RequestError(400, "connection closed within the headers")
+        total += len(line)
+        count += 1
+        if total > limits.max_header_bytes or count > limits.max_headers:
+            raise RequestError(431, "headers too large")
+        name, sep, value = line.decode("latin-1").partition(":")
+        if not sep:
+            raise RequestError(400, "malformed header")
+        headers[name.strip().lower()] = value.strip()
+    return Request(method, target.split("?", 1)[0], headers)
+
+
+def encode_response(response: Response) -> bytes:
+    reason = REASONS.get(response.status, "")
+    lines = [
+        f"HTTP/1.1 {response.status} {reason}",
+        f"Content-Type: {response.content_type}",
+        *(f"{name}: {value}" for name, value in response.headers),
+        f"Content-Length: {len(response.body)}",
+        "Connection: close",
+        "",
+        "",
+    ]
+    return "\r\n".join(lines).encode("latin-1") + response.body
+
+
+def host_is_local_name(host_header: str | None) -> bool:
+    """A Host header a DNS-rebinding page cannot send: none (HTTP/1.0), an IP literal or
+    ``localhost``. A rebinding attack needs a DNS name of its own in the browser's Host."""
+    if host_header is None:
+        return True
+    host = host_header.strip()
+    if host.startswith("["):  # [v6]:port
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    if host.lower() == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HTTPServer:
+    """Serves ``handler`` on one or more listening sockets within ``budget``."""
+
+    def __init__(self, handler: Handler, budget: ConnectionBudget) -> None:
+        self.handler = handler
+        self.budget = budget
+        self.servers: list[asyncio.Server] = []
+
+    @property
+    def _reader_limit(self) -> int:
+        limits = self.budget.limits
+        return max(limits.max_request_line, limits.max_header_bytes)
+
+    async def listen(self, host: str | None, port: int) -> int:
+        """Listen on ``host``:``port``; returns the port (``port`` 0: the kernel's pick)."""
+        server = await asyncio.start_server(
+            self._connected, host, port, limit=self._reader_limit, backlog=128
+        )
+        self.servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
+
+    async def listen_socket(self, sock: socket.socket) -> None:
+        server = await asyncio.start_server(self._connected, sock=sock, limit=self._reader_limit)
+        self.servers.append(server)
+
+    async def close(self) -> None:
+        for server in self.servers:
+            server.close()
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        self.servers = []
+
+    def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A task per connection, created here so that the budget can cancel it.
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        if not self.budget.admit(task, writer.transport):
+            task.cancel()
+            writer.transport.abort()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        budget = self.budget
+        limits = budget.limits
+        task = asyncio.current_task()
+        assert task is not None
+        response: Response | None = None
+        answered = False
+        try:
+            try:
+                async with asyncio.timeout(limits.request_timeout):
+                    request = await read_request(reader, limits)
+            except TimeoutError:
+                budget.counters["timeouts"] += 1
+                response = text_response(408, "request not received in time\n")
+            except RequestError as exc:
+                budget.counters["rejected"] += 1
+                budget.log.emit(
+                    f"bad-{exc.status}", "HTTP: answered %d to a client: %s", exc.status, exc
+                )
+                response = text_response(exc.status, f"{exc}\n")
+            budget.answering(task)
+            if response is None:
+                try:
+                    response = await self.handler(request)
+                except Exception as exc:
+                    budget.counters["errors"] += 1
+                    budget.log.emit(
+                        "handler", "HTTP: %s failed: %s: %s", request.path, type(exc).__name__, exc
+                    )
+                    response = text_response(500, "internal error\n")
+            async with asyncio.timeout(limits.write_timeout):
+                writer.write(encode_response(response))
+                await writer.drain()
+            answered = True
+        except (TimeoutError, ConnectionError, asyncio.CancelledError):
+            pass  # a client that went away, or did not read its answer in time, or evicted
+        except Exception as exc:  # never a traceback per request
+            budget.counters["errors"] += 1
+            budget.log.emit("serve", "HTTP: %s: %s", type(exc).__name__, exc)
+        finally:
+            budget.release(task)
+            if answered:
+                writer.close()
+            else:  # nothing worth flushing to a client that was too slow or was evicted
+                writer.transport.abort()
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft limit on open descriptors to its hard limit (as Go's runtime
+    does at start); returns (soft, hard) after. Failing to is logged, not fatal."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    return soft, hard
