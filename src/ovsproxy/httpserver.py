@@ -44,6 +44,12 @@ REASONS = {
 }
 
 
+# The listen backlog: enough that a probe's SYN is not dropped under a flood of connections.
+# asyncio accepts up to this many at once, before the cap sees them: the descriptors one
+# listener holds are at most max_connections + BACKLOG.
+BACKLOG = 128
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What one connection may cost."""
@@ -178,6 +184,8 @@ async def read_request(reader: asyncio.StreamReader, limits: Limits) -> Request:
         raise RequestError(414, "request line too long") from None
     if len(line) > limits.max_request_line:
         raise RequestError(414, "request line too long")
+    if not line:  # connected and closed, as a TCP health check does: nothing to answer
+        raise ConnectionResetError("closed before a request")
     parts = line.decode("latin-1").split()
     if not parts:
         raise RequestError(400, "no request line")
@@ -265,7 +273,7 @@ class HTTPServer:
     async def listen(self, host: str | None, port: int) -> int:
         """Listen on ``host``:``port``; returns the port (``port`` 0: the kernel's pick)."""
         server = await asyncio.start_server(
-            self._connected, host, port, limit=self._reader_limit, backlog=128
+            self._connected, host, port, limit=self._reader_limit, backlog=BACKLOG
         )
         self.servers.append(server)
         return int(server.sockets[0].getsockname()[1])
@@ -296,6 +304,7 @@ class HTTPServer:
         assert task is not None
         response: Response | None = None
         answered = False
+        refused = False  # answered before the whole request was read
         try:
             try:
                 async with asyncio.timeout(limits.request_timeout):
@@ -309,8 +318,11 @@ class HTTPServer:
                     f"bad-{exc.status}", "HTTP: answered %d to a client: %s", exc.status, exc
                 )
                 response = text_response(exc.status, f"{exc}\n")
-            budget.answering(task)
+                refused = True
             if response is None:
+                # only a request read whole is safe from eviction (an early answer's lingering
+                # is not)
+                budget.answering(task)
                 try:
                     response = await self.handler(request)
                 except Exception as exc:
@@ -323,6 +335,8 @@ class HTTPServer:
                 writer.write(encode_response(response))
                 await writer.drain()
             answered = True
+            if refused:
+                await _discard_input(reader, writer)
         except (TimeoutError, ConnectionError, asyncio.CancelledError):
             pass  # a client that went away, or did not read its answer in time, or evicted
         except Exception as exc:  # never a traceback per request
@@ -334,6 +348,22 @@ class HTTPServer:
                 writer.close()
             else:  # nothing worth flushing to a client that was too slow or was evicted
                 writer.transport.abort()
+
+
+LINGER_SECONDS = 1.0
+LINGER_BYTES = 256 * 1024
+
+
+async def _discard_input(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After an early answer, read (bounded) what the client is still sending: closing with
+    unread input resets the connection, and the reset can overtake the answer."""
+    with contextlib.suppress(OSError, RuntimeError):
+        writer.write_eof()
+    left = LINGER_BYTES
+    with contextlib.suppress(TimeoutError, OSError, ValueError):
+        async with asyncio.timeout(LINGER_SECONDS):
+            while left > 0 and (chunk := await reader.read(min(left, 65536))):
+                left -= len(chunk)
 
 
 def raise_open_files_limit() -> tuple[int, int]:

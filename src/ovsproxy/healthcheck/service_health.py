@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ovsproxy.httpserver import (
+    BACKLOG,
     ConnectionBudget,
     HTTPServer,
     Limits,
@@ -234,7 +235,7 @@ def listening_socket(host: str | None, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
     except BaseException:
         sock.close()
