@@ -165,7 +165,7 @@ async def run_agent(flags: list[str], timeout: float = 600) -> AgentRun:
                     entry = {"msg": line.decode(errors="replace").strip()}
                 log.append(entry)
                 message = str(entry.get("msg", ""))
-                if message.startswith("health and metrics on http://"):
+                if message.startswith("metrics on http://"):  # the operator's listener
                     port = int(message.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
                 if message.startswith("first sync done"):
                     ready_s = float(entry["ts"]) - spawned
