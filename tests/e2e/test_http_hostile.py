@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import resource
 import socket
 import threading
@@ -26,6 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from support import cluster
 
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from tests.e2e.harness import AgentProcess, copy_examples, free_port
@@ -37,65 +40,19 @@ CAP = 64  # ovsproxy.httpserver.Limits.max_connections
 BACKLOG = 128  # ovsproxy.httpserver.BACKLOG: asyncio accepts up to that many at a time
 
 
-def cluster_yaml(services: int, endpoints: int) -> str:
-    """``services`` ClusterIP Services (10.100.0.0/16) of ``endpoints`` endpoints each."""
-    docs = []
-    for i in range(services):
-        ip = f"10.100.{i // 250}.{i % 250 + 1}"
-        docs.append(
-            f"""apiVersion: v1
-kind: Service
-metadata: {{name: s{i}, namespace: load}}
-spec:
-  type: ClusterIP
-  clusterIP: {ip}
-  clusterIPs: [{ip}]
-  ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]
-"""
-        )
-        addresses = []
-        for j in range(endpoints):
-            k = i * endpoints + j
-            addresses.append(
-                f"  - addresses: [10.244.{100 + k // 250}.{k % 250 + 1}]\n"
-                "    conditions: {ready: true}\n"
-            )
-        docs.append(
-            f"""apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: s{i}-1
-  namespace: load
-  labels: {{kubernetes.io/service-name: s{i}}}
-addressType: IPv4
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-{"".join(addresses)}"""
-        )
-    return "---\n".join(docs)
+SERVICES = 2000  # support.cluster's: Service i has ClusterIP 172.16.0.1 + i, 10 endpoints
+LAST_IP = str(ipaddress.IPv4Address(cluster.CLUSTER_IP_BASE + SERVICES))
+CHANGE_IP = str(ipaddress.IPv4Address(cluster.CLUSTER_IP_BASE + SERVICES + 1))
 
 
-CHANGE = """apiVersion: v1
-kind: Service
-metadata: {name: late, namespace: load}
-spec:
-  type: ClusterIP
-  clusterIP: 10.99.0.1
-  clusterIPs: [10.99.0.1]
-  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: late-1
-  namespace: load
-  labels: {kubernetes.io/service-name: late}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-  - addresses: [10.244.0.11]
-    conditions: {ready: true}
-"""
+def change_yaml() -> str:
+    """One more Service of the same cluster (svc-2000), as a manifest."""
+    svcs, slices = cluster.cluster_objects(SERVICES + 1, 10, server_fields=False)
+    docs = [
+        {"apiVersion": "v1", "kind": "Service", **svcs[SERVICES]},
+        {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", **slices[SERVICES]},
+    ]
+    return yaml.safe_dump_all(docs, sort_keys=False)
 
 
 def get(url: str, timeout: float = 5, host: str | None = None) -> tuple[int, bytes]:
@@ -152,14 +109,14 @@ def big_agent(
 ) -> Iterator[tuple[AgentProcess, int]]:
     manifests = tmp_path / "manifests"
     manifests.mkdir()
-    (manifests / "load.yaml").write_text(cluster_yaml(2000, 10))
+    cluster.manifest_files(manifests, SERVICES, 10)
     health_port = free_port()
     agent = AgentProcess(
         sandbox, manifests, tmp_path / "agent.log", "--health-address", f"127.0.0.1:{health_port}"
     )
     agent.start(timeout=180)
     try:
-        agent.wait_for(lambda: installed(sandbox, "10.100.7.250"), 120, "the 2,000 Services")
+        agent.wait_for(lambda: installed(sandbox, LAST_IP), 120, "the 2,000 Services")
         yield agent, health_port
     finally:
         agent.stop()
@@ -169,6 +126,7 @@ def test_status_and_dump_readers_stall_neither_probes_nor_syncs(
     big_agent: tuple[AgentProcess, int], sandbox: Sandbox
 ) -> None:
     agent, health_port = big_agent
+    late = change_yaml()
     stop = threading.Event()
     reads: list[tuple[str, int, int]] = []
 
@@ -185,9 +143,9 @@ def test_status_and_dump_readers_stall_neither_probes_nor_syncs(
         for thread in readers:
             thread.start()
         time.sleep(4)  # the readers keep a render running
-        (agent.manifests / "late.yaml").write_text(CHANGE)
+        (agent.manifests / "late.yaml").write_text(late)
         written = time.monotonic()
-        while not installed(sandbox, "10.99.0.1") and time.monotonic() - written < 30:
+        while not installed(sandbox, CHANGE_IP) and time.monotonic() - written < 30:
             time.sleep(0.02)
         sync_delay = time.monotonic() - written
         time.sleep(4)
