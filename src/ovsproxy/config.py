@@ -20,6 +20,10 @@ from ovsproxy.model import IPAddress
 from ovsproxy.sources.convert import check_service_proxy_name
 from ovsproxy.steering.desired import NodePortAddresses
 
+# kube-proxy's: its healthz on every address, its metrics on loopback (the CLI's default too)
+DEFAULT_HEALTH_ADDRESS = "0.0.0.0:10256"
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:10249"
+
 
 class ConfigError(ValueError):
     pass
@@ -71,8 +75,8 @@ class AgentConfig:
     # observability: the node-facing address serves only the health paths (kube-proxy's
     # healthz 0.0.0.0:10256; empty: none); the operator's serves /metrics (kube-proxy's
     # 127.0.0.1:10249) and, on loopback only, /status and /dump
-    health_address: str = "0.0.0.0:10256"
-    metrics_address: str = "127.0.0.1:10249"
+    health_address: str = DEFAULT_HEALTH_ADDRESS
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
     log_level: str = "info"
     log_format: str = "text"
     # shutdown
