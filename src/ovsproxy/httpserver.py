@@ -44,10 +44,13 @@ REASONS = {
 }
 
 
-# The listen backlog: enough that a probe's SYN is not dropped under a flood of connections.
-# asyncio accepts up to this many at once, before the cap sees them: the descriptors one
-# listener holds are at most max_connections + BACKLOG.
-BACKLOG = 128
+# The kernel's queue of connections not yet accepted (capped by net.core.somaxconn): long
+# enough that a probe's handshake is not dropped while a flood of connections waits.
+LISTEN_BACKLOG = 4096
+# asyncio accepts up to this many connections per wake-up, before the cap sees them: one
+# listener holds at most max_connections + 2 x ACCEPT_BATCH descriptors (a batch accepted, a
+# batch evicted and not yet closed).
+ACCEPT_BATCH = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,21 +117,30 @@ class RateLimitedLog:
         self.logger.warning(message + suffix, *args)
 
 
+@dataclass(slots=True)
+class _Connection:
+    transport: asyncio.WriteTransport
+    source: str  # the client's address
+    reading: bool = True  # still sending its request (only those are evicted)
+
+
 @dataclass
 class ConnectionBudget:
     """The connections open on one or more servers, oldest first, and what they cost so far.
+
+    At the cap, the connection evicted is the oldest still reading of the source with the
+    most connections open: one client address (a pod) flooding the port evicts its own, not a
+    kubelet's probe from the node's address.
 
     ``counters``: accepted, evicted (at the cap, still reading), refused (at the cap, none
     reading), timeouts, rejected (bad requests), errors (handler failures)."""
 
     limits: Limits = field(default_factory=Limits)
     log: RateLimitedLog = field(default_factory=lambda: RateLimitedLog(log))
-    # Open connections in the order they were accepted, with whether each is still reading
-    # its request (only those are evicted).
-    # and its transport, aborted on eviction (a task cancelled before it ran never closes it).
-    _open: dict[asyncio.Task[None], tuple[bool, asyncio.WriteTransport]] = field(
-        default_factory=dict
-    )
+    # In the order accepted; the transport is aborted on eviction (a task cancelled before it
+    # ran never closes it).
+    _open: dict[asyncio.Task[None], _Connection] = field(default_factory=dict)
+    _per_source: dict[str, int] = field(default_factory=dict)
     counters: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
             ("accepted", "evicted", "refused", "timeouts", "rejected", "errors"), 0
@@ -139,12 +151,23 @@ class ConnectionBudget:
     def open(self) -> int:
         return len(self._open)
 
+    def _victim(self) -> asyncio.Task[None] | None:
+        """The oldest connection still reading of the source with the most open."""
+        best: asyncio.Task[None] | None = None
+        most = 0
+        for task, conn in self._open.items():
+            if conn.reading and self._per_source[conn.source] > most:
+                best, most = task, self._per_source[conn.source]
+        return best
+
     def admit(self, task: asyncio.Task[None], transport: asyncio.WriteTransport) -> bool:
-        """Count ``task``'s connection; at the cap, cancel the oldest one still reading its
-        request, or, when every open one is being answered, refuse this one (False)."""
+        """Count ``task``'s connection; at the cap, evict one (``_victim``), or, when every
+        open one is being answered, refuse this one (False)."""
         self.counters["accepted"] += 1
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else ""
         if len(self._open) >= self.limits.max_connections:
-            victim = next((t for t, (reading, _) in self._open.items() if reading), None)
+            victim = self._victim()
             if victim is None:
                 self.counters["refused"] += 1
                 self.log.emit(
@@ -153,26 +176,35 @@ class ConnectionBudget:
                     self.limits.max_connections,
                 )
                 return False
-            _, victim_transport = self._open.pop(victim)
-            victim_transport.abort()
+            victim_conn = self._open[victim]
+            self.release(victim)
+            victim_conn.transport.abort()
             victim.cancel()
             self.counters["evicted"] += 1
             self.log.emit(
                 "evicted",
-                "HTTP: %d connections open (the cap): the oldest one still sending its "
-                "request was closed",
+                "HTTP: %d connections open (the cap): the oldest one still sending its request, "
+                "of the client address with the most (%s), was closed",
                 self.limits.max_connections,
+                victim_conn.source,
             )
-        self._open[task] = (True, transport)
+        self._open[task] = _Connection(transport, source)
+        self._per_source[source] = self._per_source.get(source, 0) + 1
         return True
 
     def answering(self, task: asyncio.Task[None]) -> None:
-        entry = self._open.get(task)
-        if entry is not None:
-            self._open[task] = (False, entry[1])
+        conn = self._open.get(task)
+        if conn is not None:
+            conn.reading = False
 
     def release(self, task: asyncio.Task[None]) -> None:
-        self._open.pop(task, None)
+        conn = self._open.pop(task, None)
+        if conn is not None:
+            left = self._per_source[conn.source] - 1
+            if left:
+                self._per_source[conn.source] = left
+            else:
+                del self._per_source[conn.source]
 
 
 async def read_request(reader: asyncio.StreamReader, limits: Limits) -> Request:
@@ -271,15 +303,24 @@ class HTTPServer:
         return max(limits.max_request_line, limits.max_header_bytes)
 
     async def listen(self, host: str | None, port: int) -> int:
-        """Listen on ``host``:``port``; returns the port (``port`` 0: the kernel's pick)."""
-        server = await asyncio.start_server(
-            self._connected, host, port, limit=self._reader_limit, backlog=BACKLOG
-        )
-        self.servers.append(server)
-        return int(server.sockets[0].getsockname()[1])
+        """Listen on ``host``:``port`` (None: every address); returns the port (``port`` 0:
+        the kernel's pick)."""
+        sock = listening_socket(host, port)
+        try:
+            await self.listen_socket(sock)
+        except BaseException:
+            sock.close()
+            raise
+        return int(sock.getsockname()[1])
 
     async def listen_socket(self, sock: socket.socket) -> None:
-        server = await asyncio.start_server(self._connected, sock=sock, limit=self._reader_limit)
+        """Serve on a listening socket made by ``listening_socket`` (in another network
+        namespace, say)."""
+        server = await asyncio.start_server(
+            self._connected, sock=sock, limit=self._reader_limit, backlog=ACCEPT_BATCH
+        )
+        # asyncio listens with the batch size it accepts at once; the kernel's queue is longer
+        sock.listen(LISTEN_BACKLOG)
         self.servers.append(server)
 
     async def close(self) -> None:
@@ -364,6 +405,31 @@ async def _discard_input(reader: asyncio.StreamReader, writer: asyncio.StreamWri
         async with asyncio.timeout(LINGER_SECONDS):
             while left > 0 and (chunk := await reader.read(min(left, 65536))):
                 left -= len(chunk)
+
+
+def listening_socket(host: str | None, port: int) -> socket.socket:
+    """A TCP listening socket on ``host`` (None: every address; both families where the
+    kernel has IPv6), as asyncio's start_server would open it."""
+    if host is None:
+        try:
+            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            host = "::"
+        except OSError:  # no IPv6 in this kernel
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            host = "0.0.0.0"
+    else:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def raise_open_files_limit() -> tuple[int, int]:

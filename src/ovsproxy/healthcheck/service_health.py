@@ -35,13 +35,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ovsproxy.httpserver import (
-    BACKLOG,
     ConnectionBudget,
     HTTPServer,
     Limits,
     RateLimitedLog,
     Request,
     Response,
+    listening_socket,
 )
 from ovsproxy.model import IPAddress, ServiceState
 from ovsproxy.netns import enter_netns
@@ -216,28 +216,3 @@ class ServiceHealthServers:
         }
         status = 200 if count and healthy else 503
         return status, headers, json.dumps(body, indent="\t").encode()
-
-
-def listening_socket(host: str | None, port: int) -> socket.socket:
-    """A TCP listening socket on ``host`` (None: every address; both families where the
-    kernel has IPv6), as asyncio's start_server would open it."""
-    if host is None:
-        try:
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            host = "::"
-        except OSError:  # no IPv6 in this kernel
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            host = "0.0.0.0"
-    else:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
