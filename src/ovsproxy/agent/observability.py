@@ -14,13 +14,14 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ovsproxy import __version__
 from ovsproxy.agent.wiring import Components
 from ovsproxy.datapath.desired import FlowKey
 from ovsproxy.datapath.groups import InstalledGroup
 from ovsproxy.datapath.switch_sync import dump_lines
+from ovsproxy.gcpause import gc_paused
 from ovsproxy.httpserver import Request, Response, is_loopback, raise_open_files_limit
 from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics, health_routes, metrics_route
 from ovsproxy.model import ServicePortName
@@ -31,6 +32,7 @@ from ovsproxy.proxy.proxier import InstalledService
 log = logging.getLogger("ovsproxy.agent")
 
 Samples = dict[tuple[str, ...], float]
+Snapshot = TypeVar("Snapshot")
 
 
 def register_metrics(
@@ -233,6 +235,16 @@ def render_dump(snapshot: DumpSnapshot) -> bytes:
     return "".join(f"{line}\n" for line in lines).encode()
 
 
+def without_collection(render: Callable[[Snapshot], bytes], snapshot: Snapshot) -> bytes:
+    """``render(snapshot)`` with the cyclic collector paused: a render allocates a container
+    per Service port and per flow, enough to set off full collections of the agent's heap on
+    the render's thread, each holding the interpreter lock (and the event loop) for as long as
+    the heap takes to traverse. Its values make no reference cycles: reference counting frees
+    them all."""
+    with gc_paused():
+        return render(snapshot)
+
+
 class StatusPages:
     """The agent's HTTP endpoints: the node's (``health_address``: /healthz, /readyz, /livez
     only) and the operator's (``metrics_address``: those, /metrics, and on loopback only
@@ -289,12 +301,15 @@ class StatusPages:
 
     async def _serve_status(self, _request: Request) -> Response:
         async with self._render_lock:
-            body = await asyncio.to_thread(render_status, self.status_snapshot())
+            body = await asyncio.to_thread(
+                without_collection, render_status, self.status_snapshot()
+            )
         return Response(200, body, "application/json")
 
     async def _serve_dump(self, _request: Request) -> Response:
         async with self._render_lock:
-            body = await asyncio.to_thread(render_dump, self.dump_snapshot())
+            dump = self.dump_snapshot()
+            body = await asyncio.to_thread(without_collection, render_dump, dump)
         return Response(200, body)
 
     # -- /status and /dump ----------------------------------------------------------------------
