@@ -1,11 +1,12 @@
 """Hostile HTTP clients against the agent (issue 35), at full size: 10,000 Services x 10
 endpoints from the fake Kubernetes API (``--quick``: 1,000), one ``ovsproxy run``.
 
-1. ``readers``: 8 loopback clients fetching /status and /dump (4 each) back to back for a
+1. ``readers``: 8 loopback clients (curl) fetching /status and /dump (4 each) back to back for a
    minute (``--quick``: 10 s) on the operator's address, while a kubelet-like prober GETs
    /healthz on the node's address every 0.5 s on a new connection with the kubelet's 1 s
-   timeout, and, half-way, one more Service is applied to the API: the time until its
-   ClusterIP's flow is in the switch (``change_installed_s``).
+   timeout, from another source address (127.0.0.2, the node's, where the slow clients below
+   come from 127.0.0.1, a pod's), and, half-way, one more Service is applied to the API: the
+   time until its ClusterIP's flow is in the switch (``change_installed_s``).
 2. ``slow_clients``: 2,000 clients (``--quick``: 200) trickling their requests to the node's
    address (a header every 0.5 s, never the end; reconnecting when closed) for 30 s
    (``--quick``: 10 s), with the same prober: probes failed, the most descriptors the agent
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import ipaddress
 import statistics
 import subprocess
@@ -43,6 +45,7 @@ DESCRIPTION = "/healthz and a Service change under /status+/dump readers and slo
 ENDPOINTS = 10
 PROBE_PERIOD = 0.5
 PROBE_TIMEOUT = 1.0  # the kubelet's default
+KUBELET = "127.0.0.2"  # the probes' source address; the slow clients come from 127.0.0.1
 
 
 def _get(url: str, timeout: float) -> tuple[int, int]:
@@ -53,9 +56,36 @@ def _get(url: str, timeout: float) -> tuple[int, int]:
         return exc.code, 0
 
 
+def _probe(port: int) -> bool:
+    """A kubelet's GET /healthz: from the node's address (``KUBELET``), not the attackers'."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=PROBE_TIMEOUT, source_address=(KUBELET, 0)
+    )
+    try:
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        response.read()
+        return response.status == 200
+    finally:
+        connection.close()
+
+
+def _curl(url: str) -> tuple[int, int]:
+    """(status, bytes) of one GET by curl: the readers' bytes are not parsed in this process,
+    whose interpreter the prober needs."""
+    done = subprocess.run(
+        ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", url],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    code, _, size = done.stdout.partition(" ")
+    return int(code or 0), int(size or 0)
+
+
 class _Prober:
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, port: int) -> None:
+        self.port = port
         self.times: list[float] = []
         self.failed = 0
         self._stop = threading.Event()
@@ -73,7 +103,7 @@ class _Prober:
         while not self._stop.is_set():
             start = time.monotonic()
             try:
-                ok = _get(self.url, PROBE_TIMEOUT)[0] == 200
+                ok = _probe(self.port)
             except OSError:
                 ok = False
             took = time.monotonic() - start
@@ -192,7 +222,7 @@ async def _phases(
     last_ip = str(ipaddress.IPv4Address(cluster.CLUSTER_IP_BASE + services))
     await asyncio.to_thread(_wait_ready, sb, proc, last_ip, health, log_path)
 
-    with _Prober(health) as idle:
+    with _Prober(health_port) as idle:
         await asyncio.sleep(5)
     idle_p99 = idle.figures()["probe_p99_ms"] / 1e3
     report: dict[str, Any] = {"services": services, "endpoints": ENDPOINTS}
@@ -207,7 +237,7 @@ async def _phases(
     def reader(path: str) -> None:
         while not stop.is_set():
             start = time.monotonic()
-            code, size = _get(operator + path, 600)
+            code, size = _curl(operator + path)
             if code == 200:
                 reads[path].append(time.monotonic() - start)
                 sizes[path] = size
@@ -218,7 +248,7 @@ async def _phases(
     ]
     new_svcs, new_slices = cluster.cluster_objects(services + 1, ENDPOINTS)
     change_ip = str(ipaddress.IPv4Address(cluster.CLUSTER_IP_BASE + services + 1))
-    with _Prober(health) as prober:
+    with _Prober(health_port) as prober:
         for thread in threads:
             thread.start()
         await asyncio.sleep(duration / 2)
@@ -258,7 +288,7 @@ async def _phases(
     lines_before = await asyncio.to_thread(_log_lines, log_path)
     counts = {"connections": 0, "connect_failed": 0}
     most = 0
-    with _Prober(health) as prober:
+    with _Prober(health_port) as prober:
         halt = asyncio.Event()
         tasks = [asyncio.create_task(_trickle(health_port, halt, counts)) for _ in range(clients)]
         end = time.monotonic() + seconds

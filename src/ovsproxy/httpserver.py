@@ -5,8 +5,9 @@ Every input is bounded, so a hostile neighbour on the node's address can cost th
 a fixed number of descriptors and a fixed amount of memory and time:
 
 * a cap on open connections per ``ConnectionBudget``; at the cap, a new connection evicts the
-  one that has been reading its request the longest (a client that trickles its request loses
-  its place to one that sends it at once, as a kubelet probe does);
+  oldest one still reading its request of the client address with the most open (a pod that
+  trickles requests loses its own places, not a kubelet probe's, which sends its request at
+  once from the node's address);
 * one deadline for the whole request (request line and headers), however it is trickled;
 * bounded request line, header size and header count: answered 414 or 431, never a traceback;
 * a deadline for writing the answer;

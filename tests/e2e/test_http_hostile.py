@@ -181,8 +181,8 @@ def test_status_and_dump_readers_stall_neither_probes_nor_syncs(
 
 
 async def trickle(port: int, stop: asyncio.Event, stats: dict[str, int]) -> None:
-    """One slow client (of 2,000, the issue's figure): a request line, then a header every 0.5 s, never the blank line; on
-    being closed, again."""
+    """One slow client (of 2,000, the issue's figure): a request line, then a header every
+    0.5 s, never the blank line; on being closed, again."""
     while not stop.is_set():
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
