@@ -48,9 +48,10 @@ REASONS = {
 # The kernel's queue of connections not yet accepted (capped by net.core.somaxconn): long
 # enough that a probe's handshake is not dropped while a flood of connections waits.
 LISTEN_BACKLOG = 4096
-# asyncio accepts up to this many connections per wake-up, before the cap sees them: one
-# listener holds at most max_connections + 2 x ACCEPT_BATCH descriptors (a batch accepted, a
-# batch evicted and not yet closed).
+# asyncio accepts up to this many connections per wake-up, and the cap sees each one a few
+# loop iterations later (its transport is made by a task, then connection_made is called
+# soon; an evicted one is closed soon after): one listener holds at most about
+# max_connections + 4 x ACCEPT_BATCH descriptors (bench http-hostile reports the most held).
 ACCEPT_BATCH = 128
 
 

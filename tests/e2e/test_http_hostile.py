@@ -271,9 +271,9 @@ def test_slow_clients_are_capped_and_probes_still_answer(
         print(summary)
         assert prober.failed == 0, summary
         assert stats["connected"] > 300, summary  # they were closed and came back
-        # the cap, a batch accepted and a batch evicted not yet closed, and the few the agent
-        # opens and closes on its own meanwhile (a probe's, its thread pool's, netlink's)
-        assert most <= CAP + 2 * ACCEPT_BATCH + 16, summary
+        # the cap, and the batches accepted before the cap sees them or evicted and not yet
+        # closed (ovsproxy.httpserver.ACCEPT_BATCH says why 4)
+        assert most <= CAP + 4 * ACCEPT_BATCH, summary
         assert new_log_lines <= 20, agent.log()[-3000:]
         assert "Traceback" not in agent.log()
     finally:
