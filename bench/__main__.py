@@ -39,6 +39,7 @@ ORDER = [
     "peer-ovn",
     "chaos",
     "soak",
+    "http-hostile",
 ]
 
 

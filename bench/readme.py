@@ -750,6 +750,21 @@ def _others(report: dict[str, Any]) -> list[str]:
                     f" slowest {text['slowest_ms']} ms; {text['inputs_per_s']:,} inputs/s; "
                     f"peak RSS {text['peak_rss_mib']} MiB."
                 )
+    http = report.get("http-hostile")
+    if http and "error" not in http:
+        readers, slow = http["readers"], http["slow_clients"]
+        out.append(
+            f"* `http-hostile`: {http['services']:,} Services x {http['endpoints']}; "
+            f"{readers['clients']} loopback clients reading /status and /dump for "
+            f"{readers['seconds']:g} s ({readers['status_reads']} + {readers['dump_reads']} "
+            f"reads): {readers['probes_failed']} of {readers['probes']} /healthz probes failed "
+            f"(slowest {readers['probe_slowest_ms']} ms; idle {http['idle']['probe_slowest_ms']}"
+            f" ms), a Service change installed in {readers['change_installed_s']} s; "
+            f"{slow['clients']:,} trickling clients on the node address for {slow['seconds']:g}"
+            f" s: {slow['probes_failed']} of {slow['probes']} probes failed (slowest "
+            f"{slow['probe_slowest_ms']} ms), at most {slow['most_descriptors_held']} descriptors"
+            f" held, {slow['log_lines']} log lines."
+        )
     return [*out, ""]
 
 

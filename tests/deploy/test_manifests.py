@@ -18,6 +18,7 @@ import yaml
 
 from ovsproxy.cli.run_cmd import run as run_command
 from ovsproxy.config import AgentConfig, ConfigError, load
+from ovsproxy.httpserver import is_loopback
 from ovsproxy.lab.controlplane import ControlPlane
 from tests.deploy.kube import (
     DEPLOY,
@@ -264,13 +265,28 @@ def test_the_agent_accepts_the_daemonset_args_and_config(directory: Path, tmp_pa
     for endpoint in (config.ovsdb, config.openflow):
         assert endpoint is not None and endpoint.startswith(f"unix:{ovs_mount['mountPath']}/")
     assert config.openflow == f"unix:{ovs_mount['mountPath']}/{config.bridge}.mgmt"
-    # The probes and the metrics port are where the agent listens, on the node's addresses.
-    host, port = config.metrics_host_port
+    # The probes are where the agent serves the health paths, on the node's addresses; the
+    # only port the pod declares is that one.
+    assert config.health_host_port is not None
+    host, port = config.health_host_port
     assert host == "0.0.0.0"
     assert [p["containerPort"] for p in container["ports"]] == [port]
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["port"] == port
         assert container[probe]["httpGet"]["path"] in ("/healthz", "/readyz", "/livez")
+
+
+@pytest.mark.parametrize("directory", deployable_kustomizations(), ids=lambda d: d.name)
+def test_only_the_health_paths_are_on_the_node_addresses(directory: Path, tmp_path: Path) -> None:
+    """/metrics, /status and /dump (every Service, endpoint and node address) stay on the
+    node's loopback: a host-network pod's port is open to every pod of the cluster."""
+    docs = kustomize_build(directory)
+    config, _container = agent_config_of(docs, tmp_path)
+    assert is_loopback(config.metrics_host_port[0]), config.metrics_address
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    annotations = daemonset["spec"]["template"]["metadata"].get("annotations") or {}
+    # a scrape annotation would name a port that serves no /metrics to the pod network
+    assert not any(key.startswith("prometheus.io/") for key in annotations), annotations
 
 
 def test_a_typo_in_the_configmap_fails_the_agent_check(tmp_path: Path) -> None:

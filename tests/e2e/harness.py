@@ -87,6 +87,8 @@ class AgentProcess:
             "0",
             "--metrics-address",
             f"127.0.0.1:{self.port}",
+            "--health-address",
+            "",  # several agents share this namespace (``extra`` may give one)
             "--node-name",
             "node-1",
             "--log-level",

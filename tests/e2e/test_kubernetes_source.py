@@ -89,6 +89,7 @@ async def world(
             netns=sandbox.netns,
             min_sync_interval=0.0,
             metrics_address="127.0.0.1:0",
+            health_address="",
             node_name="node-1",
             log_level="warning",
         )

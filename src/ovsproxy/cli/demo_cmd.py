@@ -155,6 +155,7 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
             manifests=[str(manifests)],
             min_sync_interval=0.0,
             metrics_address="127.0.0.1:0",
+            health_address="",
             node_name="node-1",
             log_level="warning",
         )

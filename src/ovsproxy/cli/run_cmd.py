@@ -107,7 +107,14 @@ def _options(func: Any) -> Any:
             help="routing table to program; auto: by platform [auto]",
         ),
         click.option(
-            "--metrics-address", help="HOST:PORT for /healthz and /metrics [127.0.0.1:10256]"
+            "--health-address",
+            help="HOST:PORT for /healthz, /readyz and /livez only (what a kubelet or a load "
+            "balancer asks); empty: none [0.0.0.0:10256]",
+        ),
+        click.option(
+            "--metrics-address",
+            help="HOST:PORT for /metrics and the health paths, and /status and /dump when "
+            "HOST is loopback [127.0.0.1:10249]",
         ),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
         click.option("--log-format", type=click.Choice(["text", "json"])),

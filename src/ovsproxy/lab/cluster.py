@@ -595,6 +595,8 @@ class Lab:
             node.zone,
             "--metrics-address",
             node.metrics_address,
+            "--health-address",
+            "",  # the lab's agents share this namespace: each has only its metrics port
             "--min-sync-interval",
             "0.1",
             "--log-level",
