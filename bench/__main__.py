@@ -37,6 +37,7 @@ ORDER = [
     "churn",
     "scale",
     "peer-ovn",
+    "peer-kube-proxy",
     "chaos",
     "soak",
     "http-hostile",
