@@ -187,6 +187,8 @@ class StatusPages:
         parts = self.parts
         services = []
         conflicts = parts.proxier.conflicts if parts.proxier is not None else ()
+        external = parts.external_ips
+        external_problems = list(external.problems.values()) if external is not None else []
         if parts.proxier is not None:
             for name, inst in sorted(parts.proxier.programmed.items(), key=lambda kv: str(kv[0])):
                 port = inst.state.port
@@ -258,7 +260,10 @@ class StatusPages:
             # Rejects, conntrack flushes (the last filters too), invalid RSTs, affinity sweeps
             "semantics": parts.semantics.status() if parts.semantics is not None else None,
             "services": services,
-            "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            "problems": [
+                *(str(p) for p in getattr(parts.source, "problems", [])),
+                *(str(p) for ps in external_problems for p in ps),
+            ][:100],
             # Service ports refused because an older Service claims one of their ports
             "conflicts": [
                 {
