@@ -40,6 +40,9 @@ class AgentConfig:
     # handle only Services labelled service.kubernetes.io/service-proxy-name=<this>; none:
     # only Services without that label (kube-proxy's rule)
     service_proxy_name: str | None = None
+    # serve every Service without its externalIPs, each Service with them a problem
+    # (proxy.external_ips; kube-proxy is deprecating externalIPs)
+    refuse_external_ips: bool = False
     # OVS; when none of these is given the agent runs its embedded private sandbox
     ovsdb: str | None = None
     openflow: str | None = None

@@ -25,6 +25,7 @@ from ovsproxy.sources.manifests import (
     parse_manifest,
     read_regular_file,
 )
+from ovsproxy.sources.report import NAMED_FIELDS
 
 SERVICE = """apiVersion: v1
 kind: Service
@@ -86,16 +87,29 @@ def test_expanded_size_counts_every_alias(levels: int, fan_out: int) -> None:
     assert (expanded_size(node, 0) is None) == (levels > 1)
 
 
-def test_more_than_1000_wrong_typed_values_are_one_objects_problem() -> None:
+def test_1200_wrong_typed_values_are_one_objects_problem_the_first_100_named() -> None:
+    """Every wrong-typed port is found (no more a cap of 1,000 re-conversions that made the
+    object unreadable); the first ``NAMED_FIELDS`` are named, each at its own line, and the
+    rest counted in one line that names no field (and so has no empty field before it)."""
     ports = "".join(f"  - {{name: p{i}, port: [x], protocol: TCP}}\n" for i in range(1200))
     typed = SERVICE.replace("good", "typed").split("  ports:", maxsplit=1)[0]
     text = typed + "  ports:\n" + ports + "---\n" + SERVICE
     parsed = parse_manifest(text, "t.yaml")
     assert [obj.value is not None for obj in parsed.objects] == [False, True]
-    assert [str(p) for p in parsed.problems] == [
-        "t.yaml:1 (document 1): Service demo/typed: : cannot be read: Service does "
-        "not fit its schema: Expected `int | null`, got `array` - at `$.spec.ports[1000].port`"
-    ]
+    lines = [str(p) for p in parsed.problems]
+    assert len(lines) == NAMED_FIELDS + 1
+    assert lines[0] == (
+        "t.yaml:7 (document 1): Service demo/typed: spec.ports[0].port: "
+        "must be a port number between 1 and 65535 (got ['x'])"
+    )
+    assert lines[NAMED_FIELDS - 1].startswith(
+        f"t.yaml:{6 + NAMED_FIELDS} (document 1): Service demo/typed: "
+        f"spec.ports[{NAMED_FIELDS - 1}].port: "
+    )
+    assert lines[-1] == (
+        f"t.yaml:1 (document 1): Service demo/typed: {1200 - NAMED_FIELDS} more bad "
+        f"fields, not named (the first {NAMED_FIELDS} are)"
+    )
 
 
 def test_only_regular_files_of_at_most_the_limit_are_read(tmp_path: Path) -> None:

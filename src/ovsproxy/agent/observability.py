@@ -320,6 +320,8 @@ class StatusPages:
         parts = self.parts
         conflicts = parts.proxier.conflicts if parts.proxier is not None else ()
         programmed = parts.proxier.programmed if parts.proxier is not None else {}
+        external = parts.external_ips
+        external_problems = list(external.problems.values()) if external is not None else []
         routes = []
         if parts.routes is not None:
             routes = sorted(str(r) for r in parts.routes.installed())
@@ -365,7 +367,10 @@ class StatusPages:
             "node": parts.node.status() if parts.node is not None else None,
             # Rejects, conntrack flushes (the last filters too), invalid RSTs, affinity sweeps
             "semantics": parts.semantics.status() if parts.semantics is not None else None,
-            "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            "problems": [
+                *(str(p) for p in getattr(parts.source, "problems", [])),
+                *(str(p) for ps in external_problems for p in ps),
+            ][:100],
             # Service ports refused because an older Service claims one of their ports
             "conflicts": [
                 {

@@ -41,6 +41,12 @@ def _options(func: Any) -> Any:
             help="handle only Services labelled service.kubernetes.io/service-proxy-name=NAME "
             "[none: only Services without that label]",
         ),
+        click.option(
+            "--refuse-external-ips",
+            is_flag=True,
+            default=None,
+            help="serve Services without their externalIPs (each such Service a problem)",
+        ),
         click.option("--ovsdb", help="OVSDB endpoint, e.g. unix:/var/run/openvswitch/db.sock"),
         click.option(
             "--openflow", help="OpenFlow endpoint, e.g. unix:/var/run/openvswitch/br-int.mgmt"

@@ -574,6 +574,11 @@ class KubernetesSource:
             raise RuntimeError("KubernetesSource is not started")
         return self._client
 
+    @property
+    def api_server_host(self) -> str | None:
+        """The API server's host (an address or a name), once ``start`` made the client."""
+        return self._client.base_url.host if self._client is not None else None
+
     async def start(self) -> None:
         if self._client is None:
             # Reads the kubeconfig or service-account files: small, but still blocking.
