@@ -20,6 +20,7 @@ MOVED = (
     "docs/byhand.md",
     "docs/evidence.md",
     "docs/limits.md",
+    "docs/modules.md",
     "deploy/README.md",
     "tests/README.md",
     "bench/README.md",

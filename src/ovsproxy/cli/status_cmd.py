@@ -1,5 +1,6 @@
-"""`ovsproxy status` and `ovsproxy dump`: what a running agent has installed, from its HTTP
-endpoint (the same address as /healthz and /metrics)."""
+"""`ovsproxy status` and `ovsproxy dump`: what a running agent has installed, from its
+metrics address (``--metrics-address``: /metrics, /status and /dump; /healthz is on the
+health address)."""
 
 from __future__ import annotations
 
