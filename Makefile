@@ -25,7 +25,7 @@ test-fast: setup
 	.venv/bin/python -m pytest $(PYTEST_WORKERS) -m "not slow" $(ARGS)
 
 # The Kubernetes Service conformance tests on the 3-node lab (root); records the endpoint
-# latency figures in bench/results.
+# latency figures and every test's outcome (support/suite_record.py) in bench/results.
 conformance: setup
 	OVSPROXY_RECORD_RESULTS=1 .venv/bin/python -m pytest tests/conformance -rxXf $(ARGS)
 

@@ -4,7 +4,9 @@ With ``OVSPROXY_RECORD_RESULTS=1`` a whole-suite run (no paths, no ``-k``/``-m``
 writes ``bench/results/<date>-suite[-fast].json``: its wall time, the outcome counts, the
 workers and the commit. ``suite_sentence`` is the README's sentence made from the newest such
 files (``python -m support.suite_record`` writes it there), and ``tests/test_readme_suite.py``
-checks that the README holds exactly it.
+checks that the README holds exactly it. A run of the conformance package alone (``make
+conformance``) writes ``<date>-conformance.json`` the same way, with every test's outcome;
+``conformance_sentence`` is tests/README.md's line made from the newest one.
 """
 
 from __future__ import annotations
@@ -32,12 +34,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_STARTED] = time.monotonic()
 
 
+CONFORMANCE = "tests/conformance"
+
+
 def _kind(config: pytest.Config) -> str | None:
-    """``suite`` or ``suite-fast`` for a whole-suite run (``make test``/``make test-fast``),
-    None for any other selection."""
-    if config.args or config.option.keyword:
+    """``suite`` or ``suite-fast`` for a whole-suite run (``make test``/``make test-fast``: no
+    paths given, so pytest runs the ``testpaths``), ``conformance`` for the conformance
+    package alone (``make conformance``), None for any other selection."""
+    if config.option.keyword:
         return None
     marks = config.option.markexpr
+    if config.args_source == pytest.Config.ArgsSource.ARGS:
+        paths = {os.path.relpath(os.path.abspath(a), REPO).rstrip("/") for a in config.args}
+        return "conformance" if paths == {CONFORMANCE} and not marks else None
     if not marks:
         return "suite"
     return "suite-fast" if marks.replace(" ", "") == "notslow" else None
@@ -54,6 +63,15 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for outcome in ("passed", "failed", "skipped")
     }
     counts["errors"] = len(terminalreporter.stats.get("error", []))
+    if kind == "conformance":
+        outcomes = {
+            r.nodeid: outcome
+            for outcome in ("passed", "failed", "skipped")
+            for r in terminalreporter.stats.get(outcome, [])
+            if r.when == "call"
+        }
+        outcomes |= {r.nodeid: "error" for r in terminalreporter.stats.get("error", [])}
+        counts["tests"] = dict(sorted(outcomes.items()))  # type: ignore[assignment]
     today = datetime.date.today().isoformat()
     record = {
         "date": today,
@@ -98,14 +116,37 @@ def suite_sentence() -> str:
     return text
 
 
-def render_readme(readme: Path = REPO / "README.md") -> None:
-    """Write ``suite_sentence()`` between the README's ``<!-- suite -->`` marks."""
-    text = readme.read_text()
-    start, end = "<!-- suite -->", "<!-- /suite -->"
+def conformance_sentence() -> str:
+    """What the newest recorded ``make conformance`` run passed, and at which commit."""
+    found = newest("conformance")
+    if found is None:
+        return "(not yet recorded: `make conformance`)"
+    path, rec = found
+    failed = [name for name, outcome in rec["tests"].items() if outcome in ("failed", "error")]
+    text = (
+        f"{rec['passed']:,} passed, {rec['failed'] + rec['errors']} failed and"
+        f" {rec['skipped']} skipped of {len(rec['tests'])} at commit {rec['commit'][:7]}"
+        f" on {rec['date']} (`bench/results/{path.name}`)"
+    )
+    if failed:
+        text += "; failed: " + ", ".join(f"`{name.split('::')[-1]}`" for name in failed)
+    return text
+
+
+def render_between(doc: Path, mark: str, sentence: str) -> None:
+    """Write ``sentence`` between ``doc``'s ``<!-- mark -->`` and ``<!-- /mark -->``."""
+    text = doc.read_text()
+    start, end = f"<!-- {mark} -->", f"<!-- /{mark} -->"
     head, rest = text.split(start, 1)
     _old, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}{suite_sentence()}{end}{tail}")
+    doc.write_text(f"{head}{start}{sentence}{end}{tail}")
+
+
+def render_readme(readme: Path = REPO / "README.md") -> None:
+    """Write ``suite_sentence()`` between the README's ``<!-- suite -->`` marks."""
+    render_between(readme, "suite", suite_sentence())
 
 
 if __name__ == "__main__":
     render_readme()
+    render_between(REPO / "tests" / "README.md", "conformance", conformance_sentence())
