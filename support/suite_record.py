@@ -6,6 +6,7 @@ workers and the commit. ``suite_sentence`` is the README's sentence made from th
 files (``python -m support.suite_record`` writes it there), and ``tests/test_readme_suite.py``
 checks that the README holds exactly it. A run of the conformance package alone (``make
 conformance``) writes ``<date>-conformance.json`` the same way, with every test's outcome;
+a whole-suite run writes it too, from the package's tests within it.
 ``conformance_sentence`` is tests/README.md's line made from the newest one.
 """
 
@@ -35,6 +36,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 CONFORMANCE = "tests/conformance"
+OUTCOMES = ("passed", "failed", "skipped")
 
 
 def _kind(config: pytest.Config) -> str | None:
@@ -52,39 +54,53 @@ def _kind(config: pytest.Config) -> str | None:
     return "suite-fast" if marks.replace(" ", "") == "notslow" else None
 
 
+def _outcomes(stats: dict[str, list[Any]], prefix: str = "") -> dict[str, str]:
+    """Each test's outcome (its call phase; an error in any phase), by node id."""
+    outcomes = {
+        r.nodeid: outcome
+        for outcome in ("passed", "failed", "skipped")
+        for r in stats.get(outcome, [])
+        if r.when == "call" and r.nodeid.startswith(prefix)
+    }
+    outcomes |= {r.nodeid: "error" for r in stats.get("error", []) if r.nodeid.startswith(prefix)}
+    return dict(sorted(outcomes.items()))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if os.environ.get("OVSPROXY_RECORD_RESULTS") != "1" or hasattr(config, "workerinput"):
         return
     kind = _kind(config)
     if kind is None or _STARTED not in config.stash:
         return
-    counts = {
-        outcome: len([r for r in terminalreporter.stats.get(outcome, []) if r.when == "call"])
-        for outcome in ("passed", "failed", "skipped")
-    }
-    counts["errors"] = len(terminalreporter.stats.get("error", []))
-    if kind == "conformance":
-        outcomes = {
-            r.nodeid: outcome
-            for outcome in ("passed", "failed", "skipped")
-            for r in terminalreporter.stats.get(outcome, [])
-            if r.when == "call"
-        }
-        outcomes |= {r.nodeid: "error" for r in terminalreporter.stats.get("error", [])}
-        counts["tests"] = dict(sorted(outcomes.items()))  # type: ignore[assignment]
-    today = datetime.date.today().isoformat()
-    record = {
-        "date": today,
+    stats = terminalreporter.stats
+    head = {
+        "date": datetime.date.today().isoformat(),
         "commit": _git("rev-parse", "HEAD"),
         "tree_clean": _git("status", "--porcelain", "--untracked-files=no") == "",
         "cpus": os.cpu_count(),
         "workers": getattr(config.option, "numprocesses", None) or 0,
         "exit_status": int(exitstatus),
         "seconds": round(time.monotonic() - config.stash[_STARTED], 1),
-        **counts,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{today}-{kind}.json").write_text(json.dumps(record, indent=2) + "\n")
+    if kind != "conformance":
+        _write(f"{head['date']}-{kind}.json", {**head, **_counts(_outcomes(stats))})
+    if kind in ("conformance", "suite"):  # the whole suite runs the conformance package too
+        tests = _outcomes(stats, CONFORMANCE + "/")
+        if tests:
+            _write(
+                f"{head['date']}-conformance.json",
+                {**head, "run": kind, **_counts(tests), "tests": tests},
+            )
+
+
+def _counts(outcomes: dict[str, str]) -> dict[str, int]:
+    values = list(outcomes.values())
+    return {o + ("s" if o == "error" else ""): values.count(o) for o in (*OUTCOMES, "error")}
+
+
+def _write(name: str, record: dict[str, Any]) -> None:
+    (RESULTS / name).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def newest(kind: str) -> tuple[Path, dict[str, Any]] | None:
