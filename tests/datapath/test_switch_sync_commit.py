@@ -12,6 +12,7 @@ import pytest
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import plan, switch_sync
 from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.desired import encoded_flow
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
@@ -37,7 +38,16 @@ def service(
     port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
     base = int(ipaddress.IPv4Address("10.244.0.0"))
     eps = [Endpoint(ipaddress.IPv4Address(base + first + i), 8080) for i in range(n)]
-    return spn, svc.service_objects(ctx_for(dp), port, eps, {IPFamily.IPv4: gid})
+    objs = svc.service_objects(ctx_for(dp), port, eps, {IPFamily.IPv4: gid})
+    # and a flow per endpoint, shared by every owner that has the endpoint: the EndpointDNAT
+    # flows an affinity Service stages (without affinity its buckets translate)
+    dnat = {
+        (ep.ip, ep.port): encoded_flow(
+            svc.endpoint_dnat_flow(ctx_for(dp), ep.ip, ep.port, Protocol.TCP).wire
+        )
+        for ep in eps
+    }
+    return spn, svc.ServiceObjects(objs.groups, (*objs.staged, *dnat.values()))
 
 
 def stage(dp: SwitchSync, name: str, n: int, gid: int, **kw: object) -> ServicePortName:
