@@ -323,3 +323,22 @@ def test_an_endpoint_added_with_affinity_keeps_registers_and_its_endpoint_dnat_f
     plan = plan_group(after.groups[0], plan_group(before.groups[0], None).result)
     (msg,) = values(plan)
     assert [type(a) for a in msg.buckets[0].actions] == [of.SetField, of.SetField, of.Resubmit]
+
+
+def test_groups_of_up_to_describe_safe_buckets_fit_a_group_desc_entry() -> None:
+    """GROUP_DESC entries have a 16-bit length (OVS overflows it, and the dump breaks): the
+    drift check and verify describe only groups of at most DESCRIBE_SAFE_BUCKETS buckets,
+    which must fit whatever our buckets are (family, affinity, the longest port)."""
+    from ovsproxy.datapath.our_group_ids import DESCRIBE_SAFE_BUCKETS
+    from ovsproxy.openflow.protocol.templates import bucket_wire
+
+    largest = max(
+        len(
+            bucket_wire(0, svc.endpoint_bucket_wire(ipaddress.ip_address(ip), 65535, aff, CTX), 100)
+        )
+        for ip in ("255.255.255.255", "ffff::ffff")
+        for aff in (False, True)
+    )
+    header = of.group_mod_overhead(*svc.GROUP_SELECTION_METHOD) - 8  # a GroupMod's is 8 more
+    assert header + DESCRIBE_SAFE_BUCKETS * largest <= 0xFFFF
+    assert header + (DESCRIBE_SAFE_BUCKETS + 1) * largest > 0xFFFF - largest  # not too small
