@@ -309,6 +309,9 @@ def test_status_and_dump_commands_show_what_is_installed(lab: Lab) -> None:
         "[fd00:10:96::20]:80",
         "10.96.0.0/",
         "forwarding",
+        # the sandbox's bridge is userspace (netdev): its conntrack goes with ovs-vswitchd
+        "mid-stream flows",
+        "on (datapath netdev: its conntrack goes with ovs-vswitchd)",
     ):
         assert text in out.stdout, text
     as_json = subprocess.run(
@@ -319,6 +322,12 @@ def test_status_and_dump_commands_show_what_is_installed(lab: Lab) -> None:
         timeout=30,
     )
     info = json.loads(as_json.stdout)
+    assert info["ovs"]["mid_stream_flows"] == {
+        "on": True,
+        "setting": "auto",
+        "datapath_type": "netdev",
+        "reason": "datapath netdev: its conntrack goes with ovs-vswitchd",
+    }
     web = next(s for s in info["services"] if s["name"] == "demo/web:http/TCP")
     dump = subprocess.run(
         [sys.executable, "-m", "ovsproxy", "dump", "--address", address],
