@@ -24,7 +24,7 @@ Whether there are mid-stream flows at all is decided once, at start (``choose``)
 only where conntrack goes with ovs-vswitchd, the userspace datapath (``netdev``). The kernel
 datapath (``system``) keeps its conntrack in the kernel, which outlives an ovs-vswitchd
 restart, so there a connection never loses its entry and the flows (one per TCP endpoint,
-about half of what a switch holds, and most of an added endpoint's bytes) would cost memory,
+most of what a switch holds, and most of an added endpoint's bytes) would cost memory,
 start-up time and bytes for nothing. The configuration can force either (``mid_stream_flows``).
 """
 
