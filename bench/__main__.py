@@ -37,8 +37,10 @@ ORDER = [
     "churn",
     "scale",
     "peer-ovn",
+    "peer-kube-proxy",
     "chaos",
     "soak",
+    "http-hostile",
 ]
 
 

@@ -73,6 +73,8 @@ def agent_flags(sb: Sandbox, source: list[str], min_sync_interval: float = 0.0) 
         "bench-node",
         "--metrics-address",
         "127.0.0.1:0",
+        "--health-address",
+        "",
         "--min-sync-interval",
         str(min_sync_interval),
         "--log-format",
@@ -91,6 +93,7 @@ def agent_config(sb: Sandbox, source: dict[str, Any], min_sync_interval: float =
         "netns": sb.netns,
         "node_name": "bench-node",
         "metrics_address": "127.0.0.1:0",
+        "health_address": "",
         "min_sync_interval": min_sync_interval,
         "log_level": "warning",
     }
@@ -162,7 +165,7 @@ async def run_agent(flags: list[str], timeout: float = 600) -> AgentRun:
                     entry = {"msg": line.decode(errors="replace").strip()}
                 log.append(entry)
                 message = str(entry.get("msg", ""))
-                if message.startswith("health and metrics on http://"):
+                if message.startswith("metrics on http://"):  # the operator's listener
                     port = int(message.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
                 if message.startswith("first sync done"):
                     ready_s = float(entry["ts"]) - spawned

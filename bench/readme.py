@@ -687,6 +687,105 @@ def _kube_build(kb: dict[str, Any]) -> list[str]:
     ]
 
 
+_KP_LABELS = {"ours": "ours", "nftables": "kube-proxy nftables", "iptables": "kube-proxy iptables"}
+
+
+def _kp_ratio(goal: dict[str, Any], mode: str) -> str:
+    ratio = goal["ratio_theirs_over_ours"].get(mode)
+    return "-" if ratio is None else f"{ratio:.3g}x"
+
+
+def _kp_opening(kp: dict[str, Any]) -> list[str]:
+    """The opening sentence's ratios against kube-proxy, from the peer run."""
+    goals = kp["goals"]
+    full, endpoint = goals["full_programming"], goals["endpoint_to_traffic"]
+    size = full["figure"].rsplit(" at ", 1)[-1]
+    return [
+        f"Against kube-proxy {kp['versions']['kube_proxy']} on the same API server and"
+        f" content ({size}, `peer-kube-proxy`): full programming to traffic"
+        f" {_kp_ratio(full, 'nftables')} faster than its nftables mode and"
+        f" {_kp_ratio(full, 'iptables')} than its iptables mode; one endpoint change to"
+        f" traffic {_kp_ratio(endpoint, 'nftables')} and {_kp_ratio(endpoint, 'iptables')}.",
+        "",
+    ]
+
+
+def _peer_kube_proxy(kp: dict[str, Any]) -> list[str]:
+    v = kp["versions"]
+    out = [
+        f"### kube-proxy as a peer (`peer-kube-proxy`, kube-proxy {v['kube_proxy']})",
+        "",
+        "Ours and kube-proxy (nftables mode, iptables mode with Debian's"
+        f" `{v['iptables']}`) read one kube-apiserver {v['kube_apiserver']} holding the same"
+        f" Services x {kp['endpoints']} endpoints; kube-proxy runs in a node namespace of its"
+        " own with its KubeProxyConfiguration and Node object, the kernel its datapath; ours"
+        ' programs OVS on the userspace datapath. Clocks from the spawn; "answering": every'
+        " sampled ClusterIP answers a real connection from a client pod. CPU: the proxy and its"
+        " reaped children (nft, iptables-restore); peak RSS: its own (kube-proxy: plus its"
+        " largest child seen).",
+        "",
+        "| Services | proxy | ready | answering | CPU | peak RSS | endpoint to traffic (own"
+        " metric) | connect() p50 / p99 | all endpoints answer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size, row in kp["per_size"].items():
+        for proxy, label in _KP_LABELS.items():
+            r = row.get(proxy)
+            if not r:
+                continue
+            p = r["programming"]
+            if p.get("ready_s") is None:
+                out.append(f"| {int(size):,} | {label} | not within {p['limit_s']:.0f} s |||||||")
+                continue
+            rss = p["peak_rss_mb"] + (p["children_peak_rss_mb"] if proxy != "ours" else 0)
+            extra = (
+                f" (+ OVS {p['ovs_cpu_s']:.1f} s, {p['ovs_peak_rss_mb']:.0f} MB)"
+                if proxy == "ours"
+                else ""
+            )
+            e, d, c = r["endpoint"], r["datapath"], r["content"]
+            out.append(
+                f"| {int(size):,} | {label} | {_s(p['ready_s'])} | {_s(p['answering_s'])}"
+                f" | {p['cpu_s']:.1f} s{extra} | {rss:.0f} MB | {e['to_traffic_ms']:.0f} ms"
+                f" ({e['own_programming_ms']:.0f} ms) | {d['p50_us']:.0f} / {d['p99_us']:.0f} us"
+                f" | {c['all_endpoints_answer']} of {c['sampled']} |"
+            )
+    out += [
+        "",
+        "Churn (one endpoint changed per write; write to installed from each proxy's own"
+        " network-programming histogram, kube-proxy's buckets, so under 0.25 s is coarse):",
+        "",
+        "| proxy | min sync | rate asked (achieved) | p50 | p99 | mean | CPU |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for key, label in (("default_min_sync", "default"), ("min_sync_0", "0")):
+        for proxy, windows in kp["churn"][key].items():
+            interval = kp["min_sync_default_s"][proxy] if key == "default_min_sync" else 0
+            for rate, w in windows.items():
+                out.append(
+                    f"| {_KP_LABELS[proxy]} | {label} ({interval} s) | {rate}"
+                    f" ({w['achieved_per_s']:.0f}/s) | {w['p50_ms']} ms | {w['p99_ms']} ms"
+                    f" | {w['mean_ms']} ms | {w['cpu_s']:.1f} s |"
+                )
+    out += [
+        "",
+        f"Not run: {kp['not_run'].get('100000', '-')}"
+        f" ({kp['load_rate_per_s']:,.0f} objects/s here).",
+        "",
+        "| goal (issue 38) | ours | nftables | iptables | ratios (theirs / ours) | goal | |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for goal in kp["goals"].values():
+        ratios = goal.get("ratio_theirs_over_ours")
+        target = goal["goal"] if isinstance(goal["goal"], str) else goal["goal"]["nftables"]
+        out.append(
+            f"| {goal['figure']} | {goal['ours']} | {goal['nftables']} | {goal['iptables']}"
+            f" | {'-' if ratios is None else ', '.join(f'{m} {_kp_ratio(goal, m)}' for m in ratios)}"  # noqa: E501
+            f" | {target} | {_met(goal['goal_met'])} |"
+        )
+    return [*out, ""]
+
+
 def _others(report: dict[str, Any]) -> list[str]:
     out = ["### The other scenarios", ""]
     enc = report.get("encode")
@@ -736,6 +835,35 @@ def _others(report: dict[str, Any]) -> list[str]:
             f" {fuzz['slowest_decode_ms']} ms (goal < {fuzz['goal_slowest_decode_ms']:g} ms);"
             f" {fuzz['inputs_per_s']:,} inputs/s."
         )
+        for part, what in (("manifests", "manifest files"), ("watch", "watch events")):
+            text = fuzz.get(part)
+            if text:
+                framing = (
+                    f", {text['framing_mismatches']} line-framing mismatches"
+                    if "framing_mismatches" in text
+                    else ""
+                )
+                out.append(
+                    f"  {text['inputs']:,} mutated {what} ({text['seeds']} seeds): "
+                    f"{text['unexpected_exceptions']} unexpected exceptions (goal 0){framing};"
+                    f" slowest {text['slowest_ms']} ms; {text['inputs_per_s']:,} inputs/s; "
+                    f"peak RSS {text['peak_rss_mib']} MiB."
+                )
+    http = report.get("http-hostile")
+    if http and "error" not in http:
+        readers, slow = http["readers"], http["slow_clients"]
+        out.append(
+            f"* `http-hostile`: {http['services']:,} Services x {http['endpoints']}; "
+            f"{readers['clients']} loopback clients reading /status and /dump for "
+            f"{readers['seconds']:g} s ({readers['status_reads']} + {readers['dump_reads']} "
+            f"reads): {readers['probes_failed']} of {readers['probes']} /healthz probes failed "
+            f"(slowest {readers['probe_slowest_ms']} ms; idle {http['idle']['probe_slowest_ms']}"
+            f" ms), a Service change installed in {readers['change_installed_s']} s; "
+            f"{slow['clients']:,} trickling clients on the node address for {slow['seconds']:g}"
+            f" s: {slow['probes_failed']} of {slow['probes']} probes failed (slowest "
+            f"{slow['probe_slowest_ms']} ms), at most {slow['most_descriptors_held']} descriptors"
+            f" held, {slow['log_lines']} log lines."
+        )
     return [*out, ""]
 
 
@@ -774,6 +902,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
     lines = [
         "## Benchmarks",
         "",
+        *(_kp_opening(report["peer-kube-proxy"]) if _ok(report, "peer-kube-proxy") else []),
         "One entry point runs every benchmark; each measures its baseline in the same run and"
         " reports ratios (shared machines drift, ratios much less):",
         "",
@@ -809,6 +938,7 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         *_soak(report["soak"] if _ok(report, "soak") else None),
         *(_peer_ovn(report["peer-ovn"]) if _ok(report, "peer-ovn") else []),
         *(_kube_build(report["kube-build"]) if _ok(report, "kube-build") else []),
+        *(_peer_kube_proxy(report["peer-kube-proxy"]) if _ok(report, "peer-kube-proxy") else []),
         *_others(report),
     ]
     return "\n".join(lines) + "\n"
@@ -857,6 +987,7 @@ def render_files(result: Path, quick: Path | None = None) -> str:
     _newest_result(report, result, "chaos")
     _newest_result(report, result, "soak")
     _newest_result(report, result, "kube-build")
+    _newest_result(report, result, "peer-kube-proxy")
     quick_report = json.loads(quick.read_text()) if quick is not None else None
     repo = Path(__file__).resolve().parents[1]
     try:

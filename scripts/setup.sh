@@ -19,6 +19,7 @@ declare -A PROVIDER=(
   [ip]=iproute2
   [curl]=curl
   [nft]=nftables
+  [iptables-restore]=iptables  # kube-proxy's iptables mode as a peer in bench (peer-kube-proxy)
   [conntrack]=conntrack
   [tcpdump]=tcpdump
 )

@@ -12,6 +12,9 @@ from support.controlplane import (  # noqa: F401  (fixtures and the session chec
 )
 from support.leftovers import no_leftover_sandboxes  # noqa: F401  (session check)
 
+# The suite's own figures (OVSPROXY_RECORD_RESULTS=1): support/suite_record.py's hooks.
+from support.suite_record import pytest_sessionstart, pytest_terminal_summary  # noqa: F401
+
 from ovsproxy.ovs.ovsdb import _import_ovsdbapp
 from ovsproxy.ovs.sandbox import Sandbox
 from tests.shared_sandbox import SandboxState, leave_as_found, pod_servers, read_state

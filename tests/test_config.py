@@ -16,7 +16,9 @@ from ovsproxy.datapath.pipeline import Mode
 def test_defaults_are_the_embedded_sandbox() -> None:
     config = load()
     assert config.embedded and config.mode is Mode.STANDALONE
-    assert config.metrics_host_port == ("127.0.0.1", 10256)
+    # kube-proxy's: health on the node's addresses, metrics (and here /status) on loopback
+    assert config.health_host_port == ("0.0.0.0", 10256)
+    assert config.metrics_host_port == ("127.0.0.1", 10249)
 
 
 def test_file_values_then_flags_win(tmp_path: Path) -> None:
@@ -52,6 +54,11 @@ min-sync-interval: 2
         ({"first_table": "ten"}, "first_table: expected an integer, got 'ten'"),
         ({"ovsdb": "unix:/x"}, "ovsdb and openflow: give both"),
         ({"metrics_address": "nowhere"}, "metrics_address: 'nowhere' is not HOST:PORT"),
+        ({"health_address": "10256"}, "health_address: '10256' is not HOST:PORT"),
+        (
+            {"health_address": "0.0.0.0:10249"},
+            "health_address '0.0.0.0:10249' and metrics_address '127.0.0.1:10249' overlap",
+        ),
         ({"log_format": "xml"}, "log_format: 'xml' is not text or json"),
         ({"first_table": 10, "next_table": 12}, "next_table 12 must be a table outside"),
         ({"manifests": ["a.yaml"], "kubeconfig": "k"}, "choose one source"),

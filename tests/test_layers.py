@@ -37,6 +37,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # the bottom: shared values, and leaf helpers that import nothing of ovsproxy
     # ("" is the package itself: ovsproxy.__version__)
     ("model", "gcpause", "heap", "metrics", "netns", ""),
+    # the bounded HTTP server under metrics' endpoints and the healthCheckNodePort servers
+    ("httpserver",),
 )
 # Allowed imports between two packages of the same layer, (importer, imported), with why.
 SIDEWAYS: Mapping[tuple[str, str], str] = {

@@ -47,7 +47,8 @@ from ovsproxy.openflow.protocol import constants as c
 
 NAME = "fuzz"
 DESCRIPTION = (
-    "1,000,000 mutated OpenFlow messages: decoder and stream framer raise only codec errors"
+    "1,000,000 mutated OpenFlow messages, manifest files and watch events each: decoders, "
+    "stream framers and the manifest parser raise only their own errors, in bounded memory"
 )
 
 SEED = 17
@@ -603,4 +604,19 @@ def _expected_frames(stream: bytes) -> list[bytes]:
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    return fuzz(20_000 if quick else 1_000_000)
+    """OpenFlow messages, then manifest files and watch events (``fuzz_text``): the OpenFlow
+    figures at the top level, the others under ``manifests`` and ``watch``."""
+    from bench.scenarios import fuzz_text
+
+    result = fuzz(20_000 if quick else 1_000_000)
+    result["manifests"] = fuzz_text.fuzz_manifests(2_000 if quick else 1_000_000, SEED)
+    result["watch"] = fuzz_text.fuzz_watch(5_000 if quick else 1_000_000, SEED)
+    result["goal_peak_rss_mib"] = fuzz_text.GOAL_PEAK_RSS_MIB
+    text_ok = all(
+        part["unexpected_exceptions"] == 0
+        and part.get("framing_mismatches", 0) == 0
+        and part["peak_rss_mib"] < fuzz_text.GOAL_PEAK_RSS_MIB
+        for part in (result["manifests"], result["watch"])
+    )
+    result["goals_met"] = result["goals_met"] and text_ok
+    return result

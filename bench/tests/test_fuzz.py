@@ -59,3 +59,15 @@ def test_the_framing_oracle_stops_where_a_framer_must() -> None:
     assert fuzz._expected_frames(a + b + a[:5]) == [a, b]
     garbage = b[:2] + b"\x00\x03" + b[4:]
     assert fuzz._expected_frames(a + garbage + b) == [a]
+
+
+def test_short_manifest_and_watch_fuzz_runs_meet_their_goals() -> None:
+    from bench.scenarios import fuzz_text
+
+    manifests = fuzz_text.fuzz_manifests(600, seed=3)
+    assert manifests["unexpected_exceptions"] == 0, manifests["unexpected_examples"]
+    assert manifests["problems_reported"] > 0 and manifests["valid_objects"] > 0
+    watch = fuzz_text.fuzz_watch(2000, seed=3)
+    assert watch["unexpected_exceptions"] == 0, watch["unexpected_examples"]
+    assert watch["framing_mismatches"] == 0
+    assert watch["decoded"] > 0

@@ -21,6 +21,10 @@ from ovsproxy.proxy.mid_stream import MID_STREAM_SETTINGS
 from ovsproxy.sources.convert import check_service_proxy_name
 from ovsproxy.steering.desired import NodePortAddresses
 
+# kube-proxy's: its healthz on every address, its metrics on loopback (the CLI's default too)
+DEFAULT_HEALTH_ADDRESS = "0.0.0.0:10256"
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:10249"
+
 
 class ConfigError(ValueError):
     pass
@@ -30,11 +34,16 @@ class ConfigError(ValueError):
 class AgentConfig:
     # source
     manifests: tuple[str, ...] = ()
+    # a manifest file larger than this is not read (reported; its last good content stays)
+    manifest_max_bytes: int = 64 << 20
     kubeconfig: str | None = None
     in_cluster: bool = False
     # handle only Services labelled service.kubernetes.io/service-proxy-name=<this>; none:
     # only Services without that label (kube-proxy's rule)
     service_proxy_name: str | None = None
+    # serve every Service without its externalIPs, each Service with them a problem
+    # (proxy.external_ips; kube-proxy is deprecating externalIPs)
+    refuse_external_ips: bool = False
     # OVS; when none of these is given the agent runs its embedded private sandbox
     ovsdb: str | None = None
     openflow: str | None = None
@@ -72,8 +81,11 @@ class AgentConfig:
     # so 0.1 s bounds the latency a change waits for at little CPU (bench churn)
     min_sync_interval: float = 0.1
     full_resync_interval: float = 3600.0
-    # observability
-    metrics_address: str = "127.0.0.1:10256"
+    # observability: the node-facing address serves only the health paths (kube-proxy's
+    # healthz 0.0.0.0:10256; empty: none); the operator's serves /metrics (kube-proxy's
+    # 127.0.0.1:10249) and, on loopback only, /status and /dump
+    health_address: str = DEFAULT_HEALTH_ADDRESS
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
     log_level: str = "info"
     log_format: str = "text"
     # shutdown
@@ -113,11 +125,23 @@ class AgentConfig:
 
     @property
     def metrics_host_port(self) -> tuple[str, int]:
-        host, _, port = self.metrics_address.rpartition(":")
-        return host.strip("[]") or "0.0.0.0", int(port)
+        return _host_port(self.metrics_address)
+
+    @property
+    def health_host_port(self) -> tuple[str, int] | None:
+        """None: no node-facing health listener (``health_address`` empty)."""
+        return _host_port(self.health_address) if self.health_address else None
 
     def service_cidrs(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
         return [ipaddress.ip_network(c, strict=False) for c in self.service_cidr]
+
+
+def _host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    number = int(port)
+    if not sep or not 0 <= number <= 65535:
+        raise ValueError(address)
+    return host.strip("[]") or "0.0.0.0", number
 
 
 _TUPLE_FIELDS = {"manifests", "service_cidr", "host_snat_ip", "node_ip", "node_port_addresses"}
@@ -184,10 +208,27 @@ def validate(config: AgentConfig) -> AgentConfig:
         config.pipeline  # noqa: B018 - validates tables and group range
     except ValueError as exc:
         raise ConfigError(f"pipeline: {exc}") from None
-    try:
-        config.metrics_host_port  # noqa: B018
-    except ValueError:
-        raise ConfigError(f"metrics_address: {config.metrics_address!r} is not HOST:PORT") from None
+    for key in ("metrics_address", "health_address"):
+        address = getattr(config, key)
+        try:
+            if address or key == "metrics_address":
+                _host_port(address)
+        except ValueError:
+            raise ConfigError(f"{key}: {address!r} is not HOST:PORT") from None
+    health = config.health_host_port
+    metrics = config.metrics_host_port
+    wildcard = {"0.0.0.0", "::"}
+    if (
+        health is not None
+        and health[1] != 0
+        and health[1] == metrics[1]
+        and (health[0] == metrics[0] or wildcard & {health[0], metrics[0]})
+    ):
+        raise ConfigError(
+            f"health_address {config.health_address!r} and metrics_address "
+            f"{config.metrics_address!r} overlap; the node's address serves the health paths "
+            "only: give them different ports"
+        )
     if config.log_format not in ("text", "json"):
         raise ConfigError(f"log_format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -209,8 +250,12 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError("min_sync_interval must be >= 0 and full_resync_interval > 0")
     if (config.ovsdb is None) != (config.openflow is None):
         raise ConfigError("ovsdb and openflow: give both (a real OVS) or neither (the sandbox)")
+    if config.manifest_max_bytes < 1:
+        raise ConfigError("manifest_max_bytes must be >= 1")
     if config.manifests and (config.kubeconfig or config.in_cluster):
         raise ConfigError("manifests and kubeconfig/in_cluster: choose one source")
+    if config.kubeconfig and config.in_cluster:
+        raise ConfigError("kubeconfig and in_cluster: choose one")
     return config
 
 

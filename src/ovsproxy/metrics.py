@@ -1,4 +1,4 @@
-"""Prometheus metrics and the /healthz, /livez + /metrics HTTP endpoint.
+"""Prometheus metrics, /healthz, /livez and /readyz, and the HTTP endpoint serving them.
 
 Counters that other packages keep as plain dicts (OpenFlow wire counters, route operations,
 source events) are read at scrape time by collectors, so those packages never import
@@ -9,8 +9,7 @@ Each agent has its own registry: several agents (tests) can run in one process.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,6 +19,17 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from ovsproxy.httpserver import (
+    ConnectionBudget,
+    Handler,
+    HTTPServer,
+    Limits,
+    RateLimitedLog,
+    Request,
+    Response,
+    host_is_local_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -224,65 +234,62 @@ class HealthState:
         return healthy, out
 
 
-class HTTPEndpoint:
-    """A tiny asyncio HTTP/1.0 server for /healthz and /metrics (kube-proxy uses :10256)."""
+def health_routes(health: HealthState) -> dict[str, Handler]:
+    """/healthz and /readyz (the node's eligibility too) and /livez: what a kubelet or a load
+    balancer asks, and all the node's address serves."""
 
-    def __init__(self, metrics: Metrics, health: HealthState, host: str, port: int) -> None:
-        self.metrics = metrics
-        self.health = health
+    def route(node: bool) -> Handler:
+        async def answer(_request: Request) -> Response:
+            healthy, body = health.check(node=node)
+            return Response(200 if healthy else 503, json.dumps(body).encode(), "application/json")
+
+        return answer
+
+    return {"/healthz": route(True), "/readyz": route(True), "/livez": route(False)}
+
+
+def metrics_route(metrics: Metrics) -> Handler:
+    async def answer(_request: Request) -> Response:
+        return Response(200, metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+
+    return answer
+
+
+class HTTPEndpoint:
+    """One listening address and the routes it serves (a GET of an exact path each).
+
+    ``local_names_only``: requests naming any host but an IP literal or localhost are refused
+    (403), so a web page that rebinds its DNS name to 127.0.0.1 cannot read what loopback
+    serves."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        routes: Mapping[str, Handler],
+        *,
+        limits: Limits | None = None,
+        local_names_only: bool = False,
+    ) -> None:
         self.host = host
         self.port = port
-        self._server: asyncio.base_events.Server | None = None
-        # path -> callable returning a dict (served as JSON) or a str (served as text)
-        self.extra_routes: dict[str, Callable[[], Any]] = {}
+        self.routes = dict(routes)
+        self.local_names_only = local_names_only
+        self.budget = ConnectionBudget(limits or Limits(), RateLimitedLog(log))
+        self._server = HTTPServer(self._handle, self.budget)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
+        self.port = await self._server.listen(self.host, self.port)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        await self._server.close()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        import json
-
-        try:
-            request = await asyncio.wait_for(reader.readline(), timeout=5)
-            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (b"\r\n", b""):
-                pass
-            parts = request.decode("latin-1").split()
-            path = parts[1] if len(parts) >= 2 else "/"
-            path = path.split("?", 1)[0]
-            if path in ("/healthz", "/livez", "/readyz"):
-                healthy, body = self.health.check(node=path != "/livez")
-                status = "200 OK" if healthy else "503 Service Unavailable"
-                payload = json.dumps(body).encode()
-                ctype = "application/json"
-            elif path in self.extra_routes:
-                result = self.extra_routes[path]()
-                if isinstance(result, str):
-                    status, payload, ctype = "200 OK", result.encode(), "text/plain"
-                else:
-                    status, payload = "200 OK", json.dumps(result).encode()
-                    ctype = "application/json"
-            elif path == "/metrics":
-                status, payload = "200 OK", self.metrics.render()
-                ctype = "text/plain; version=0.0.4; charset=utf-8"
-            else:
-                status, payload, ctype = "404 Not Found", b"not found\n", "text/plain"
-            head = (
-                f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + payload)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    async def _handle(self, request: Request) -> Response:
+        if request.method != "GET":
+            return Response(405, b"only GET\n", headers=(("Allow", "GET"),))
+        if self.local_names_only and not host_is_local_name(request.headers.get("host")):
+            return Response(403, b"served to loopback clients naming an IP or localhost only\n")
+        route = self.routes.get(request.path)
+        if route is None:
+            return Response(404, b"not found\n")
+        return await route(request)

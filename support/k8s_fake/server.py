@@ -136,6 +136,16 @@ class _Bookmark:
     resource_version: int
 
 
+@dataclass(frozen=True)
+class _Raw:
+    """Bytes written into a watch stream as they are (no JSON, no newline added)."""
+
+    resource_version: int
+    plural: str
+    data: bytes
+    repeat: int = 1
+
+
 @dataclass(eq=False)
 class _Watcher:
     plural: str
@@ -143,7 +153,7 @@ class _Watcher:
     selector: list[tuple[str, str, str | None]]
     bookmarks: bool
     fields: list[tuple[str, str, str | None]] = field(default_factory=list)
-    queue: asyncio.Queue[_Change | _Bookmark | str] = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[_Change | _Bookmark | _Raw | str] = field(default_factory=asyncio.Queue)
 
 
 _STREAM_HEAD = (
@@ -181,6 +191,7 @@ class FakeKubeApi:
         self._rv = 1
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {p: {} for p in _BY_PLURAL}
         self._history: list[_Change] = []
+        self._raw: list[_Raw] = []  # bytes in the streams, at their resourceVersion
         self._oldest_rv = 1  # a watch may start from here on
         self._snapshots: dict[int, tuple[int, list[Obj]]] = {}
         self._snapshot_ids = itertools.count(1)
@@ -283,6 +294,19 @@ class FakeKubeApi:
         count = len(self._watchers)
         self._watchers.clear()  # what happens from now on is not theirs to see
         return count
+
+    def send_raw(self, plural: str, data: bytes, *, repeat: int = 1) -> int:
+        """Write ``data`` (``repeat`` times) into the watch streams of ``plural`` as it is, at
+        a new resourceVersion: what a broken server or proxy sends, a malformed event or a
+        line without end. Watches resumed from an older version get it again (it is in the
+        history, as an event is); lists are not affected. Returns its resourceVersion."""
+        self._rv += 1
+        raw = _Raw(self._rv, plural, data, repeat)
+        self._raw.append(raw)
+        for watcher in self._watchers:
+            if watcher.plural == plural:
+                watcher.queue.put_nowait(raw)
+        return self._rv
 
     def send_bookmarks(self) -> None:
         for watcher in self._watchers:
@@ -469,16 +493,22 @@ class FakeKubeApi:
         watcher = _Watcher(
             plural, namespace, selector, params.get("allowWatchBookmarks") == "true", fields
         )
-        replay: list[Obj] = []
+        replay: list[Obj | _Raw] = []
         if since in ("", "0"):
             # "Any version": the current state as ADDED events, then changes.
             for key, obj in sorted(self._objects[plural].items()):
                 if (not namespace or key[0] == namespace) and self._selected(selector, fields, obj):
                     replay.append({"type": "ADDED", "object": obj})
         else:
-            for change in self._history:
-                if change.resource_version > int(since) and change.plural == plural:
-                    event = self._event_for(watcher, change)
+            since_rv = int(since)
+            changes = [c for c in self._history if c.resource_version > since_rv]
+            raws = [r for r in self._raw if r.resource_version > since_rv and r.plural == plural]
+            # In resourceVersion order: a raw line stays where it was sent among the events.
+            for item in sorted([*changes, *raws], key=lambda item: item.resource_version):
+                if isinstance(item, _Raw):
+                    replay.append(item)
+                elif item.plural == plural:
+                    event = self._event_for(watcher, item)
                     if event is not None:
                         replay.append(event)
         # Registered in the same step as the replay was taken: no change can fall between.
@@ -486,7 +516,10 @@ class FakeKubeApi:
         writer.write(_STREAM_HEAD)
         try:
             for event in replay:
-                await self._chunk(writer, event)
+                if isinstance(event, _Raw):
+                    await self._write_raw(writer, event)
+                else:
+                    await self._chunk(writer, event)
             await self._stream(writer, watcher, float(params.get("timeoutSeconds") or 1800))
         finally:
             self._watchers.discard(watcher)
@@ -527,10 +560,19 @@ class FakeKubeApi:
                         writer, {"type": "BOOKMARK", "object": {"kind": kind, "metadata": meta}}
                     )
                 continue
+            if isinstance(item, _Raw):
+                await self._write_raw(writer, item)
+                continue
             assert isinstance(item, _Change)
             event = self._event_for(watcher, item)
             if event is not None:
                 await self._chunk(writer, event)
+
+    @staticmethod
+    async def _write_raw(writer: asyncio.StreamWriter, raw: _Raw) -> None:
+        for _ in range(raw.repeat):
+            writer.write(b"%x\r\n%s\r\n" % (len(raw.data), raw.data))
+            await writer.drain()
 
     @staticmethod
     async def _chunk(writer: asyncio.StreamWriter, event: Obj) -> None:

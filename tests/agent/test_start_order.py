@@ -22,6 +22,7 @@ async def test_the_source_lists_while_the_node_ingress_is_still_starting(tmp_pat
         ovsdb=f"unix:{tmp_path}/db.sock",
         openflow=f"unix:{tmp_path}/br.mgmt",
         metrics_address="127.0.0.1:0",
+        health_address="",
     )
     assert config.steers  # the default: node-side steering runs, before OVSDB
     agent = Agent(config)

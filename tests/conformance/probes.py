@@ -17,12 +17,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from support.apiserver import NAMESPACE, Pod
 
 from ovsproxy.lab import evidence
 from ovsproxy.lab.cluster import Lab, LabNode
 from ovsproxy.model import IPFamily
 from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
+
+from .kube import NAMESPACE, Pod
 
 
 def client_pod(node: LabNode) -> str:

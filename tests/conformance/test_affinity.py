@@ -16,12 +16,11 @@ import time
 from typing import Any
 
 import pytest
-from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .conftest import pod
+from .kube import Cluster, Port, pod
 from .probes import (
     Gaps,
     client_pod,
@@ -72,12 +71,10 @@ class Target:
 
 
 def _affinity_service(
-    lab: Lab, cp: ControlPlane, family: IPFamily, name: str, type: str, gaps: Gaps, **spec: Any
+    lab: Lab, cp: Cluster, family: IPFamily, name: str, type: str, gaps: Gaps, **spec: Any
 ) -> Target:
     pods = [pod(lab, p) for p in PODS]
-    cp.create_service(
-        name, family, [Port("", 80, HTTP_PORT)], type=type, slices_first=False, **spec
-    )
+    cp.create_service(name, family, [Port("", 80, HTTP_PORT)], type=type, **spec)
     cp.set_pods(name, pods)
     wanted = endpoints_of(pods, family, HTTP_PORT)
     wait_programmed(lab, port_name(name, ""), wanted)
@@ -104,7 +101,7 @@ def _affinity_service(
 
 
 def _affinity_test(
-    lab: Lab, cp: ControlPlane, family: IPFamily, type: str, gaps: Gaps, transition: bool
+    lab: Lab, cp: Cluster, family: IPFamily, type: str, gaps: Gaps, transition: bool
 ) -> None:
     name = f"affinity-{type.lower()}{'-transition' if transition else ''}"
     target = _affinity_service(lab, cp, family, name, type, gaps, sessionAffinity="ClientIP")
@@ -130,9 +127,7 @@ def _wait_affinity(lab: Lab, name: str, seconds: int) -> None:
     )
 
 
-def _affinity_timeout_test(
-    lab: Lab, cp: ControlPlane, family: IPFamily, type: str, gaps: Gaps
-) -> None:
+def _affinity_timeout_test(lab: Lab, cp: Cluster, family: IPFamily, type: str, gaps: Gaps) -> None:
     name = f"affinity-{type.lower()}-timeout"
     target = _affinity_service(
         lab,
@@ -165,7 +160,7 @@ def _affinity_timeout_test(
 
 
 def test_should_have_session_affinity_work_for_service_with_type_clusterIP(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should have session affinity work for service with
     type clusterIP [LinuxOnly] [Conformance]".
@@ -179,7 +174,7 @@ def test_should_have_session_affinity_work_for_service_with_type_clusterIP(
 
 
 def test_should_be_able_to_switch_session_affinity_for_service_with_type_clusterIP(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to switch session affinity for service
     with type clusterIP [LinuxOnly] [Conformance]".
@@ -193,7 +188,7 @@ def test_should_be_able_to_switch_session_affinity_for_service_with_type_cluster
 
 
 def test_should_have_session_affinity_timeout_work_for_service_with_type_clusterIP(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should have session affinity timeout work for service
     with type clusterIP [LinuxOnly]".
@@ -208,7 +203,7 @@ def test_should_have_session_affinity_timeout_work_for_service_with_type_cluster
 
 
 def test_should_have_session_affinity_work_for_NodePort_service(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should have session affinity work for NodePort
     service [LinuxOnly] [Conformance]".
@@ -220,7 +215,7 @@ def test_should_have_session_affinity_work_for_NodePort_service(
 
 
 def test_should_be_able_to_switch_session_affinity_for_NodePort_service(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to switch session affinity for
     NodePort service [LinuxOnly] [Conformance]".
@@ -232,7 +227,7 @@ def test_should_be_able_to_switch_session_affinity_for_NodePort_service(
 
 
 def test_should_have_session_affinity_timeout_work_for_NodePort_service(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should have session affinity timeout work for
     NodePort service [LinuxOnly]".

@@ -15,13 +15,12 @@ import subprocess
 import time
 
 import pytest
-from support.apiserver import ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 from ovsproxy.ovs.traffic import TCP_TIMEOUT_S
 
-from .conftest import pod
+from .kube import Cluster, Port, pod
 from .probes import (
     POD_TO_OWN_NODE_GAP,
     Gaps,
@@ -99,7 +98,7 @@ def assert_nodeport_unreachable(
 
 
 def test_should_be_able_to_create_a_functioning_NodePort_service(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to create a functioning NodePort
     service [Conformance]".
@@ -123,7 +122,7 @@ def test_should_be_able_to_create_a_functioning_NodePort_service(
 
 
 def test_should_be_able_to_update_service_type_to_NodePort_listening_on_same_port_number_but_different_protocols(  # noqa: E501
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to update service type to NodePort
     listening on same port number but different protocols".
@@ -132,8 +131,10 @@ def test_should_be_able_to_update_service_type_to_NodePort_listening_on_same_por
     nodePort; then to tcp-port 80/TCP plus udp-port 80/UDP: two nodePorts are allocated and
     TCP and UDP are both served.
 
-    Beyond upstream: the TCP nodePort is kept across the second update; UDP on its nodePort
-    answers from every client; every agent lists both ports with their nodePorts."""
+    Beyond upstream: the TCP nodePort is kept across the second update (the update names no
+    nodePort, as upstream's; kube-apiserver carries a port's nodePort over by the port's
+    name); UDP on its nodePort answers from every client; every agent lists both ports with
+    their nodePorts."""
     pods = [pod(lab, "echo-1"), pod(lab, "echo-2")]
     tcp, udp_port = Port("tcp-port", 80, 80, "TCP"), Port("udp-port", 80, 80, "UDP")
     cp.create_service("nodeport-update-service", family, [tcp], pods=pods)
@@ -141,20 +142,9 @@ def test_should_be_able_to_update_service_type_to_NodePort_listening_on_same_por
     wait_programmed(lab, tcp_name, endpoints_of(pods, family, 80))
 
     def to_node_port(*ports: Port):
-        def mutate(svc: dict) -> None:
+        def mutate(svc: dict) -> None:  # as upstream: the ports without their nodePorts
             svc["spec"]["type"] = "NodePort"
-            old = {p["name"]: p for p in svc["spec"]["ports"]}
-            svc["spec"]["ports"] = [
-                {
-                    **ControlPlane._port(p),
-                    **(
-                        {"nodePort": old[p.name]["nodePort"]}
-                        if "nodePort" in old.get(p.name, {})
-                        else {}
-                    ),
-                }
-                for p in ports
-            ]
+            svc["spec"]["ports"] = [p.as_dict() for p in ports]
 
         return mutate
 
@@ -177,7 +167,7 @@ def test_should_be_able_to_update_service_type_to_NodePort_listening_on_same_por
 
 
 def test_should_release_NodePorts_on_delete(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should release NodePorts on delete".
 
@@ -186,7 +176,8 @@ def test_should_release_NodePorts_on_delete(
 
     Beyond upstream: no listening socket on any node (the proxy holds none), the nodePort no
     longer answers from any client on any node after the delete, and the new Service with the
-    same nodePort is reachable there again, with its own pods."""
+    same nodePort (the API server's allocator accepting it is upstream's check that it was
+    released) is reachable there again, with its own pods."""
     pods = [pod(lab, "web-1")]
     cp.create_service("nodeport-reuse", family, [HTTP], type="NodePort", pods=pods)
     node_port = cp.node_port("nodeport-reuse")
@@ -195,7 +186,7 @@ def test_should_release_NodePorts_on_delete(
     assert_nodeport_reaches(lab, gaps, family, node_port, {"web-1"}, count=3)
 
     cp.delete_service("nodeport-reuse")
-    assert not cp.node_port_in_use(node_port)
+    cp.delete_pod("web-1")  # (a pod outlives its Service: the new one would select it too)
     wait_absent(lab, "nodeport-reuse")
     for node in lab.nodes.values():
         listening = subprocess.run(
@@ -223,7 +214,7 @@ def test_should_release_NodePorts_on_delete(
 
 
 def test_should_be_able_to_preserve_UDP_traffic_when_server_pod_cycles_for_a_NodePort_service(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Conntrack should be able to preserve UDP traffic when server pod
     cycles for a NodePort service".
@@ -238,7 +229,7 @@ def test_should_be_able_to_preserve_UDP_traffic_when_server_pod_cycles_for_a_Nod
     answered by the new backend right after the agents report it (3 s budget, not a minute),
     and never again by the deleted one."""
     port = Port("udp", 80, 80, "UDP")
-    cp.create_service("udp-cycle", family, [port], type="NodePort", slices_first=False)
+    cp.create_service("udp-cycle", family, [port], type="NodePort")
     node_port = cp.node_port("udp-cycle")
     name = port_name("udp-cycle", "udp", "UDP")
     wait_node_port(lab, name, node_port)
@@ -275,27 +266,27 @@ def test_should_be_able_to_preserve_UDP_traffic_when_server_pod_cycles_for_a_Nod
 
     backend2 = pod(lab, "echo-2b")
     cp.add_pod("udp-cycle", backend2)
-    cp.delete_pod("udp-cycle", "echo-2")
+    cp.delete_pod("echo-2")
     wait_programmed(lab, name, endpoints_of([backend2], family, 80))
     answered_by("echo-2b")
     out = send(10)
     assert out["counts"] == {"echo-2b": 10}, out
 
 
-def _terminating_nodeport(lab: Lab, cp: ControlPlane, family: IPFamily, **spec: object) -> int:
+def _terminating_nodeport(lab: Lab, cp: Cluster, family: IPFamily, **spec: object) -> int:
     web = pod(lab, "web-1")
     cp.create_service("svc-proxy-terminating", family, [HTTP], type="NodePort", pods=[web], **spec)
     name = port_name("svc-proxy-terminating", "http")
     node_port = cp.node_port("svc-proxy-terminating")
     wait_node_port(lab, name, node_port)
-    cp.terminate_pod("svc-proxy-terminating", "web-1", drains=True)
+    cp.terminate_pod("web-1", drains=True)
     ready = endpoints_of([web], family, HTTP_PORT)
     wait_programmed(lab, name, ready)  # the cluster set falls back to the terminating one
     return node_port
 
 
 def test_should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_externallTrafficPolicy_Cluster(  # noqa: E501
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should fallback to terminating endpoints when there
     are no ready endpoints with externallTrafficPolicy=Cluster" (sic).
@@ -311,7 +302,7 @@ def test_should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoi
 
 
 def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_externalTrafficPolicy_Local(  # noqa: E501
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should fallback to local terminating endpoints when
     there are no ready endpoints with externalTrafficPolicy=Local".
@@ -341,7 +332,7 @@ def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_
 
 
 def test_should_be_able_to_change_the_type_from_ExternalName_to_NodePort(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to change the type from ExternalName to
     NodePort [Conformance]".
@@ -360,7 +351,8 @@ def test_should_be_able_to_change_the_type_from_ExternalName_to_NodePort(
     def to_node_port(svc: dict) -> None:
         svc["spec"]["type"] = "NodePort"
         svc["spec"].pop("externalName")
-        svc["spec"]["ports"] = [ControlPlane._port(HTTP)]
+        svc["spec"]["ports"] = [HTTP.as_dict()]
+        svc["spec"]["ipFamilies"] = [family.name]  # else the server's first family (IPv4)
 
     cp.update_service("externalname-service", to_node_port)
     pods = [pod(lab, "web-1"), pod(lab, "web-2")]
@@ -375,7 +367,7 @@ def test_should_be_able_to_change_the_type_from_ExternalName_to_NodePort(
 
 
 def test_should_be_able_to_change_the_type_from_NodePort_to_ExternalName(
-    lab: Lab, cp: ControlPlane, gaps: Gaps, family: IPFamily
+    lab: Lab, cp: Cluster, gaps: Gaps, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to change the type from NodePort to
     ExternalName [Conformance]".
@@ -385,7 +377,8 @@ def test_should_be_able_to_change_the_type_from_NodePort_to_ExternalName(
 
     Beyond upstream: the proxy's side: before, it answers on the ClusterIP and every node's
     nodePort; after, no agent has it, no flow matches its ClusterIP, and neither the ClusterIP
-    nor the nodePort answers on any node."""
+    nor the nodePort answers on any node; the API server gives that nodePort to a new Service
+    (released)."""
     pods = [pod(lab, "web-1"), pod(lab, "web-2")]
     cp.create_service("nodeport-service", family, [HTTP], type="NodePort", pods=pods)
     name = port_name("nodeport-service", "http")
@@ -400,8 +393,15 @@ def test_should_be_able_to_change_the_type_from_NodePort_to_ExternalName(
     after = cp.update_service("nodeport-service", to_external_name)
     assert "clusterIP" not in after["spec"]
     assert not any("nodePort" in p for p in after["spec"]["ports"])
-    assert not cp.node_port_in_use(node_port)
     wait_absent(lab, "nodeport-service")
     assert_not_programmed(lab, ip)
     assert_nodeport_unreachable(lab, family, node_port, nodes=("node-1", "node-2", "node-3"))
+    # Released: the API server's allocator gives the same nodePort to a new Service.
+    again = cp.create_service(
+        "nodeport-again",
+        family,
+        [Port("http", 80, HTTP_PORT, node_port=node_port)],
+        type="NodePort",
+    )
+    assert again["spec"]["ports"][0]["nodePort"] == node_port
     gaps.finish()

@@ -3,10 +3,12 @@ to the 3-node lab: ClusterIP Services, type changes that keep or drop a ClusterI
 service-proxy-name and headless labels, rejection, and terminating endpoints.
 
 Each test's docstring quotes the upstream name, says what upstream checks, and what ours
-checks beyond it. Upstream validates the Endpoints/EndpointSlice objects (the controller's
-job, which the ControlPlane double does here) and polls reachability from one exec pod; ours
-waits until every agent programs the expected endpoints and then asserts every answer, from
-every node's client pod and every node's own namespace.
+checks beyond it. The Services, Pods and EndpointSlices are the real control plane's
+(``Lab(kube=True)``: kube-apiserver allocates, kube-controller-manager makes the slices; see
+kube.py). Upstream validates the Endpoints/EndpointSlice objects (the controller's job) and
+polls reachability from one exec pod; ours waits until every agent programs the expected
+endpoints and then asserts every answer, from every node's client pod and every node's own
+namespace.
 """
 
 from __future__ import annotations
@@ -14,12 +16,11 @@ from __future__ import annotations
 import functools
 
 import pytest
-from support.apiserver import HEADLESS_LABEL, PROXY_NAME_LABEL, ControlPlane, Port
 
 from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.model import IPFamily
 
-from .conftest import pod
+from .kube import HEADLESS_LABEL, PROXY_NAME_LABEL, Cluster, Port, pod
 from .probes import (
     assert_not_programmed,
     assert_reaches,
@@ -42,9 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 HTTP = Port("http", 80, HTTP_PORT)
 
 
-def test_should_serve_a_basic_endpoint_from_pods(
-    lab: Lab, cp: ControlPlane, family: IPFamily
-) -> None:
+def test_should_serve_a_basic_endpoint_from_pods(lab: Lab, cp: Cluster, family: IPFamily) -> None:
     """Upstream: "[sig-network] Services should serve a basic endpoint from pods [Conformance]".
 
     A Service (port 80 -> 80) with no pod shows no endpoints; pod1 starts: its endpoint is
@@ -55,7 +54,7 @@ def test_should_serve_a_basic_endpoint_from_pods(
     every node's pod and node namespace; deleted pods go terminating before they disappear,
     and are still running, so a stale bucket would answer; with no endpoint, connections are
     refused (TCP RST), before the first pod and after the last."""
-    cp.create_service("endpoint-test2", family, [Port("", 80, 80)], slices_first=False)
+    cp.create_service("endpoint-test2", family, [Port("", 80, 80)])
     ip = cp.cluster_ip("endpoint-test2")
     name = port_name("endpoint-test2", "")
     pod1, pod2 = pod(lab, "echo-1"), pod(lab, "echo-2")
@@ -71,17 +70,17 @@ def test_should_serve_a_basic_endpoint_from_pods(
     wait_programmed(lab, name, endpoints_of([pod1, pod2], family, 80))
     assert_reaches(lab, ip, 80, {"echo-1", "echo-2"})
 
-    cp.delete_pod("endpoint-test2", "echo-1")
+    cp.delete_pod("echo-1")
     wait_programmed(lab, name, endpoints_of([pod2], family, 80))
     assert_reaches(lab, ip, 80, {"echo-2"})
 
-    cp.delete_pod("endpoint-test2", "echo-2")
+    cp.delete_pod("echo-2")
     wait_programmed(lab, name, set())
     assert_refused(lab, ip, 80)
 
 
 def test_should_serve_multiport_endpoints_from_pods(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should serve multiport endpoints from pods
     [Conformance]".
@@ -95,7 +94,7 @@ def test_should_serve_multiport_endpoints_from_pods(
     port 81 only pod2 on 101, each checked at every step; a port whose only pod is gone is
     refused while the other keeps working."""
     ports = [Port("portname1", 80, "svc1"), Port("portname2", 81, "svc2")]
-    cp.create_service("multi-endpoint-test", family, ports, slices_first=False)
+    cp.create_service("multi-endpoint-test", family, ports)
     ip = cp.cluster_ip("multi-endpoint-test")
     first, second = (
         port_name("multi-endpoint-test", "portname1"),
@@ -115,18 +114,18 @@ def test_should_serve_multiport_endpoints_from_pods(
     assert_reaches(lab, ip, 80, {"echo-1"}, served_port=100)
     assert_reaches(lab, ip, 81, {"echo-2"}, served_port=101)
 
-    cp.delete_pod("multi-endpoint-test", "echo-1")
+    cp.delete_pod("echo-1")
     wait_programmed(lab, first, set())
     assert_refused(lab, ip, 80)
     assert_reaches(lab, ip, 81, {"echo-2"}, served_port=101)
 
-    cp.delete_pod("multi-endpoint-test", "echo-2")
+    cp.delete_pod("echo-2")
     wait_programmed(lab, second, set())
     assert_refused(lab, ip, 81)
 
 
 def test_should_serve_endpoints_on_same_port_and_different_protocols(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should serve endpoints on same port and different
     protocols [Conformance]".
@@ -135,9 +134,10 @@ def test_should_serve_endpoints_on_same_port_and_different_protocols(
     both are forwarded. Updated to the TCP port only: TCP works, UDP stops; to the UDP port
     only: UDP works, TCP stops.
 
-    Beyond upstream: from every node's pod and namespace; the pod's endpoint appears in the
-    slice before the Service does; after each update the removed protocol's port is gone
-    from every agent (not merely failing somewhere)."""
+    Beyond upstream: from every node's pod and namespace; after each update the removed
+    protocol's port is gone from every agent (not merely failing somewhere). (The double this
+    test ran against before published the slice before the Service; the real controller
+    writes it after the Service, as here.)"""
     tcp, udp_port = Port("tcp-port", 80, 80, "TCP"), Port("udp-port", 80, 80, "UDP")
     pod1 = pod(lab, "echo-1")
     cp.create_service("multiprotocol-test", family, [tcp, udp_port], pods=[pod1])
@@ -152,7 +152,7 @@ def test_should_serve_endpoints_on_same_port_and_different_protocols(
 
     def only(port: Port):
         def mutate(svc: dict) -> None:
-            svc["spec"]["ports"] = [ControlPlane._port(port)]
+            svc["spec"]["ports"] = [port.as_dict()]
 
         return mutate
 
@@ -170,7 +170,7 @@ def test_should_serve_endpoints_on_same_port_and_different_protocols(
 
 
 def test_should_be_able_to_change_the_type_from_ExternalName_to_ClusterIP(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to change the type from ExternalName to
     ClusterIP [Conformance]".
@@ -190,7 +190,9 @@ def test_should_be_able_to_change_the_type_from_ExternalName_to_ClusterIP(
     def to_cluster_ip(svc: dict) -> None:
         svc["spec"]["type"] = "ClusterIP"
         svc["spec"].pop("externalName")
-        svc["spec"]["ports"] = [ControlPlane._port(HTTP)]
+        svc["spec"]["ports"] = [HTTP.as_dict()]
+        # The family asked for (a dual-stack server gives its first family, IPv4, otherwise).
+        svc["spec"]["ipFamilies"] = [family.name]
 
     cp.update_service("externalname-service", to_cluster_ip)
     pods = [pod(lab, "web-1"), pod(lab, "web-2")]
@@ -203,7 +205,7 @@ def test_should_be_able_to_change_the_type_from_ExternalName_to_ClusterIP(
 
 
 def test_should_be_able_to_change_the_type_from_ClusterIP_to_ExternalName(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be able to change the type from ClusterIP to
     ExternalName [Conformance]".
@@ -233,7 +235,7 @@ def test_should_be_able_to_change_the_type_from_ClusterIP_to_ExternalName(
     assert_unreachable(lab, ip, 80)
 
 
-def _proxy_label_test(lab: Lab, cp: ControlPlane, family: IPFamily, labels: dict) -> None:
+def _proxy_label_test(lab: Lab, cp: Cluster, family: IPFamily, labels: dict) -> None:
     """service-proxy-name and headless, as upstream: one Service created with the label (never
     served), one toggled (served, labelled: not served, unlabelled: served again)."""
     pods = [pod(lab, f"web-{i}") for i in (1, 2, 3)]
@@ -270,7 +272,7 @@ def _proxy_label_test(lab: Lab, cp: ControlPlane, family: IPFamily, labels: dict
 
 
 def test_should_implement_service_kubernetes_io_service_proxy_name(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should implement service.kubernetes.io/service-proxy-name".
 
@@ -285,7 +287,7 @@ def test_should_implement_service_kubernetes_io_service_proxy_name(
 
 
 def test_should_implement_service_kubernetes_io_headless(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should implement service.kubernetes.io/headless".
 
@@ -298,7 +300,7 @@ def test_should_implement_service_kubernetes_io_headless(
 
 
 def test_should_be_rejected_when_no_endpoints_exist(
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should be rejected when no endpoints exist".
 
@@ -323,7 +325,7 @@ def test_should_be_rejected_when_no_endpoints_exist(
 
 
 def _terminating_service(
-    lab: Lab, cp: ControlPlane, family: IPFamily, name: str, local: bool = False, **spec: object
+    lab: Lab, cp: Cluster, family: IPFamily, name: str, local: bool = False, **spec: object
 ) -> str:
     """Upstream's set-up: one webserver pod on node0 (node-1), then deleted with a long grace
     period: its endpoint is terminating but still serving (the pod answers while it drains).
@@ -334,12 +336,12 @@ def _terminating_service(
     wait_programmed(
         lab, port_name(name, "http"), lambda node: ready if node == "node-1" or not local else set()
     )
-    cp.terminate_pod(name, "web-1", drains=True)
+    cp.terminate_pod("web-1", drains=True)
     return cp.cluster_ip(name)
 
 
 def test_should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_internalTrafficPolicy_Cluster(  # noqa: E501
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should fallback to terminating endpoints when there
     are no ready endpoints with internalTrafficPolicy=Cluster".
@@ -356,13 +358,13 @@ def test_should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoi
     )
     for _ in range(3):
         assert_reaches(lab, ip, 80, {"web-1"}, count=5)
-    cp.set_pods("svc-proxy-terminating", [])
+    cp.remove_pod("web-1")
     wait_programmed(lab, port_name("svc-proxy-terminating", "http"), set())
     assert_refused(lab, ip, 80)
 
 
 def test_should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_internalTrafficPolicy_Local(  # noqa: E501
-    lab: Lab, cp: ControlPlane, family: IPFamily
+    lab: Lab, cp: Cluster, family: IPFamily
 ) -> None:
     """Upstream: "[sig-network] Services should fallback to local terminating endpoints when
     there are no ready endpoints with internalTrafficPolicy=Local".

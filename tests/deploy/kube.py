@@ -1,24 +1,22 @@
 """What the deploy tests check manifests with: a kustomization loader for the fields deploy/
-uses, Kubernetes' OpenAPI schemas (kubernetes-validate), kubectl's client-side dry run and
-hadolint. Each check returns its findings; the tests assert on them."""
+uses, Kubernetes' OpenAPI schemas (kubernetes-validate), the real kube-apiserver's server-side
+dry run (``kubectl apply --dry-run=server``) and hadolint. Each check returns its findings;
+the tests assert on them."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import yaml
+
+from ovsproxy.lab.controlplane import ControlPlane, kube_binary
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -146,134 +144,27 @@ def schema_errors(doc: Doc, version: str) -> list[str]:
 
 
 # -- kubectl ---------------------------------------------------------------------------------
-def kubectl() -> str | None:
-    return shutil.which("kubectl")
+def kubectl() -> str:
+    """kubectl of the pinned release (scripts/build-kube.sh builds it with the server)."""
+    return str(kube_binary("kubectl"))
 
 
-# What the fake API server's discovery serves: the resource types the manifests may use.
-DISCOVERY: dict[str, list[tuple[str, str, bool]]] = {
-    "v1": [
-        ("configmaps", "ConfigMap", True),
-        ("namespaces", "Namespace", False),
-        ("serviceaccounts", "ServiceAccount", True),
-        ("services", "Service", True),
-    ],
-    "apps/v1": [("daemonsets", "DaemonSet", True), ("deployments", "Deployment", True)],
-    "discovery.k8s.io/v1": [("endpointslices", "EndpointSlice", True)],
-    "networking.k8s.io/v1": [("servicecidrs", "ServiceCIDR", False)],
-    "rbac.authorization.k8s.io/v1": [
-        ("clusterrolebindings", "ClusterRoleBinding", False),
-        ("clusterroles", "ClusterRole", False),
-        ("rolebindings", "RoleBinding", True),
-        ("roles", "Role", True),
-    ],
-}
+def server_dry_run(
+    api: ControlPlane, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply --dry-run=server ARGS` (e.g. `-f FILE`, `-k DIR`, `-f -` with ``stdin``)
+    as the admin against the real kube-apiserver: every object goes through the server's
+    decoding with strict field validation (unknown and duplicate fields are errors), its
+    defaulting, validation and admission, and nothing is stored."""
+    return api.kubectl(
+        "apply", "--dry-run=server", "--validate=strict", *args, input=stdin, check=False
+    )
 
 
-def _resource_list(group_version: str) -> Doc:
-    return {
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": group_version,
-        "resources": [
-            {
-                "name": plural,
-                "singularName": kind.lower(),
-                "namespaced": namespaced,
-                "kind": kind,
-                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
-            }
-            for plural, kind, namespaced in DISCOVERY[group_version]
-        ],
-    }
-
-
-def _group_list() -> Doc:
-    groups = []
-    for group_version in DISCOVERY:
-        if "/" not in group_version:
-            continue
-        group, version = group_version.split("/")
-        entry = {"groupVersion": group_version, "version": version}
-        groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
-
-
-class _DiscoveryOnly(BaseHTTPRequestHandler):
-    """API discovery, and 404 for every object: a client-side dry run then means "create".
-    No OpenAPI document (kubectl runs with --validate=false; the schemas are checked by
-    kubernetes-validate)."""
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        body: Doc
-        if path == "/api":
-            body = {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
-        elif path == "/apis":
-            body = _group_list()
-        elif path == "/api/v1":
-            body = _resource_list("v1")
-        elif path.startswith("/apis/") and path.count("/") == 3 and path[6:] in DISCOVERY:
-            body = _resource_list(path[6:])
-        else:
-            self._send(
-                404,
-                {
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "status": "Failure",
-                    "reason": "NotFound",
-                    "code": 404,
-                    "message": f"{path} not found",
-                },
-            )
-            return
-        self._send(200, body)
-
-    def _send(self, code: int, body: Doc) -> None:
-        payload = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextmanager
-def discovery_server(workdir: Path) -> Iterator[dict[str, str]]:
-    """A loopback API server for kubectl's discovery; yields the environment to run it in."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _DiscoveryOnly)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "fake", "cluster": {"server": url}}],
-            "users": [{"name": "fake", "user": {}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-            "current-context": "fake",
-        }
-        kubeconfig = workdir / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(config))
-        # kubectl caches discovery under $HOME/.kube/cache: keep it in the test's directory.
-        yield {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": str(workdir)}
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
-def kubectl_dry_run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl apply --dry-run=client ARGS` (e.g. `-f FILE` or `-k DIR`)."""
-    binary = kubectl()
-    assert binary is not None
-    cmd = [binary, "apply", "--dry-run=client", "--validate=false", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+def dry_run_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """kubectl's line for each object the server accepted ("<kind>/<name> created (server
+    dry run)", or configured/unchanged for one that exists)."""
+    return [line for line in result.stdout.splitlines() if line.endswith("(server dry run)")]
 
 
 # -- hadolint --------------------------------------------------------------------------------

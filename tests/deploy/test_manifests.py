@@ -1,6 +1,6 @@
 """deploy/ and the example manifests against Kubernetes' OpenAPI schemas (kubernetes-validate,
-strict), kubectl's client-side dry run, and what the agent itself accepts; the Dockerfile
-against hadolint. Each check is also shown to fail on a broken input."""
+strict), the real kube-apiserver's server-side dry run, and what the agent itself accepts;
+the Dockerfile against hadolint. Each check is also shown to fail on a broken input."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import math
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import yaml
 
 from ovsproxy.cli.run_cmd import run as run_command
 from ovsproxy.config import AgentConfig, ConfigError, load
+from ovsproxy.httpserver import is_loopback
+from ovsproxy.lab.controlplane import ControlPlane
 from tests.deploy.kube import (
     DEPLOY,
     KUBERNETES_VERSIONS,
@@ -26,17 +29,17 @@ from tests.deploy.kube import (
     KustomizeError,
     container_args,
     deployable_kustomizations,
-    discovery_server,
+    dry_run_lines,
     granted_capabilities,
     hadolint_findings,
     kubectl,
-    kubectl_dry_run,
     kustomizations,
     kustomize_build,
     load_documents,
     manifest_files,
     resource_key,
     schema_errors,
+    server_dry_run,
 )
 
 DOCKERFILE = DEPLOY / "Dockerfile"
@@ -108,57 +111,83 @@ def test_schema_check_fails_on_a_broken_daemonset(breakage: Any, expected: str) 
     assert errors and expected in errors[0], errors
 
 
-# -- kubectl ---------------------------------------------------------------------------------
-needs_kubectl = pytest.mark.skipif(
-    kubectl() is None, reason="kubectl is not installed: its client-side dry run is not run"
-)
+# -- the real kube-apiserver ------------------------------------------------------------------
+def server_dry_run_findings(api: ControlPlane, args: list[str], docs: list[Doc]) -> list[str]:
+    """What kube-apiserver refused of ``docs`` (rendered from ``args``), empty when it
+    accepted every one of them (and kubectl named each)."""
+    result = server_dry_run(api, *args)
+    if result.returncode != 0:
+        return [line for line in result.stderr.splitlines() if line.strip()]
+    accepted = dry_run_lines(result)
+    if len(accepted) != len(docs):
+        return [f"{len(docs)} objects, the server dry run names {len(accepted)}: {accepted}"]
+    return []
 
 
-@needs_kubectl
-def test_kubectl_dry_run_accepts_every_manifest_and_variant(tmp_path: Path) -> None:
-    targets = [["-f", str(p)] for p in manifest_files()]
-    targets += [["-k", str(d)] for d in deployable_kustomizations()]
-    with discovery_server(tmp_path) as env:
-        for args in targets:
-            result = kubectl_dry_run(env, *args)
-            assert result.returncode == 0, f"kubectl apply {args}: {result.stderr}"
-            created = [line for line in result.stdout.splitlines() if "(dry run)" in line]
-            docs = (
-                load_documents(Path(args[1])) if args[0] == "-f" else kustomize_build(Path(args[1]))
-            )
-            assert len(created) == len(docs), result.stdout
-
-
-@needs_kubectl
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("apiVersion: apps/v1\nkind: DaemonSett\nmetadata: {name: x}\n", "no matches for kind"),
-        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {namespace: x}\n", "name may not be empty"),
-        ("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: [x}\n", "error"),
-    ],
-    ids=["unknown-kind", "no-name", "bad-yaml"],
-)
-def test_kubectl_dry_run_fails_on_a_broken_manifest(
-    tmp_path: Path, text: str, expected: str
+@pytest.mark.slow
+def test_the_real_api_server_accepts_every_manifest_and_variant(
+    control_plane: ControlPlane, demo_namespace: str
 ) -> None:
-    bad = tmp_path / "bad.yaml"
-    bad.write_text(text)
-    with discovery_server(tmp_path) as env:
-        result = kubectl_dry_run(env, "-f", str(bad))
-    assert result.returncode != 0
-    assert expected in result.stderr, result.stderr
+    """Every file in deploy/ (each alone, as `kubectl apply -f` takes it) and the examples,
+    and both variants as `kubectl apply -k` renders them: decoded with strict field
+    validation, defaulted, validated and admitted by kube-apiserver, nothing stored."""
+    targets = [(["-f", str(p)], load_documents(p)) for p in manifest_files()]
+    targets += [(["-k", str(d)], kustomize_build(d)) for d in deployable_kustomizations()]
+    findings = {
+        " ".join(args): found
+        for args, docs in targets
+        if (found := server_dry_run_findings(control_plane, args, docs))
+    }
+    assert not findings, findings
 
 
-@needs_kubectl
+def _rendered_standalone() -> list[Doc]:
+    return copy.deepcopy(kustomize_build(DEPLOY / "standalone"))
+
+
+def _by_kind(docs: list[Doc], kind: str) -> Doc:
+    return next(d for d in docs if d["kind"] == kind)
+
+
+def _container(docs: list[Doc]) -> Doc:
+    return _by_kind(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("breakage", "expected"),
+    [
+        # The schema (kubernetes-validate) passes these three: only the server refuses them.
+        (lambda docs: _by_kind(docs, "DaemonSet")["spec"]["template"]["metadata"].update(
+            labels={"app": "other"}), "selector` does not match template `labels`"),
+        (lambda docs: _by_kind(docs, "ClusterRole")["rules"][0].update(verbs=[]),
+         "verbs: Required value"),
+        (lambda docs: _by_kind(docs, "ConfigMap")["data"].update({"A B": "x"}),
+         "a valid config key must consist of"),
+        (lambda docs: _container(docs).update(imagePullPolicyy="Always"),
+         'unknown field "spec.template.spec.containers[0].imagePullPolicyy"'),
+        (lambda docs: _container(docs)["ports"][0].update(containerPort=70000),
+         "must be between 1 and 65535"),
+    ],
+    ids=["selector-mismatch", "no-verbs", "bad-configmap-key", "unknown-field", "port-range"],
+)  # fmt: skip
+def test_a_planted_error_fails_the_server_dry_run(
+    control_plane: ControlPlane, tmp_path: Path, breakage: Any, expected: str
+) -> None:
+    """The standalone variant as rendered, with one error planted: the check above fails,
+    naming it."""
+    docs = _rendered_standalone()
+    breakage(docs)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(docs))
+    findings = server_dry_run_findings(control_plane, ["-f", str(broken)], docs)
+    assert any(expected in f for f in findings), findings
+
+
 @pytest.mark.parametrize("directory", deployable_kustomizations(), ids=lambda d: d.name)
 def test_our_kustomize_loader_renders_what_kubectl_kustomize_renders(directory: Path) -> None:
-    import subprocess
-
-    binary = kubectl()
-    assert binary is not None
     out = subprocess.run(
-        [binary, "kustomize", str(directory)], capture_output=True, text=True, check=True
+        [kubectl(), "kustomize", str(directory)], capture_output=True, text=True, check=True
     ).stdout
     theirs = {resource_key(d): d for d in yaml.safe_load_all(out)}
     ours = {resource_key(d): d for d in kustomize_build(directory)}
@@ -182,6 +211,7 @@ def agent_config_of(docs: list[Doc], tmp_path: Path) -> tuple[AgentConfig, Doc]:
     assert args[0] == "run", args
     context = run_command.make_context("run", args[1:])
     params = dict(context.params)
+    assert not params.pop("kube"), "the DaemonSet runs the agent, not the embedded default"
     config = load(params.pop("config_file"), **params)
     return config, container
 
@@ -235,13 +265,28 @@ def test_the_agent_accepts_the_daemonset_args_and_config(directory: Path, tmp_pa
     for endpoint in (config.ovsdb, config.openflow):
         assert endpoint is not None and endpoint.startswith(f"unix:{ovs_mount['mountPath']}/")
     assert config.openflow == f"unix:{ovs_mount['mountPath']}/{config.bridge}.mgmt"
-    # The probes and the metrics port are where the agent listens, on the node's addresses.
-    host, port = config.metrics_host_port
+    # The probes are where the agent serves the health paths, on the node's addresses; the
+    # only port the pod declares is that one.
+    assert config.health_host_port is not None
+    host, port = config.health_host_port
     assert host == "0.0.0.0"
     assert [p["containerPort"] for p in container["ports"]] == [port]
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["port"] == port
         assert container[probe]["httpGet"]["path"] in ("/healthz", "/readyz", "/livez")
+
+
+@pytest.mark.parametrize("directory", deployable_kustomizations(), ids=lambda d: d.name)
+def test_only_the_health_paths_are_on_the_node_addresses(directory: Path, tmp_path: Path) -> None:
+    """/metrics, /status and /dump (every Service, endpoint and node address) stay on the
+    node's loopback: a host-network pod's port is open to every pod of the cluster."""
+    docs = kustomize_build(directory)
+    config, _container = agent_config_of(docs, tmp_path)
+    assert is_loopback(config.metrics_host_port[0]), config.metrics_address
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    annotations = daemonset["spec"]["template"]["metadata"].get("annotations") or {}
+    # a scrape annotation would name a port that serves no /metrics to the pod network
+    assert not any(key.startswith("prometheus.io/") for key in annotations), annotations
 
 
 def test_a_typo_in_the_configmap_fails_the_agent_check(tmp_path: Path) -> None:

@@ -1,72 +1,121 @@
 """The shipped deployment exercised: the DaemonSet's container command, with each variant's
-ConfigMap mounted as the kubelet would, run on a sandbox node against a (fake) Kubernetes API,
-serves a ClusterIP with real HTTP from a pod and from the node.
+ConfigMap mounted as the kubelet would, run on a sandbox node as the shipped ServiceAccount
+against the real kube-apiserver, serves a ClusterIP with real HTTP from a pod and from the node.
 
 The agent runs as the container runtime would run it: in the node's network namespace (a
-hostNetwork pod; here the sandbox node's, entered before anything else), as root's uid with
-only the capabilities the container's securityContext grants (``setpriv``: every other one
-out of the bounding set, none inheritable, no new privileges). So it reaches the fake API, and
-the test its health port, through sockets made in that namespace.
+hostNetwork pod; here the sandbox node's, entered before anything else), with the pod's
+service account where a container has it (``/var/run/secrets/kubernetes.io/serviceaccount``:
+a token of ``deploy/base/rbac.yaml``'s ServiceAccount, the server's CA, the namespace;
+bind-mounted in a private mount namespace, as in tests/e2e/test_in_cluster.py), the
+environment the DaemonSet gives it (``KUBERNETES_SERVICE_HOST``/``_PORT`` from the
+``ovsproxy-apiserver`` ConfigMap, its placeholder host replaced as an operator does;
+``NODE_NAME``), as root's uid with only the capabilities the container's securityContext
+grants (``setpriv``: every other one out of the bounding set, none inheritable, no new
+privileges).
 
-The ConfigMap's file is used as shipped. Overridden with flags (which win over the file), and
-only because this machine differs from a node: the OVS sockets (the sandbox's run directory
-instead of /var/run/openvswitch), the API (a kubeconfig naming the fake instead of the pod's
-service account) and the metrics port (10256 may be taken; the probes' port is checked by
-test_manifests). The sandbox is built with the variant's bridge and gateway names, so those
-come from the file.
+How the agent in the node's namespace reaches the API server, which listens on 127.0.0.1 of
+the machine's (root) namespace: a forwarder the test owns (``support.tcpcut.Forwarder``)
+serving a listening socket made inside the node's namespace, on the port the ConfigMap ships
+(6443, free there: the namespace is the test's), and relaying each connection to the server
+from the test's thread, in the root namespace. A socket stays in the namespace it was made
+in, so no address, route or veth is added to the root namespace and no traffic leaves
+namespaces the test made or loopback; TLS passes through untouched (the agent verifies the
+server's certificate, which names 127.0.0.1). A veth pair with routes would touch the root
+namespace; a unix socket would need a second relay inside the node's namespace to give the
+agent a TCP address.
+
+The ConfigMap's file is used as shipped (``source: kubernetes``: in-cluster). Overridden with
+flags (which win over the file), and only because this machine differs from a node: the OVS
+sockets (the sandbox's run directory instead of /var/run/openvswitch) and the metrics port
+(10256 may be taken; the probes' port is checked by test_manifests). The sandbox is built with
+the variant's bridge and gateway names, so those come from the file.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
-import yaml
-from support.k8s_fake import FakeKubeApi
+from support.tcpcut import Forwarder
 
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES, build_lab
+from ovsproxy.lab.controlplane import ControlPlane
 from ovsproxy.netns import enter_netns
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from ovsproxy.ovs.traffic import run_in_netns
-from tests.deploy.kube import DEPLOY, container_args, granted_capabilities, kustomize_build
+from tests.deploy.kube import DEPLOY, Doc, container_args, granted_capabilities, kustomize_build
 from tests.e2e import test_integrated
 from tests.e2e.harness import free_port
+from tests.e2e.test_in_cluster import (  # noqa: F401  (secrets_mountpoint: a fixture)
+    in_a_pods_mounts,
+    secrets_mountpoint,
+    service_account_dir,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs]
 
-PLURALS = {"Service": "services", "EndpointSlice": "endpointslices"}
 WEB = ("http://10.96.0.10/", {"web-1", "web-2"})  # src/ovsproxy/examples/web.yaml
+API_HOST = "127.0.0.1"  # the ConfigMap's placeholder replaced: where the node reaches the server
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    args: list[str]  # the container's arguments (ConfigMap written under tmp_path)
+    capabilities: list[str]  # what its securityContext grants
+    env: dict[str, str]  # what the DaemonSet puts in the container's environment
+
+
+def pod_env(docs: list[Doc], container: Doc, node_name: str) -> dict[str, str]:
+    """The container's environment: its envFrom ConfigMaps, then its env (fieldRef
+    ``spec.nodeName`` as the kubelet resolves it)."""
+    configmaps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(configmaps[source["configMapRef"]["name"]]["data"])
+    for entry in container.get("env", []):
+        field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        assert "value" in entry or field == "spec.nodeName", entry
+        env[entry["name"]] = entry.get("value", node_name)
+    return env
+
+
 @pytest.fixture(params=["standalone", "integrated"])
-def variant(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, list[str], list[str]]:
-    """The variant's name, its container's arguments (ConfigMap written under tmp_path) and
-    the capabilities its securityContext grants."""
+def variant(request: pytest.FixtureRequest, tmp_path: Path) -> Variant:
     docs = kustomize_build(DEPLOY / request.param)
     args, container = container_args(docs, tmp_path, {"NODE_NAME": "node-1"})
-    return request.param, args, list(granted_capabilities(container))
+    env = pod_env(docs, container, "node-1")
+    return Variant(request.param, args, list(granted_capabilities(container)), env)
 
 
+@pytest.fixture(scope="module")
+def web(control_plane: ControlPlane, demo_namespace: str) -> Iterator[None]:
+    """The example Service and its EndpointSlice, created through the API (namespace demo)."""
+    control_plane.kubectl("apply", "-f", str(EXAMPLES / "web.yaml"))
+    yield
+
+
+@pytest.mark.usefixtures("web", "secrets_mountpoint")
 async def test_the_shipped_daemonset_serves_a_cluster_ip(
-    variant: tuple[str, list[str], list[str]], tmp_path: Path
+    variant: Variant, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
-    async with FakeKubeApi() as api:
-        for doc in yaml.safe_load_all((EXAMPLES / "web.yaml").read_text()):
-            api.apply(PLURALS[doc["kind"]], doc)
-        # The fake answers on this loop while the node and the agent run in a thread.
-        loop = asyncio.get_running_loop()
-        await asyncio.to_thread(run_and_check, variant, api, loop, tmp_path)
+    account = service_account_dir(control_plane, tmp_path / "serviceaccount")
+    # The forwarder relays on this loop while the node and the agent run in a thread.
+    loop = asyncio.get_running_loop()
+    await asyncio.to_thread(run_and_check, variant, control_plane, account, loop, tmp_path)
 
 
 def in_netns(netns: str, work: Callable[[], T]) -> T:
@@ -90,56 +139,57 @@ def in_netns(netns: str, work: Callable[[], T]) -> T:
     return outcome[0]
 
 
-def listening_socket() -> socket.socket:
+def listening_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, port))
     sock.listen()
     return sock
 
 
 def run_and_check(
-    variant: tuple[str, list[str], list[str]],
-    api: FakeKubeApi,
+    variant: Variant,
+    api: ControlPlane,
+    account: Path,
     loop: asyncio.AbstractEventLoop,
     tmp_path: Path,
 ) -> None:
     """A sandbox node as the variant needs it, the container's command on it with only the
     granted capabilities, then HTTP to the example ClusterIP from a pod and from the node."""
-    name, args, capabilities = variant
+    args = variant.args
     shipped = load(Path(args[args.index("--config") + 1]))
-    assert shipped.in_cluster and shipped.mode.value == name
+    assert shipped.in_cluster and shipped.mode.value == variant.name
     with Sandbox(bridge=shipped.bridge, gateway=shipped.gateway) as sandbox:
         pods = build_lab(sandbox)
-        if name == "integrated":
+        if variant.name == "integrated":
             # The CNI's side of the contract: IP to first_table, forwarding in next_table.
             assert (shipped.first_table, shipped.next_table) == (
                 test_integrated.FIRST,
                 test_integrated.NEXT,
             )
             test_integrated.install_cni_pipeline(sandbox, pods)
-        # The fake API, also on the node's loopback (where the agent is).
-        sock = in_netns(sandbox.netns, listening_socket)
-        port = sock.getsockname()[1]
-        server = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(api._on_connection, sock=sock), loop
-        ).result(10)
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        kubeconfig.write_text(kubeconfig.read_text().replace(api.url, f"http://127.0.0.1:{port}"))
+        # The API server, on the node's loopback at the shipped port (see the docstring).
+        port = int(variant.env["KUBERNETES_SERVICE_PORT"])
+        sock = in_netns(sandbox.netns, lambda: listening_socket(API_HOST, port))
+        forwarder = Forwarder("127.0.0.1", api.port, listen=sock)
+        asyncio.run_coroutine_threadsafe(forwarder.__aenter__(), loop).result(10)
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env.update(variant.env, KUBERNETES_SERVICE_HOST=API_HOST)
         try:
-            run_agent(sandbox, pods, args, capabilities, kubeconfig, tmp_path)
+            run_agent(sandbox, pods, variant, env, account, tmp_path)
+            assert forwarder.connections > 0  # the agent's requests went through it
         finally:
-            server.close()
-            asyncio.run_coroutine_threadsafe(server.wait_closed(), loop).result(10)
+            asyncio.run_coroutine_threadsafe(forwarder.__aexit__(None, None, None), loop).result(10)
 
 
-def restricted(netns: str, capabilities: list[str]) -> list[str]:
+def restricted(netns: str, capabilities: list[str], mounts: tuple[str, ...] = ()) -> list[str]:
     """The command prefix that runs a command as a container runtime would with these
-    capabilities: in the node's namespace, every other capability out of the bounding set
-    (root's uid gets only what the bounding set holds at exec), none inheritable or ambient,
-    no new privileges (allowPrivilegeEscalation: false)."""
+    capabilities: in the node's namespace (and under ``mounts``, a command that sets up the
+    pod's mounts and execs the rest), every other capability out of the bounding set (root's
+    uid gets only what the bounding set holds at exec), none inheritable or ambient, no new
+    privileges (allowPrivilegeEscalation: false)."""
     caps = ",".join(f"+{c.lower()}" for c in capabilities)
     return [
-        *("ip", "netns", "exec", netns, "setpriv", "--no-new-privs"),
+        *("ip", "netns", "exec", netns, *mounts, "setpriv", "--no-new-privs"),
         f"--bounding-set=-all,{caps}",
         "--inh-caps=-all",
         "--ambient-caps=-all",
@@ -150,28 +200,29 @@ def restricted(netns: str, capabilities: list[str]) -> list[str]:
 def run_agent(
     sandbox: Sandbox,
     pods: dict[str, Pod],
-    args: list[str],
-    capabilities: list[str],
-    kubeconfig: Path,
+    variant: Variant,
+    env: dict[str, str],
+    account: Path,
     tmp_path: Path,
 ) -> None:
     port = in_netns(sandbox.netns, free_port)
+    capabilities = variant.capabilities
     command = [
-        *restricted(sandbox.netns, capabilities),
-        *(sys.executable, "-m", "ovsproxy", *args),  # ENTRYPOINT ["ovsproxy"] + args
+        *restricted(sandbox.netns, capabilities, in_a_pods_mounts(account)),
+        *(sys.executable, "-m", "ovsproxy", *variant.args),  # ENTRYPOINT ["ovsproxy"] + args
         *("--ovsdb", sandbox.ovsdb, "--openflow", sandbox.openflow),
-        *("--kubeconfig", str(kubeconfig)),
         *("--metrics-address", f"127.0.0.1:{port}"),
     ]
     log = tmp_path / "agent.log"
     with log.open("wb") as out:
         agent = subprocess.Popen(
-            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
         )
     try:
         held = effective_capabilities(agent.pid)
         assert held == {c.lower() for c in capabilities}, held
         wait_healthy(agent, sandbox.netns, port, log)
+        assert "source: Kubernetes API (in-cluster service account)" in log.read_text()
         url, expected = WEB
         for netns in (pods["client"].netns, sandbox.netns):
             result = run_in_netns(netns, "http", url, "--count", "20", "--timeout", "2")

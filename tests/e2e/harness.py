@@ -46,7 +46,17 @@ def run_cleanup(sandbox: Sandbox, *extra: str) -> subprocess.CompletedProcess[st
 class AgentProcess:
     """``manifests`` None: no ``--manifests`` (give the source in ``extra``: ``--kubeconfig``)."""
 
-    def __init__(self, sandbox: Sandbox, manifests: Path | None, log: Path, *extra: str) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        manifests: Path | None,
+        log: Path,
+        *extra: str,
+        prefix: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.prefix = prefix  # a command the agent runs under (unshare ...)
+        self.env = env  # the agent's environment [ours]
         self.sandbox = sandbox
         self.manifests = manifests
         self.log_path = log
@@ -58,8 +68,10 @@ class AgentProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30) -> AgentProcess:
+    def start(self, timeout: float = 30, *, wait: bool = True) -> AgentProcess:
+        """Run the agent; ``wait``: until /healthz answers 200 (within ``timeout``)."""
         cmd = [
+            *self.prefix,
             sys.executable,
             "-m",
             "ovsproxy",
@@ -75,18 +87,21 @@ class AgentProcess:
             "0",
             "--metrics-address",
             f"127.0.0.1:{self.port}",
+            "--health-address",
+            "",  # several agents share this namespace (``extra`` may give one)
             "--node-name",
             "node-1",
             "--log-level",
             "debug",
             *self.extra,
         ]
-        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        env = {**(os.environ if self.env is None else self.env), "PYTHONWARNINGS": "ignore"}
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
             )
-        self.wait_healthy(timeout)
+        if wait:
+            self.wait_healthy(timeout)
         return self
 
     def wait_healthy(self, timeout: float = 30) -> None:

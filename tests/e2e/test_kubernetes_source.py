@@ -1,29 +1,30 @@
-"""The agent on the Kubernetes API (the test fake: real HTTP list/watch/bookmark/410), with a
-real OVS, real pods and real traffic: the same pipeline as with manifests, plus the
-ServiceCIDR API deciding the node's routes."""
+"""The agent on the real Kubernetes API (kube-apiserver of the pinned release: list, watch, 410
+after an etcd compaction), with a real OVS, real pods and real traffic: the same pipeline as
+with manifests, plus the ServiceCIDR API (the ``kubernetes`` one the server made from its
+--service-cluster-ip-range) deciding the node's routes."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support.k8s_fake import FakeKubeApi
+from support.controlplane import apply_object
+from support.tcpcut import Forwarder
 
 from ovsproxy.agent import Agent
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES
+from ovsproxy.lab.controlplane import ControlPlane
 from ovsproxy.lab.evidence import RigNode, probe
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
-
-PLURAL = {"Service": "services", "EndpointSlice": "endpointslices"}
 
 
 def example_objects() -> list[dict[str, Any]]:
@@ -51,9 +52,15 @@ async def wait_for(predicate: Any, timeout: float = 15, what: str = "condition")
 
 class World:
     def __init__(
-        self, sandbox: Sandbox, pods: dict[str, Pod], api: FakeKubeApi, agent: Agent
+        self,
+        sandbox: Sandbox,
+        pods: dict[str, Pod],
+        api: ControlPlane,
+        agent: Agent,
+        path: Forwarder,
     ) -> None:
         self.sandbox, self.pods, self.api, self.agent = sandbox, pods, api, agent
+        self.path = path  # the agent's connection to the server
 
     def services(self) -> dict[str, dict[str, Any]]:
         return {s["name"]: s for s in self.agent.pages.status_json()["services"]}
@@ -61,26 +68,28 @@ class World:
 
 @pytest.fixture
 async def world(
-    example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path
+    example_pods: dict[str, Pod],
+    sandbox: Sandbox,
+    tmp_path: Path,
+    kube_api: ControlPlane,
+    demo_namespace: str,
 ) -> AsyncIterator[World]:
     pods = example_pods
-    async with FakeKubeApi() as api:
-        for obj in example_objects():
-            api.apply(PLURAL[obj["kind"]], obj)
-        api.apply(
-            "servicecidrs",
-            {
-                "metadata": {"name": "kubernetes"},
-                "spec": {"cidrs": ["10.96.0.0/16", "fd00:10:96::/112"]},
-            },
-        )
+    for obj in example_objects():
+        apply_object(kube_api, obj)
+    kubeconfig = kube_api.ovsproxy_kubeconfig(tmp_path / "agent.kubeconfig")
+    async with Forwarder("127.0.0.1", kube_api.port) as path:
+        config_json = json.loads(kubeconfig.read_text())
+        config_json["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{path.port}"
+        kubeconfig.write_text(json.dumps(config_json))
         config = load(
-            kubeconfig=str(api.kubeconfig(tmp_path / "kubeconfig")),
+            kubeconfig=str(kubeconfig),
             ovsdb=sandbox.ovsdb,
             openflow=sandbox.openflow,
             netns=sandbox.netns,
             min_sync_interval=0.0,
             metrics_address="127.0.0.1:0",
+            health_address="",
             node_name="node-1",
             log_level="warning",
         )
@@ -89,7 +98,7 @@ async def world(
         task = asyncio.create_task(agent.run(stop))
         try:
             await asyncio.wait_for(agent.ready.wait(), 30)
-            yield World(sandbox, pods, api, agent)
+            yield World(sandbox, pods, kube_api, agent, path)
         finally:
             stop.set()
             with contextlib.suppress(Exception):
@@ -101,7 +110,7 @@ async def test_services_from_the_api_are_balanced_and_routed_by_the_servicecidr(
 ) -> None:
     status = world.agent.pages.status_json()
     # The ServiceCIDR API names the real ranges: they win over aggregation (10.96.0.0/27).
-    assert sorted(status["routes"]) == ["10.96.0.0/16", "fd00:10:96::/112"]
+    assert sorted(status["routes"]) == sorted(world.api.service_cidrs)
     for netns in (world.pods["client"].netns, world.sandbox.netns):
         web = await http(world, netns, "http://10.96.0.10/")
         assert web["failed"] == 0 and set(web["counts"]) == {"web-1", "web-2"}, web
@@ -111,21 +120,23 @@ async def test_services_from_the_api_are_balanced_and_routed_by_the_servicecidr(
 
 async def test_watch_events_and_a_410_relist_reach_the_datapath(world: World) -> None:
     # An endpoint leaves (watch MODIFIED).
-    web_slice = copy.deepcopy(world.api.objects("endpointslices")[("demo", "web-abc12")])
+    [web_slice] = [o for o in example_objects() if o["metadata"]["name"] == "web-abc12"]
     web_slice["endpoints"] = web_slice["endpoints"][:1]
-    world.api.apply("endpointslices", web_slice)
+    apply_object(world.api, web_slice)
     await wait_for(
         lambda: len(world.services()["demo/web:http/TCP"]["endpoints"]) == 1,
         what="web to lose an endpoint",
     )
     only = await http(world, world.pods["client"].netns, "http://10.96.0.10/", 20)
     assert only["counts"] == {"web-1": 20}
-    # The watch history is compacted and a Service is deleted while watches are broken: the
-    # informer gets 410 Gone, re-lists, and the deletion it missed is applied.
-    world.api.delete("services", "demo", "shop")
+    # The agent's connection drops; a Service is deleted and etcd's history compacted in the
+    # gap: the informer's watch gets the server's 410, it re-lists, and the deletion it
+    # missed is applied.
+    world.path.cut()
+    world.api.request("DELETE", "/api/v1/namespaces/demo/services/shop")
     world.api.compact()
-    world.api.break_watches(mode="gone")
-    await wait_for(lambda: "demo/shop:http/TCP" not in world.services(), what="shop to go")
+    world.path.resume()
+    await wait_for(lambda: "demo/shop:http/TCP" not in world.services(), 30, "shop to go")
     flows = world.sandbox.ofctl("dump-flows")
     assert "10.96.0.30" not in flows and "10.96.0.10" in flows
     assert world.agent.parts.tracker.stats.events["Service/delete"] >= 1

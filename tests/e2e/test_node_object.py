@@ -1,5 +1,5 @@
-"""The Node object watched, end to end: a real `ovsproxy run` process on the Kubernetes API (the
-test fake: real HTTP list/watch), a real OVS and the node's real nftables table.
+"""The Node object watched, end to end: a real `ovsproxy run` process on the real Kubernetes API
+(kube-apiserver, with the shipped RBAC's token), a real OVS and the node's real nftables table.
 
 * /healthz answers 503 (and /livez 200) while the Node is tainted
   ``ToBeDeletedByClusterAutoscaler``, being deleted, or deleted: from the event on, before any
@@ -12,7 +12,6 @@ test fake: real HTTP list/watch), a real OVS and the node's real nftables table.
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import subprocess
 import sys
@@ -22,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.k8s_fake import FakeKubeApi
+from support.controlplane import apply_object
 
+from ovsproxy.lab.controlplane import ControlPlane
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from tests.e2e.harness import AgentProcess
-from tests.e2e.test_kubernetes_source import PLURAL, example_objects
+from tests.e2e.test_kubernetes_source import example_objects
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
@@ -35,7 +35,9 @@ NODE_PORT = 30080
 # TEST-NET addresses that no device of the sandbox carries
 FIRST_IP, SECOND_IP = "192.0.2.77", "192.0.2.78"
 
+HOLD = "tests.ovsproxy/hold"  # a finalizer: the Node stays, being deleted, until it goes
 NODE_PORT_SERVICE = {
+    "apiVersion": "v1",
     "kind": "Service",
     "metadata": {"name": "web-np", "namespace": "demo"},
     "spec": {
@@ -51,6 +53,8 @@ NODE_PORT_SERVICE = {
 
 def node(address: str = FIRST_IP, **spec: Any) -> dict[str, Any]:
     return {
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {"name": "node-1"},
         "spec": {"podCIDRs": ["10.244.0.0/24"], **spec},
         "status": {
@@ -64,7 +68,7 @@ def node(address: str = FIRST_IP, **spec: Any) -> dict[str, Any]:
 
 class World:
     def __init__(
-        self, sandbox: Sandbox, api: FakeKubeApi, agent: AgentProcess, kubeconfig: Path
+        self, sandbox: Sandbox, api: ControlPlane, agent: AgentProcess, kubeconfig: Path
     ) -> None:
         self.sandbox, self.api, self.agent, self.kubeconfig = sandbox, api, agent, kubeconfig
 
@@ -74,6 +78,16 @@ class World:
         cmd += ["--ovsdb", self.sandbox.ovsdb, "--openflow", self.sandbox.openflow]
         cmd += ["--netns", self.sandbox.netns, "--node-name", "node-1"]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    def set_node(self, obj: dict[str, Any]) -> None:
+        """As the kubelet: the Node (created if gone), then its status (addresses)."""
+        apply_object(self.api, obj)
+        self.api.request(
+            "PATCH",
+            "/api/v1/nodes/node-1/status",
+            {"status": obj["status"]},
+            content_type="application/merge-patch+json",
+        )
 
     def healthz(self) -> int:
         return self.agent.get("/healthz")[0]
@@ -110,19 +124,30 @@ async def until(predicate: Callable[[], bool], what: str, timeout: float = 10) -
 
 @pytest.fixture
 async def world(
-    example_pods: dict[str, Pod], sandbox: Sandbox, tmp_path: Path
+    example_pods: dict[str, Pod],
+    sandbox: Sandbox,
+    tmp_path: Path,
+    kube_api: ControlPlane,
+    demo_namespace: str,
 ) -> AsyncIterator[World]:
-    async with FakeKubeApi() as api:
-        for obj in [*example_objects(), NODE_PORT_SERVICE]:
-            api.apply(PLURAL[obj["kind"]], obj)
-        api.apply("nodes", node())
-        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
-        agent = AgentProcess(sandbox, None, tmp_path / "agent.log", "--kubeconfig", str(kubeconfig))
-        try:
-            await asyncio.to_thread(agent.start)
-            yield World(sandbox, api, agent, kubeconfig)
-        finally:
-            await asyncio.to_thread(agent.stop)
+    for obj in [*example_objects(), NODE_PORT_SERVICE]:
+        apply_object(kube_api, obj)
+    kube_api.request("POST", "/api/v1/nodes", node())  # the server keeps a created status
+    kubeconfig = kube_api.ovsproxy_kubeconfig(tmp_path / "agent.kubeconfig")
+    agent = AgentProcess(sandbox, None, tmp_path / "agent.log", "--kubeconfig", str(kubeconfig))
+    try:
+        await asyncio.to_thread(agent.start)
+        yield World(sandbox, kube_api, agent, kubeconfig)
+    finally:
+        await asyncio.to_thread(agent.stop)
+        kube_api.request(
+            "PATCH",
+            "/api/v1/nodes/node-1",
+            {"metadata": {"finalizers": None}},
+            content_type="application/merge-patch+json",
+            ok=(200, 404),
+        )
+        kube_api.request("DELETE", "/api/v1/nodes/node-1", ok=(200, 404))
 
 
 async def test_healthz_turns_503_as_the_node_goes_away_livez_stays_200(world: World) -> None:
@@ -136,25 +161,38 @@ async def test_healthz_turns_503_as_the_node_goes_away_livez_stays_200(world: Wo
     while (now := await asyncio.to_thread(world.syncs)) != last:
         last = now
         await asyncio.sleep(1)
-    steps: list[tuple[dict[str, Any] | None, int]] = [
-        (node(taints=[{"key": TAINT, "effect": "NoSchedule"}]), 503),
-        (node(taints=[{"key": "other", "effect": "NoSchedule"}]), 200),
-        (
-            node() | {"metadata": {"name": "node-1", "deletionTimestamp": "2026-12-01T22:00:00Z"}},
-            503,
-        ),
-        (node(), 200),
-        (None, 503),  # deleted
-        (node(), 200),  # registered again
+    api = world.api
+    merge = "application/merge-patch+json"
+
+    def taint(key: str) -> None:
+        apply_object(api, node(taints=[{"key": key, "effect": "NoSchedule"}]))
+
+    def being_deleted() -> None:  # a finalizer holds it: deletionTimestamp set, still there
+        api.request(
+            "PATCH",
+            "/api/v1/nodes/node-1",
+            {"metadata": {"finalizers": [HOLD]}},
+            content_type=merge,
+        )
+        api.request("DELETE", "/api/v1/nodes/node-1")
+
+    def gone() -> None:  # the finalizer released: the Node is deleted
+        api.request(
+            "PATCH", "/api/v1/nodes/node-1", {"metadata": {"finalizers": None}}, content_type=merge
+        )
+
+    steps: list[tuple[str, Callable[[], None], int]] = [
+        ("tainted ToBeDeletedByClusterAutoscaler", lambda: taint(TAINT), 503),
+        ("another taint", lambda: taint("other"), 200),
+        ("being deleted", being_deleted, 503),
+        ("deleted", gone, 503),
+        ("registered again", lambda: world.set_node(node()), 200),
     ]
-    for obj, code in steps:
+    for what, step, code in steps:
         syncs = await asyncio.to_thread(world.syncs)
         assert syncs >= 1
-        if obj is None:
-            world.api.delete("nodes", "", "node-1")
-        else:
-            world.api.apply("nodes", copy.deepcopy(obj))
-        await until(lambda code=code: world.healthz() == code, f"/healthz {code} after {obj}")
+        step()
+        await until(lambda code=code: world.healthz() == code, f"/healthz {code} after {what}")
         # From the Node event itself: no Service changed, so no sync ran for it.
         assert await asyncio.to_thread(world.syncs) == syncs
         assert world.livez() == 200
@@ -173,7 +211,7 @@ async def test_node_ips_are_the_nodes_addresses_and_follow_them(world: World) ->
     assert f"node IPs (from the Node object): {FIRST_IP}" in log
     assert "from the node's devices" not in log
     # The Node's address changes: the NodePort frontends and the steering table follow.
-    world.api.apply("nodes", node(SECOND_IP))
+    world.set_node(node(SECOND_IP))
     await until(
         lambda: world.agent.status()["node_ports"]["node_ips"] == [SECOND_IP], "the new node IP"
     )
@@ -189,6 +227,6 @@ async def test_node_ips_are_the_nodes_addresses_and_follow_them(world: World) ->
     result = await asyncio.to_thread(world.verify)
     assert result.returncode == 0, result.stdout + result.stderr
     # A Node update that leaves the addresses alone changes nothing of it.
-    world.api.apply("nodes", node(SECOND_IP, taints=[{"key": "other"}]))
+    world.set_node(node(SECOND_IP, taints=[{"key": "other", "effect": "NoSchedule"}]))
     await asyncio.sleep(0.5)
     assert world.agent.status()["node_ports"]["node_ips"] == [SECOND_IP]

@@ -4,11 +4,15 @@ a port conflict reported without stopping the others."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
+import logging
 import socket
 import urllib.error
 import urllib.request
+
+import pytest
 
 from ovsproxy.healthcheck import (
     WEIGHT_HEADER,
@@ -16,6 +20,7 @@ from ovsproxy.healthcheck import (
     ServiceHealthServers,
     desired_health_checks,
 )
+from ovsproxy.httpserver import Limits
 from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import (
     Endpoint,
@@ -183,4 +188,65 @@ async def test_listens_on_every_given_address() -> None:
         for host in ("127.0.0.1", "::1"):
             assert (await fetch(port, host=host))[0] == 200
     finally:
+        await servers.close()
+
+
+async def _exchange(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        writer.write(request)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def test_hostile_requests_are_answered_with_a_status_and_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A load balancer's port is open to anyone: an oversized request line or a header flood
+    gets 414/431, a logged line at most (rate-limited), never a traceback."""
+    servers = ServiceHealthServers(lambda: True, addresses=[HOST])
+    port = free_port()
+    try:
+        await servers.update({("shop", "web"): ServiceHealth(port, 1)})
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(20):
+                long_line = b"GET /" + b"a" * 70_000 + b" HTTP/1.1\r\n\r\n"
+                assert (await _exchange(port, long_line)).startswith(b"HTTP/1.1 414 ")
+                flood = b"GET / HTTP/1.1\r\n" + b"X-Flood: 1\r\n" * 5000 + b"\r\n"
+                assert (await _exchange(port, flood)).startswith(b"HTTP/1.1 431 ")
+        assert not any(r.exc_info for r in caplog.records), caplog.text
+        assert "Traceback" not in caplog.text
+        assert len(caplog.records) <= 2, caplog.text  # one per kind per 10 s
+        assert (await fetch(port))[0] == 200
+    finally:
+        await servers.close()
+
+
+async def test_slow_clients_share_one_cap_and_a_prompt_request_is_answered() -> None:
+    """Clients that never finish their requests, on every health-check port at once, hold no
+    more than one cap of connections together; a prompt request still gets its answer."""
+    servers = ServiceHealthServers(lambda: True, addresses=[HOST], limits=Limits(max_connections=8))
+    ports = [free_port(), free_port()]
+    slow: list[asyncio.StreamWriter] = []
+    try:
+        await servers.update(
+            {("shop", f"web{i}"): ServiceHealth(port, 1) for i, port in enumerate(ports)}
+        )
+        for i in range(40):
+            _, writer = await asyncio.open_connection(HOST, ports[i % 2])
+            writer.write(b"GET / HTTP/1.1\r\n")  # and never the rest
+            slow.append(writer)
+            await asyncio.sleep(0.005)
+            assert servers.budget.open <= 8
+        assert servers.budget.counters["evicted"] >= 30
+        assert (await fetch(ports[0]))[0] == 200
+        assert (await fetch(ports[1]))[0] == 200
+    finally:
+        for writer in slow:
+            writer.close()
         await servers.close()

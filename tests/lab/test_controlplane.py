@@ -20,6 +20,7 @@ from ovsproxy.lab.controlplane import (
     list_control_plane_records,
     sweep_control_plane_leftovers,
 )
+from ovsproxy.lab.kubelet import NOT_READY_TAINT, Kubelet
 from ovsproxy.ovs.sandbox import pid_alive
 
 pytestmark = [pytest.mark.slow]
@@ -130,3 +131,20 @@ def test_a_dead_owners_control_plane_is_swept(tmp_path: Path) -> None:
     assert name in sweep_control_plane_leftovers()
     assert not any(pid_alive(pid, record.workdir) for pid in pids)
     assert not Path(record.workdir).exists()
+
+
+def test_a_registered_node_is_ready_and_untainted(control_plane: ControlPlane) -> None:
+    """kube-apiserver taints every new Node not-ready; the lab's kubelet stand-in lifts it once
+    the node reports Ready, as the node lifecycle controller (not run here) would."""
+    name = f"node-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    Kubelet(control_plane).register_node(name, addresses=["192.0.2.7"], zone="zone-9")
+    try:
+        node = control_plane.request("GET", f"/api/v1/nodes/{name}")
+        taints = node["spec"].get("taints") or []
+        assert NOT_READY_TAINT not in {t["key"] for t in taints}
+        ready = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        assert ready["Ready"] == "True"
+        assert {"type": "InternalIP", "address": "192.0.2.7"} in node["status"]["addresses"]
+        assert node["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-9"
+    finally:
+        control_plane.request("DELETE", f"/api/v1/nodes/{name}", ok=(200, 404))

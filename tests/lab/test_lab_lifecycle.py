@@ -188,3 +188,10 @@ def test_demo_nodes_json() -> None:
         assert len(mine) == 4  # pod and node namespace, IPv4 and IPv6
         for row in mine:
             assert row["failed"] == 0 and set(row["counts"]) == {"web-1", "web-2", "web-3"}, row
+    # The change goes through the API as Pods: web-3 deleted, web-1b started on node-1; the
+    # selector's EndpointSlices follow and so does every node's traffic.
+    assert report["change"]["deleted_pod"] == "web-3", report["change"]
+    after = report["phases"][1]["results"]
+    assert len(after) == 12
+    for row in after:
+        assert row["failed"] == 0 and set(row["counts"]) == {"web-1", "web-1b", "web-2"}, row

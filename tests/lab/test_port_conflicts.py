@@ -43,7 +43,7 @@ def lab() -> Iterator[Lab]:
 
 
 def service(
-    lab: Lab, name: str, cluster_ip: str, pod: str, created: str, *ports: LabPort, **kw: Any
+    lab: Lab, name: str, cluster_ip: str, pod: str, created: str | None, *ports: LabPort, **kw: Any
 ) -> LabService:
     return LabService(
         name,
@@ -132,6 +132,36 @@ def test_node_port(lab: Lab) -> None:
     finally:
         remove_service(lab.manifests, old)
         remove_service(lab.manifests, new)
+
+
+def test_node_port_without_creation_timestamps_stays_with_the_service_seen_first(lab: Lab) -> None:
+    """Manifests as kubectl writes them carry no creationTimestamp (issue 35): the Service the
+    agents saw first keeps nodePort 30080 on every node, before, while and after a second
+    file claims it, and the second file's port is refused and named. The second Service's
+    name sorts first, so deciding by namespace/name would hand it the port."""
+    first = service(lab, "np-z-first", "10.96.4.60", "web-1", None,
+                    LabPort("http", 80, HTTP_PORT, node_port=30080), type="NodePort")  # fmt: skip
+    second = service(lab, "np-a-second", "10.96.4.61", "web-2", None,
+                     LabPort("http", 80, HTTP_PORT, node_port=30080), type="NodePort")  # fmt: skip
+    install(lab, first)
+    try:
+        node_1, node_2 = node_ip(lab, "node-1", 0), node_ip(lab, "node-2", 0)
+        before = http(lab, lab.external_netns, node_1, 20, port=30080)
+        assert before["failed"] == 0 and before["counts"] == {"web-1": 20}, before
+
+        def change() -> None:
+            write_service(lab.manifests, second)
+            assert_named(lab, "lab/np-a-second:http/TCP", "lab/np-z-first:http/TCP",
+                         "nodePort 30080/TCP", "30080")  # fmt: skip
+
+        out = through(change, lambda: http(lab, lab.external_netns, node_1, REQUESTS, port=30080))
+        assert out["failed"] == 0 and out["counts"] == {"web-1": REQUESTS}, out
+        for node in (node_1, node_2):
+            after = http(lab, lab.external_netns, node, 20, port=30080)
+            assert after["failed"] == 0 and after["counts"] == {"web-1": 20}, (node, after)
+    finally:
+        remove_service(lab.manifests, first)
+        remove_service(lab.manifests, second)
 
 
 ADDRESS_CASES = [

@@ -793,3 +793,28 @@ def test_a_run_of_bodies_never_takes_xid_zero_and_refuses_an_oversized_body() ->
 
 def session_next_xid(session: ses.Session) -> int:
     return session._next_xid()
+
+
+def test_a_multipart_reply_past_the_bound_fails_its_request_and_keeps_nothing() -> None:
+    """Issue 35: a peer that never ends a multipart reply was kept until the request timed
+    out, every part in memory. Past ``max_reply_bytes`` the request fails at once; later
+    parts are ignored one by one, and the session goes on."""
+    session = open_session(max_reply_bytes=10_000)
+    dump = session.request(of.FlowDescRequest())
+    part = of.FlowDescReply([of.FlowDesc(flow(reg=i)) for i in range(20)], more=True).encode(dump)
+    events: list[ses.Event] = []
+    fed = 0
+    while not events:
+        events += session.receive_data(part, 1.0)
+        fed += len(part)
+    assert fed - len(part) <= 10_000 < fed
+    (failed,) = events
+    assert isinstance(failed, ses.RequestFailed) and failed.xid == dump
+    assert str(failed.error) == (
+        f"{PEER}: multipart reply to request {dump} exceeds 10,000 bytes; dropped"
+    )
+    assert session.receive_data(part * 50, 1.0) == []  # the rest of it: nobody's
+    assert session.ignored == 50
+    barrier = session.request(of.BarrierRequest())
+    reply = session.receive_data(of.BarrierReply().encode(barrier), 1.0)
+    assert reply == [ses.Reply(barrier, of.BarrierReply())]

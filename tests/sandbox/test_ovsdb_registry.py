@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ovsproxy.ovs.ovsdb import (
     GENERATION_KEY,
     GROUP_IDS_KEY,
+    MAX_RECORDED_GROUP_IDS,
     OVSDB,
     OVSDBGroupRegistry,
     decode_id_ranges,
@@ -32,6 +33,40 @@ def test_ranges_are_compact() -> None:
     assert encode_id_ranges({7, 1, 2, 3, 9}) == "1-3,7,9"
     with pytest.raises(ValueError):
         decode_id_ranges("5-3")
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "1-4000000000",
+        "1-4294967295",
+        f"1-{MAX_RECORDED_GROUP_IDS + 1}",
+        "1-10," * 200_000,
+        "x",
+        "-5",
+        "1-",
+        "9" * 5000,
+    ],
+)
+def test_a_bad_record_is_refused_before_any_id_is_made(record: str) -> None:
+    """Issue 35: "1-4000000000" made four billion ints (out of memory)."""
+    started = time.process_time()
+    with pytest.raises(ValueError):
+        decode_id_ranges(record)
+    assert time.process_time() - started < 1
+
+
+@pytest.mark.ovs
+async def test_a_hostile_record_in_the_bridge_is_reported_not_fatal(sandbox: Sandbox) -> None:
+    sandbox.vsctl("set", "bridge", "br0", f'external_ids:{GROUP_IDS_KEY}="1-4000000000"')
+    with sandbox.ovsdb_client() as db:
+        registry = OVSDBGroupRegistry(db, "br0")
+        assert await registry.load() is None  # no record: the synchroniser lists the switch
+        assert registry.status()["last_error"] == (
+            f"external_ids:{GROUP_IDS_KEY} unreadable: more than 1,048,576 ids (at '1-4000000000')"
+        )
+        await registry.save({1, 2})  # and the next save replaces it
+    assert f'{GROUP_IDS_KEY}="1-2"' in sandbox.vsctl("get", "bridge", "br0", "external_ids")
 
 
 @pytest.mark.ovs

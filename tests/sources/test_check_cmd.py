@@ -176,3 +176,29 @@ def test_special_external_ips_fail_the_check(tmp_path: Path) -> None:
     assert "Service t/grab: spec.externalIPs[1]: may not be in the loopback range" in (
         result.output
     )
+
+
+def test_the_agents_refused_external_ips_fail_the_check(tmp_path: Path) -> None:
+    """The node's and the API server's addresses as given, or every external IP with
+    ``--refuse-external-ips`` (``proxy.external_ips``, the agent's rule): each a problem at
+    the Service's line, the Service otherwise valid."""
+    (tmp_path / "svc.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: grab, namespace: t}\n"
+        "spec:\n  clusterIP: 10.96.0.50\n  ports: [{port: 80}]\n"
+        "  externalIPs: [192.0.2.7, 192.0.2.8, 192.0.2.9]\n"
+    )
+    assert run(str(tmp_path)).exit_code == 0
+    result = run(str(tmp_path), "--node-ip", "192.0.2.7", "--api-server-ip", "192.0.2.8")
+    assert result.exit_code == 1, result.output
+    where = f"{tmp_path / 'svc.yaml'}:1 (document 1): Service t/grab: spec.externalIPs: "
+    assert (
+        f"{where}is this node's own address: steering it would take the node's own traffic "
+        "(got '192.0.2.7')\n"
+    ) in result.output
+    assert (
+        f"{where}is the API server's address: the node's own API traffic would be taken "
+        "(got '192.0.2.8')\n"
+    ) in result.output
+    assert "192.0.2.9" not in result.output
+    refused = run(str(tmp_path), "--refuse-external-ips")
+    assert refused.output.count("(refuse_external_ips)") == 3, refused.output

@@ -361,7 +361,6 @@ SLICE_ERRORS = [
         endpoint_slice(endpoints=[{"addresses": ["fd00::1"]}]),
         {("endpoints[0].addresses[0]", "fd00::1")},
     ),
-    ("port missing", endpoint_slice(ports=[{"name": "a"}]), {("ports[0].port", None)}),
     (
         "duplicate port name",
         endpoint_slice(ports=[{"name": "a", "port": 1}, {"name": "a", "port": 2}]),
@@ -392,6 +391,15 @@ def test_invalid_slice_names_field_and_value(what: str, obj: dict, expected: set
         for f, v in errors_of(convert_endpoint_slice, obj)
     }
     assert found == expected
+
+
+def test_a_slice_port_without_a_number_is_skipped_not_the_slice() -> None:
+    """The API admits a port with no number ("all ports"; tests/e2e/test_admitted_objects.py
+    creates one); kube-proxy skips that port and keeps the slice's others."""
+    converted = convert_endpoint_slice(
+        endpoint_slice(ports=[{"name": "all"}, {"name": "http", "port": 8080}])
+    )
+    assert [p.name for p in converted.ports] == ["http"]
 
 
 def test_slice_gives_one_endpoint_per_port_with_conditions_and_hints() -> None:

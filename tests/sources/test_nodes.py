@@ -1,26 +1,29 @@
-"""This node's Node object: its conversion (pure) and its informer against the fake API server
-(real HTTP list/watch: the field selector, watch events, a 410 re-list)."""
+"""This node's Node object: its conversion (pure) and its informer against the real API server
+(the field selector, watch events for a taint, new addresses and a deletion, a 410 re-list)."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
 import logging
+import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support.k8s_fake import FakeKubeApi
+from support.tcpcut import Forwarder
 
+from ovsproxy.lab.controlplane import ControlPlane
 from ovsproxy.model import IPAddress
 from ovsproxy.model.node import Node
 from ovsproxy.model.problems import SourceError
 from ovsproxy.sources.kubernetes import NODES, KubernetesSource
 from ovsproxy.sources.nodes import convert_node
 
-from .test_kubernetes import started, until
+from .test_kubernetes import Seen, started, until, via
 
 
 def node_object(name: str = "node-1", **extra: Any) -> dict[str, Any]:
@@ -155,80 +158,119 @@ class Recorder:
         self.errors.append(problem)
 
 
+def node_path(name: str, sub: str = "") -> str:
+    return f"/api/v1/nodes/{name}{sub}"
+
+
+def create_node(api: ControlPlane, obj: dict[str, Any]) -> None:
+    """A Node as a kubelet registers it (the server keeps the status it is created with)."""
+    api.request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", **obj})
+
+
+def patch_node(api: ControlPlane, name: str, patch: dict[str, Any], sub: str = "") -> None:
+    api.request("PATCH", node_path(name, sub), patch, content_type="application/merge-patch+json")
+
+
 @pytest.fixture
-async def api():
-    async with FakeKubeApi() as server:
-        yield server
+def nodes(cp: ControlPlane) -> Iterator[list[str]]:
+    """Unique Node names (Nodes are cluster-wide); each deleted after the test."""
+    names = [f"n-{secrets.token_hex(3)}" for _ in range(2)]
+    yield names
+    for name in names:
+        cp.request("DELETE", node_path(name), ok=(200, 404))
 
 
-async def node_source(api: FakeKubeApi, tmp_path: Path) -> tuple[KubernetesSource, Recorder, Any]:
-    _, source = await started(api, tmp_path)
+async def node_source(
+    kubeconfig: Path, name: str, seen: list[Seen] | None = None
+) -> tuple[KubernetesSource, Recorder, Any]:
+    _, source = await started(kubeconfig, seen=seen)
     recorder = Recorder()
-    informer = source.node(recorder, "node-1")
-    await asyncio.wait_for(informer.wait_synced(), 5)
-    await until(lambda: api.open_watches == 3)
+    informer = source.node(recorder, name)
+    await asyncio.wait_for(informer.wait_synced(), 10)
+    await until(lambda: informer.stats.watches >= 1)
     return source, recorder, informer
 
 
-async def test_only_this_nodes_object_is_listed_and_watched(api, tmp_path) -> None:
-    api.apply("nodes", node_object("node-1"))
-    api.apply("nodes", node_object("node-2"))
-    source, recorder, informer = await node_source(api, tmp_path)
+async def test_only_this_nodes_object_is_listed_and_watched(cp, agent_kubeconfig, nodes) -> None:
+    mine, other = nodes
+    create_node(cp, node_object(mine))
+    create_node(cp, node_object(other))
+    seen: list[Seen] = []
+    source, recorder, informer = await node_source(agent_kubeconfig, mine, seen)
     try:
-        assert recorder.synced and [(k, v.name) for k, v in recorder.seen] == [("add", "node-1")]
-        for request in api.requests_for("nodes"):
+        assert recorder.synced and [(k, v.name) for k, v in recorder.seen] == [("add", mine)]
+        for request in (r for r in seen if "nodes" in r.path):
             assert request.path == "/api/v1/nodes"
-            assert request.params["fieldSelector"] == "metadata.name=node-1"
+            assert request.params["fieldSelector"] == f"metadata.name={mine}"
         # Another Node's changes are not ours; ours arrive as updates, then its deletion.
-        api.apply("nodes", node_object("node-2", spec={"taints": [{"key": "x"}]}))
-        tainted = node_object(
-            "node-1", spec={"taints": [{"key": "ToBeDeletedByClusterAutoscaler"}]}
-        )
-        api.apply("nodes", tainted)
+        patch_node(cp, other, {"spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}})
+        taint = {"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}
+        patch_node(cp, mine, {"spec": {"taints": [taint]}})
         await until(lambda: len(recorder.seen) == 2)
         kind, node = recorder.seen[1]
         assert kind == "update" and isinstance(node, Node)
         assert node.taints == ("ToBeDeletedByClusterAutoscaler",)
-        api.delete("nodes", "", "node-1")
-        await until(lambda: recorder.seen[-1] == ("delete", "node-1"))
+        # The kubelet changes its addresses (through the status subresource).
+        addresses = [{"type": "InternalIP", "address": "192.0.2.12"}]
+        patch_node(cp, mine, {"status": {"addresses": addresses}}, "/status")
+        await until(lambda: len(recorder.seen) == 3)
+        kind, node = recorder.seen[2]
+        assert kind == "update" and isinstance(node, Node)
+        assert [str(ip) for ip in node.host_ips] == ["192.0.2.12"]
+        cp.request("DELETE", node_path(mine))
+        await until(lambda: recorder.seen[-1] == ("delete", mine))
         assert informer.store == {}
-        assert len(recorder.seen) == 3 and not recorder.errors
+        assert len(recorder.seen) == 4 and not recorder.errors
     finally:
         await source.stop()
 
 
-async def test_a_deletion_missed_during_a_410_is_found_by_the_relist(api, tmp_path) -> None:
-    api.apply("nodes", node_object("node-1"))
-    source, recorder, informer = await node_source(api, tmp_path)
-    try:
-        # (no await between: the client sees none of it but the 410 of its next watch)
-        api.break_watches(mode="gone")
-        api.delete("nodes", "", "node-1")
-        api.compact()
-        await until(lambda: recorder.seen[-1] == ("delete", "node-1"))
-        assert informer.stats.expired >= 1 and informer.stats.lists >= 2
-        # The Node comes back (a re-registered node): an add again.
-        api.apply("nodes", node_object("node-1"))
-        await until(lambda: recorder.seen[-1][0] == "add")
-    finally:
-        await source.stop()
+async def test_a_deletion_missed_during_a_410_is_found_by_the_relist(
+    cp, agent_kubeconfig, nodes, tmp_path
+) -> None:
+    """The connection drops; the Node is deleted and etcd compacted in the gap; the re-list
+    finds the deletion. The real server answers the watch from the old resourceVersion with
+    410 Expired, or, when the delete is the first revision after it (so at the compacted
+    revision, its previous version compacted away), with a 500 "etcd event received with
+    PrevKv=nil" every time: the informer must re-list on that too, not retry the watch."""
+    [name, _] = nodes
+    create_node(cp, node_object(name))
+    async with Forwarder("127.0.0.1", cp.port) as path:
+        kubeconfig = via(agent_kubeconfig, path.port, tmp_path / "via.kubeconfig")
+        source, recorder, informer = await node_source(kubeconfig, name)
+        try:
+            path.cut()
+            cp.request("DELETE", node_path(name))
+            cp.compact()
+            path.resume()
+            await until(lambda: recorder.seen[-1] == ("delete", name), timeout=30)
+            assert informer.stats.lists >= 2
+            assert informer.stats.expired + informer.stats.failures >= 1
+            # The Node comes back (a re-registered node): an add again.
+            create_node(cp, node_object(name))
+            await until(lambda: recorder.seen[-1][0] == "add")
+        finally:
+            await source.stop()
 
 
-async def test_a_node_that_does_not_exist_is_still_a_complete_list(api, tmp_path) -> None:
-    source, recorder, _informer = await node_source(api, tmp_path)
+async def test_a_node_that_does_not_exist_is_still_a_complete_list(
+    cp, agent_kubeconfig, nodes
+) -> None:
+    [name, _] = nodes
+    source, recorder, _informer = await node_source(agent_kubeconfig, name)
     try:
         assert recorder.synced and recorder.seen == []
-        api.apply("nodes", node_object("node-1"))
+        create_node(cp, node_object(name))
         await until(lambda: recorder.seen[-1:] != [] and recorder.seen[-1][0] == "add")
     finally:
         await source.stop()
 
 
-async def test_the_fake_refuses_a_field_it_cannot_select_by(api, tmp_path) -> None:
-    _, source = await started(api, tmp_path)
+async def test_the_server_refuses_a_field_it_cannot_select_by(cp, agent_kubeconfig) -> None:
+    _, source = await started(agent_kubeconfig)
     try:
         response = await source.client.get(
-            NODES.path(), params={"fieldSelector": "spec.unschedulable=true"}
+            NODES.path(), params={"fieldSelector": "spec.providerID=x"}
         )
         assert response.status_code == 400
         assert "field label not supported" in response.json()["message"]

@@ -40,7 +40,9 @@ async def start_sandbox(config: AgentConfig) -> Sandbox:
 def banner(
     sandbox: Sandbox, http_port: int, cluster_ips: Iterable[IPAddress], manifests: Iterable[str]
 ) -> list[str]:
-    """How to try the embedded default: the lab's ClusterIPs answer from its namespaces."""
+    """How to try the embedded default: the lab's ClusterIPs answer from its namespaces.
+    No ``manifests``: the Services come from the API (``ovsproxy run --kube``)."""
+    manifests = list(manifests)
     ns = sandbox.netns
     ips = sorted({str(ip) for ip in cluster_ips})
     return [
@@ -51,8 +53,13 @@ def banner(
         f"  ovsproxy status --address 127.0.0.1:{http_port}",
         f"  ovsproxy dump --address 127.0.0.1:{http_port}",
         f"ClusterIPs: {', '.join(ips)}",
-        f"Edit the manifests in {', '.join(manifests)}: changes apply live. "
-        "Ctrl-C stops and removes the sandbox.",
+        (
+            f"Edit the manifests in {', '.join(manifests)}: changes apply live. "
+            "Ctrl-C stops and removes the sandbox."
+            if manifests
+            else "The Services come from the Kubernetes API: what kubectl changes applies "
+            "live. Ctrl-C stops and removes the sandbox and the control plane."
+        ),
     ]
 
 

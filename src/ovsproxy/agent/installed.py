@@ -231,7 +231,9 @@ async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
     from ovsproxy.sources.kubernetes import NODES, kube_http_client
     from ovsproxy.sources.nodes import convert_node, node_field_selector
 
-    client = await asyncio.to_thread(kube_http_client, kubeconfig=config.kubeconfig)
+    client = await asyncio.to_thread(
+        kube_http_client, kubeconfig=config.kubeconfig, in_cluster=config.in_cluster
+    )
     try:
         response = await client.get(
             NODES.path(), params={"fieldSelector": node_field_selector(config.node_name)}
@@ -239,7 +241,13 @@ async def node_object_ips(config: AgentConfig) -> tuple[IPAddress, ...]:
     finally:
         await client.aclose()
     if response.status_code != 200:
-        log.warning("Node %s: list answered %d", config.node_name, response.status_code)
+        # The server's message says why (a 403 names the verb and the resource).
+        log.warning(
+            "Node %s: list answered %d: %s",
+            config.node_name,
+            response.status_code,
+            response.text[:300],
+        )
         return ()
     items = response.json().get("items") or []
     return convert_node(items[0]).host_ips if items else ()

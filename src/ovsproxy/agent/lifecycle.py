@@ -39,10 +39,12 @@ from ovsproxy.agent.switch_link import wait_for_switch
 from ovsproxy.agent.sync import Syncer
 from ovsproxy.agent.wiring import (
     Components,
+    api_server_ips,
     build_host_snat,
     build_node_ingress,
     build_routes,
     build_source,
+    external_ip_rule,
     manifest_paths,
     route_backend_name,
 )
@@ -54,6 +56,7 @@ from ovsproxy.metrics import HealthState, Metrics
 from ovsproxy.model import IPAddress, IPFamily
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
+from ovsproxy.proxy.external_ips import ExternalIPFilter
 from ovsproxy.proxy.runner import SyncRunner
 
 log = logging.getLogger("ovsproxy.agent")
@@ -74,6 +77,7 @@ class Agent:
         self.config = config
         self.node_wait = NODE_WAIT
         self.parts = Components(config)
+        self.api_server_ips: frozenset[IPAddress] = frozenset()  # (Kubernetes API source)
         self.health = HealthState()
         # kube-proxy's proxy health: /healthz and /livez, and the health checks' view of us
         self.proxy_health = ProxyHealth()
@@ -188,6 +192,7 @@ class Agent:
                 self.config, node_ip=tuple(str(ip) for ip in node_ingress.node_ips)
             )
             parts.config = self.config
+            self._node_ips_known()
         return self.config
 
     async def _start_host_snat(self) -> AgentConfig:
@@ -236,8 +241,15 @@ class Agent:
         )
         if proxier is not None:
             proxier.set_node_ips(node_ingress.node_ips, node_ingress.node_port_ips)
+        self._node_ips_known()
         if runner is not None:
             runner.request(full=True)
+
+    def _node_ips_known(self) -> None:
+        """The node's own addresses are refused as external IPs from now on."""
+        if self.parts.external_ips is not None:
+            rule = external_ip_rule(self.config, self.api_server_ips)
+            self.parts.external_ips.set_rule(rule)
 
     def _progress(self) -> tuple[bool, dict[str, Any]]:
         status, body = self.proxy_health.livez()
@@ -245,13 +257,18 @@ class Agent:
 
     async def _start_source(self) -> None:
         parts = self.parts
-        source = parts.source = build_source(self.config, parts.tracker)
+        external = parts.external_ips = ExternalIPFilter(
+            parts.tracker, external_ip_rule(self.config)
+        )
+        source = parts.source = build_source(self.config, external)
         await source.start()
         if not manifest_paths(self.config):
             from ovsproxy.agent.node import NodeWatcher
             from ovsproxy.sources.kubernetes import KubernetesSource
 
             assert isinstance(source, KubernetesSource)
+            self.api_server_ips = await api_server_ips(source.api_server_host)
+            external.set_rule(external_ip_rule(self.config, self.api_server_ips))
             parts.node = NodeWatcher(self.config.node_name, self.proxy_health)
             source.node(parts.node, self.config.node_name)
 

@@ -1,25 +1,38 @@
 """What the agent shows about itself: the metrics it registers, /status and /dump.
 
 ``register_metrics`` adds the counters read from the run's components; ``StatusPages`` serves
-/status and /dump next to /healthz and /metrics on one HTTP endpoint (``--metrics-address``).
+the health paths on the node's address (``--health-address``) and /metrics, /status and /dump
+on the operator's (``--metrics-address``, loopback by default).
 Both only read the ``Components``, never change them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ovsproxy import __version__
 from ovsproxy.agent.wiring import Components
-from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics
+from ovsproxy.datapath.desired import FlowKey
+from ovsproxy.datapath.groups import InstalledGroup
+from ovsproxy.datapath.switch_sync import dump_lines
+from ovsproxy.gcpause import gc_paused
+from ovsproxy.httpserver import Request, Response, is_loopback, raise_open_files_limit
+from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics, health_routes, metrics_route
+from ovsproxy.model import ServicePortName
 from ovsproxy.model.node import UnservedPath
+from ovsproxy.openflow import protocol as of
+from ovsproxy.proxy.proxier import InstalledService
 
 log = logging.getLogger("ovsproxy.agent")
 
 Samples = dict[tuple[str, ...], float]
+Snapshot = TypeVar("Snapshot")
 
 
 def register_metrics(
@@ -154,71 +167,168 @@ def unserved_paths(parts: Components) -> list[UnservedPath]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class StatusSnapshot:
+    """What /status shows, taken on the event loop at one instant: everything but the Service
+    ports as built values (small), the Service ports as the proxier's published entries (a
+    copy of its dict's items; the entries are replaced by a sync, not changed)."""
+
+    head: dict[str, Any]
+    services: tuple[tuple[ServicePortName, InstalledService], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DumpSnapshot:
+    groups: dict[int, InstalledGroup]
+    flows: Mapping[FlowKey, of.FlowMod]
+    node_ingress: tuple[str, ...]
+
+
+def service_entry(name: ServicePortName, inst: InstalledService) -> dict[str, Any]:
+    port = inst.state.port
+    entry = {
+        "name": str(name),
+        "cluster_ips": [str(ip) for ip in port.cluster_ips],
+        "port": port.port,
+        "protocol": str(port.protocol),
+        "group_ids": {str(int(f)): g for f, g in inst.group_ids.items()},
+        "endpoints": [str(ep) for ep in inst.endpoints],
+        "all_endpoints": len(inst.state.endpoints),
+        "rejecting": inst.rejecting,
+        "session_affinity_s": port.affinity_timeout,
+        "internal_traffic_policy": str(port.internal_traffic_policy),
+        "type": str(port.type),
+        "node_port": port.node_port,
+        "health_check_node_port": port.health_check_node_port,
+        "external_ips": [str(ip) for ip in port.external_ips],
+        "load_balancer_ips": [str(ip) for ip in port.load_balancer_ips],
+        "load_balancer_source_ranges": [str(r) for r in port.load_balancer_source_ranges],
+    }
+    entry.update(inst.status())
+    return entry
+
+
+def _sorted_services(
+    snapshot: StatusSnapshot,
+) -> list[tuple[ServicePortName, InstalledService]]:
+    return sorted(snapshot.services, key=lambda kv: str(kv[0]))
+
+
+def status_document(snapshot: StatusSnapshot) -> dict[str, Any]:
+    """/status as a value (``ovsproxy demo`` and tests read it so)."""
+    services = [service_entry(name, inst) for name, inst in _sorted_services(snapshot)]
+    return {**snapshot.head, "services": services}
+
+
+def render_status(snapshot: StatusSnapshot) -> bytes:
+    """/status's JSON, one Service port at a time: each ``json.dumps`` is short, so the event
+    loop's thread gets the interpreter back between them (one call over the whole document
+    would hold it for as long as the encoding takes)."""
+    head = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in snapshot.head.items())
+    services = ", ".join(json.dumps(service_entry(n, i)) for n, i in _sorted_services(snapshot))
+    return f'{{{head}, "services": [{services}]}}'.encode()
+
+
+def render_dump(snapshot: DumpSnapshot) -> bytes:
+    lines = dump_lines(snapshot.groups, snapshot.flows)
+    lines.extend(snapshot.node_ingress)
+    return "".join(f"{line}\n" for line in lines).encode()
+
+
+def without_collection(render: Callable[[Snapshot], bytes], snapshot: Snapshot) -> bytes:
+    """``render(snapshot)`` with the cyclic collector paused: a render allocates a container
+    per Service port and per flow, enough to set off full collections of the agent's heap on
+    the render's thread, each holding the interpreter lock (and the event loop) for as long as
+    the heap takes to traverse. Its values make no reference cycles: reference counting frees
+    them all."""
+    with gc_paused():
+        return render(snapshot)
+
+
 class StatusPages:
-    """/status (JSON, what ``ovsproxy status`` renders) and /dump, served with /healthz and
-    /metrics."""
+    """The agent's HTTP endpoints: the node's (``health_address``: /healthz, /readyz, /livez
+    only) and the operator's (``metrics_address``: those, /metrics, and on loopback only
+    /status, what ``ovsproxy status`` renders, and /dump).
+
+    /status and /dump are rendered on a worker thread from a snapshot taken on the event loop,
+    one render at a time: a request that comes while one runs waits for it (the connection
+    cap bounds how many wait), so the loop's syncs and the health probes are never behind a
+    render."""
 
     def __init__(self, parts: Components, metrics: Metrics, health: HealthState) -> None:
         self.parts = parts
         self.metrics = metrics
         self.health = health
         self.started = time.time()
-        self.http: HTTPEndpoint | None = None
+        self.http: HTTPEndpoint | None = None  # the operator's (metrics_address)
+        self.node_http: HTTPEndpoint | None = None  # the node's (health_address)
+        self._render_lock = asyncio.Lock()
 
     # -- HTTP -----------------------------------------------------------------------------------
     async def start_http(self) -> HTTPEndpoint:
-        host, port = self.parts.config.metrics_host_port
-        self.http = HTTPEndpoint(self.metrics, self.health, host, port)
-        self.http.extra_routes = {"/status": self.status_json, "/dump": self.dump_text}
+        soft, _hard = raise_open_files_limit()
+        config = self.parts.config
+        health = health_routes(self.health)
+        node_address = config.health_host_port
+        if node_address is not None:
+            self.node_http = HTTPEndpoint(*node_address, health)
+            await self.node_http.start()
+            log.info(
+                "health on http://%s:%d/healthz /readyz /livez",
+                node_address[0],
+                self.node_http.port,
+            )
+        host, port = config.metrics_host_port
+        routes = {**health, "/metrics": metrics_route(self.metrics)}
+        operator = is_loopback(host)
+        if operator:
+            routes |= {"/status": self._serve_status, "/dump": self._serve_dump}
+        self.http = HTTPEndpoint(host, port, routes, local_names_only=operator)
         await self.http.start()
         log.info(
-            "health and metrics on http://%s:%d/healthz /metrics /status /dump",
+            "metrics on http://%s:%d/metrics %s (open-files limit %d)",
             host,
             self.http.port,
+            "/status /dump" if operator else "(/status /dump: on a loopback address only)",
+            soft,
         )
         return self.http
 
     async def stop_http(self) -> None:
-        if self.http is not None:
-            await self.http.stop()
+        for endpoint in (self.http, self.node_http):
+            if endpoint is not None:
+                await endpoint.stop()
+
+    async def _serve_status(self, _request: Request) -> Response:
+        async with self._render_lock:
+            body = await asyncio.to_thread(
+                without_collection, render_status, self.status_snapshot()
+            )
+        return Response(200, body, "application/json")
+
+    async def _serve_dump(self, _request: Request) -> Response:
+        async with self._render_lock:
+            dump = self.dump_snapshot()
+            body = await asyncio.to_thread(without_collection, render_dump, dump)
+        return Response(200, body)
 
     # -- /status and /dump ----------------------------------------------------------------------
     def status_json(self) -> dict[str, Any]:
+        return status_document(self.status_snapshot())
+
+    def status_snapshot(self) -> StatusSnapshot:
         parts = self.parts
-        services = []
         conflicts = parts.proxier.conflicts if parts.proxier is not None else ()
-        if parts.proxier is not None:
-            for name, inst in sorted(parts.proxier.programmed.items(), key=lambda kv: str(kv[0])):
-                port = inst.state.port
-                entry = {
-                    "name": str(name),
-                    "cluster_ips": [str(ip) for ip in port.cluster_ips],
-                    "port": port.port,
-                    "protocol": str(port.protocol),
-                    "group_ids": {str(int(f)): g for f, g in inst.group_ids.items()},
-                    "endpoints": [str(ep) for ep in inst.endpoints],
-                    "all_endpoints": len(inst.state.endpoints),
-                    "rejecting": inst.rejecting,
-                    "session_affinity_s": port.affinity_timeout,
-                    "internal_traffic_policy": str(port.internal_traffic_policy),
-                    "type": str(port.type),
-                    "node_port": port.node_port,
-                    "health_check_node_port": port.health_check_node_port,
-                    "external_ips": [str(ip) for ip in port.external_ips],
-                    "load_balancer_ips": [str(ip) for ip in port.load_balancer_ips],
-                    "load_balancer_source_ranges": [
-                        str(r) for r in port.load_balancer_source_ranges
-                    ],
-                }
-                entry.update(inst.status())
-                services.append(entry)
+        programmed = parts.proxier.programmed if parts.proxier is not None else {}
+        external = parts.external_ips
+        external_problems = list(external.problems.values()) if external is not None else []
         routes = []
         if parts.routes is not None:
             routes = sorted(str(r) for r in parts.routes.installed())
         dp, channel, sandbox = parts.datapath, parts.channel, parts.sandbox
         healthy, last_sync = self.health.check()
         config = parts.config
-        return {
+        head = {
             # Where the switch is and how our tables are numbered (`ovsproxy trace` reads it).
             "ovs": {
                 "bridge": config.bridge,
@@ -261,8 +371,10 @@ class StatusPages:
             "node": parts.node.status() if parts.node is not None else None,
             # Rejects, conntrack flushes (the last filters too), invalid RSTs, affinity sweeps
             "semantics": parts.semantics.status() if parts.semantics is not None else None,
-            "services": services,
-            "problems": [str(p) for p in getattr(parts.source, "problems", [])][:100],
+            "problems": [
+                *(str(p) for p in getattr(parts.source, "problems", [])),
+                *(str(p) for ps in external_problems for p in ps),
+            ][:100],
             # Service ports refused because an older Service claims one of their ports
             "conflicts": [
                 {
@@ -284,6 +396,15 @@ class StatusPages:
                 for name, reason in (parts.proxier.refused.items() if parts.proxier else ())
             },
         }
+        # The items are copied here (one C call); they are sorted where they are rendered.
+        return StatusSnapshot(head, tuple(programmed.items()))
+
+    def dump_snapshot(self) -> DumpSnapshot:
+        dp = self.parts.datapath
+        groups, flows = dp.installed_snapshot() if dp is not None else ({}, {})
+        node_ingress = self.parts.node_ingress
+        lines = tuple(node_ingress.dump()) if node_ingress is not None else ()
+        return DumpSnapshot(groups, flows, lines)
 
     def _ovsdb_status(self) -> dict[str, Any]:
         parts = self.parts
@@ -294,11 +415,3 @@ class StatusPages:
         if registry is not None:
             out["group_ids"] = registry.status()
         return out
-
-    def dump_text(self) -> str:
-        dp = self.parts.datapath
-        text = "\n".join(dp.dump()) + "\n" if dp else ""
-        node_ingress = self.parts.node_ingress
-        if node_ingress is not None:
-            text += "".join(f"{line}\n" for line in node_ingress.dump())
-        return text

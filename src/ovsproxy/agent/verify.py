@@ -36,7 +36,7 @@ from ovsproxy.agent.installed import (
     with_host_snat,
 )
 from ovsproxy.agent.ovsdb_link import datapath_type_of
-from ovsproxy.agent.wiring import build_source, manifest_paths
+from ovsproxy.agent.wiring import build_source, external_ip_rule, manifest_paths
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.diagnostics import compare
@@ -47,6 +47,7 @@ from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.ovs.ovsdb import OVSDB, OVSDBGroupRegistry
+from ovsproxy.proxy.external_ips import ExternalIPFilter
 from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.steering import NodePortAddresses, SteeringState, desired_state
 
@@ -126,7 +127,8 @@ async def build_desired(
         freeze_gc=False,  # a one-shot process: nothing to keep out of the collector
     )
     tracker, datapath, proxier = core.tracker, core.datapath, core.proxier
-    source = build_source(config, tracker)
+    # (the agent's rule on external IPs, with the node IPs configured: what it would serve)
+    source = build_source(config, ExternalIPFilter(tracker, external_ip_rule(config)))
     try:
         await source.start()
         if discoverer is not None and not manifest_paths(config):

@@ -10,6 +10,8 @@ observability, lifecycle) read it.
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import logging
 import sys
 from dataclasses import dataclass, field
@@ -18,7 +20,10 @@ from typing import TYPE_CHECKING
 
 from ovsproxy.config import ROUTE_BACKENDS, AgentConfig, ConfigError
 from ovsproxy.lab import EXAMPLES
+from ovsproxy.model import IPAddress
+from ovsproxy.model.handler import SourceHandler
 from ovsproxy.ovs.ovsdb import OVSDBGroupRegistry
+from ovsproxy.proxy.external_ips import ExternalIPFilter, ExternalIPRule
 from ovsproxy.proxy.tracker import ChangeTracker
 
 if TYPE_CHECKING:
@@ -51,6 +56,8 @@ class Components:
 
     config: AgentConfig
     tracker: ChangeTracker = field(default_factory=ChangeTracker)
+    # Between the source and the tracker: the external IPs refused on this node
+    external_ips: ExternalIPFilter | None = None
     sandbox: Sandbox | None = None
     netns: str | None = None  # the node's network namespace for routes
     ovsdb: OVSDB | None = None
@@ -93,7 +100,32 @@ def manifest_paths(config: AgentConfig) -> list[str]:
     return []
 
 
-def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource | KubernetesSource:
+def external_ip_rule(
+    config: AgentConfig, api_server_ips: frozenset[IPAddress] = frozenset()
+) -> ExternalIPRule:
+    """The external IPs this node refuses (``proxy.external_ips``): all of them when told
+    to, else its own addresses and the API server's."""
+    return ExternalIPRule(config.refuse_external_ips, frozenset(config.node_ips), api_server_ips)
+
+
+async def api_server_ips(host: str | None) -> frozenset[IPAddress]:
+    """The API server's addresses: its host as given, or what its name resolves to (once,
+    at start; a name that does not resolve gives none, logged)."""
+    if not host:
+        return frozenset()
+    try:
+        return frozenset({ipaddress.ip_address(host)})
+    except ValueError:
+        pass
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, None)
+    except OSError as exc:
+        log.warning("API server %s does not resolve (%s): its address is not refused", host, exc)
+        return frozenset()
+    return frozenset(ipaddress.ip_address(info[4][0]) for info in found)
+
+
+def build_source(config: AgentConfig, tracker: SourceHandler) -> ManifestSource | KubernetesSource:
     # Imported when chosen: the other source's libraries are not loaded.
     paths = manifest_paths(config)
     if paths:
@@ -101,13 +133,22 @@ def build_source(config: AgentConfig, tracker: ChangeTracker) -> ManifestSource 
 
         log.info("source: manifests %s (watched for changes)", ", ".join(paths))
         return ManifestSource(
-            [Path(p) for p in paths], tracker, service_proxy_name=config.service_proxy_name
+            [Path(p) for p in paths],
+            tracker,
+            service_proxy_name=config.service_proxy_name,
+            max_file_bytes=config.manifest_max_bytes,
         )
     from ovsproxy.sources.kubernetes import KubernetesSource
 
-    log.info("source: Kubernetes API (%s)", config.kubeconfig or "in-cluster / default kubeconfig")
+    where = config.kubeconfig or (
+        "in-cluster service account" if config.in_cluster else "$KUBECONFIG / default kubeconfig"
+    )
+    log.info("source: Kubernetes API (%s)", where)
     return KubernetesSource(
-        tracker, kubeconfig=config.kubeconfig, service_proxy_name=config.service_proxy_name
+        tracker,
+        kubeconfig=config.kubeconfig,
+        in_cluster=config.in_cluster,
+        service_proxy_name=config.service_proxy_name,
     )
 
 

@@ -3,12 +3,15 @@
 Prints every problem as ``file:line (document N): Kind namespace/name: field: why (got
 value)``, then a summary of what is valid. Across all the files, Services that claim the same
 nodePort, healthCheckNodePort or address:port are problems too, with the file:line of both
-(the agent's decision, ``proxy.claims``: the older Service keeps it). Exit status 1 when
-there is any problem.
+(the agent's decision, ``proxy.claims``: the older Service keeps it), and so are external IPs
+the agent refuses (``proxy.external_ips``): the node's and the API server's addresses as
+given, or all of them with ``--refuse-external-ips``. Exit status 1 when there is any
+problem.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
@@ -17,30 +20,40 @@ import click
 
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.model import Service, ServicePort
-from ovsproxy.model.problems import Problem, SourceLocation
+from ovsproxy.model.problems import Problem, SourceError, SourceLocation
 from ovsproxy.proxy.claims import resolve
+from ovsproxy.proxy.external_ips import ExternalIPRule, admit
 from ovsproxy.sources.manifests import (
+    DEFAULT_MAX_FILE_BYTES,
+    SOURCE,
     ManifestObject,
     ObjectKey,
     ParsedManifest,
     discover_files,
     duplicate_problem,
     parse_manifest,
+    read_regular_file,
 )
 
 
-def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:
-    """Parse every manifest under ``paths``; all problems, cross-file duplicates included."""
-    files, missing = discover_files(paths)
-    problems: list[Problem] = list(missing)
+def check_paths(
+    paths: list[str], rule: ExternalIPRule | None = None
+) -> tuple[list[ParsedManifest], list[Problem]]:
+    """Parse every manifest under ``paths``; all problems, cross-file duplicates included,
+    and the external IPs ``rule`` refuses (the agent's rule: ``proxy.external_ips``)."""
+    found = discover_files(paths)
+    problems: list[Problem] = [*found.missing, *(problem for _, problem in found.unlisted)]
     parsed: list[ParsedManifest] = []
     first: dict[ObjectKey, ManifestObject] = {}
     with gc_paused():
-        for path in files:
+        for path in found.files:
             try:
-                manifest = parse_manifest(path.read_bytes(), str(path))
+                data = read_regular_file(path, DEFAULT_MAX_FILE_BYTES)
             except OSError as exc:
-                raise click.FileError(str(path), hint=str(exc)) from exc
+                why = exc.strerror or str(exc)
+                problems.append(SourceError(SOURCE, why, SourceLocation(str(path))))
+                continue
+            manifest = parse_manifest(data, str(path))
             parsed.append(manifest)
             problems.extend(manifest.problems)
             seen_here: set[ObjectKey] = set()
@@ -51,7 +64,17 @@ def check_paths(paths: list[str]) -> tuple[list[ParsedManifest], list[Problem]]:
                 kept = first.setdefault(obj.key, obj)
                 if kept is not obj:
                     problems.append(duplicate_problem(kept, obj))
-    problems.extend(port_conflicts(first.values()))
+    if rule is not None:
+        admitted = []
+        for obj in first.values():
+            if isinstance(obj.value, Service):
+                service, refused = admit(obj.value, rule)
+                problems.extend(replace(error, location=obj.location) for error in refused)
+                obj = replace(obj, value=service)
+            admitted.append(obj)
+        problems.extend(port_conflicts(admitted))
+    else:
+        problems.extend(port_conflicts(first.values()))
     return parsed, problems
 
 
@@ -109,9 +132,35 @@ def summarize(parsed: list[ParsedManifest], problems: list[Problem]) -> str:
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
-def check(paths: tuple[str, ...]) -> None:
+@click.option(
+    "--node-ip",
+    multiple=True,
+    help="the node's IP (repeat): an external IP that is one is refused, as the agent does",
+)
+@click.option(
+    "--api-server-ip",
+    multiple=True,
+    help="the API server's IP (repeat): an external IP that is one is refused",
+)
+@click.option(
+    "--refuse-external-ips", is_flag=True, help="every external IP is refused, as the agent's flag"
+)
+def check(
+    paths: tuple[str, ...],
+    node_ip: tuple[str, ...],
+    api_server_ip: tuple[str, ...],
+    refuse_external_ips: bool,
+) -> None:
     """Validate Service and EndpointSlice manifests (files or directories)."""
-    parsed, problems = check_paths(list(paths))
+    try:
+        rule = ExternalIPRule(
+            refuse_external_ips,
+            frozenset(ipaddress.ip_address(ip) for ip in node_ip),
+            frozenset(ipaddress.ip_address(ip) for ip in api_server_ip),
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    parsed, problems = check_paths(list(paths), rule)
     for problem in problems:
         location, _, text = str(problem).partition(": ")
         if problem.location is None:

@@ -5,10 +5,13 @@ sends HTTP requests to every ClusterIP from a pod and from the node (through the
 route), shows which endpoint answered how often, then changes the endpoints and shows the
 traffic follow. Everything is removed at the end.
 
-``--nodes N`` runs the tour on the multi-node lab instead (``ovsproxy.lab.cluster``): N nodes,
-each with its own OVS and agent process, the Service ``lab/web`` with an endpoint on every node,
-and HTTP from a pod and from the node namespace of every node, IPv4 and IPv6, so every node's
-traffic reaches every endpoint (local ones directly, remote ones over the underlay).
+``--nodes N`` runs the tour on the multi-node lab instead (``ovsproxy.lab.cluster``): a real
+control plane and N nodes, each with its own OVS and agent process reading the API server; the
+Service ``lab/web`` created through the API with a selector, so its endpoint on every node comes
+from kube-controller-manager; HTTP from a pod and from the node namespace of every node, IPv4
+and IPv6, so every node's traffic reaches every endpoint (local ones directly, remote ones over
+the underlay); then an endpoint change as a cluster makes one (a Pod deleted, another started)
+and the traffic following it.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from rich.table import Table
 
 from ovsproxy.config import load
 from ovsproxy.lab import EXAMPLES, build_lab
+from ovsproxy.lab.cluster import HTTP_PORT, Lab
 from ovsproxy.lab.evidence import RigNode, lab_rig, probe
+from ovsproxy.lab.manifests import endpoint_texts
 from ovsproxy.ovs.sandbox import Sandbox
 
 
@@ -150,6 +155,7 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
             manifests=[str(manifests)],
             min_sync_interval=0.0,
             metrics_address="127.0.0.1:0",
+            health_address="",
             node_name="node-1",
             log_level="warning",
         )
@@ -223,60 +229,96 @@ async def _run_demo(requests: int, as_json: bool, console: Console) -> dict[str,
     return report
 
 
-def _run_cluster_demo(nodes: int, requests: int, as_json: bool, console: Console) -> dict[str, Any]:
-    from ovsproxy.lab.cluster import Lab
-    from ovsproxy.lab.manifests import endpoint_texts, write_service
+def _measure_cluster(
+    lab: Lab, requests: int, console: Console, as_json: bool
+) -> list[dict[str, Any]]:
+    """``requests`` HTTP requests to lab/web (IPv4 and IPv6) from a pod and from the node
+    namespace of every node; each row says whether every serving pod, and only those, answered."""
+    expected = sorted(ep.pod for ep in lab.endpoints())
+    results = []
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("requests", total=len(lab.nodes) * 4 * requests)
+        for node in lab.nodes.values():
+            client = next(p for p in node.pods.values() if not p.http_ports)
+            for url in ("http://10.96.0.10/", "http://[fd00:10:96::10]/"):
+                for who, netns in (
+                    (f"pod {client.name}", client.netns),
+                    ("node namespace", node.netns),
+                ):
+                    out = probe(
+                        lab_rig(lab), netns, "http", url, "--count", str(requests), echo=False
+                    )
+                    results.append(
+                        {
+                            "service": f"lab/web ({node.name})",
+                            "url": url,
+                            "node": node.name,
+                            "client": f"{node.name} {who}",
+                            "counts": dict(sorted(out["counts"].items())),
+                            "failed": out["failed"],
+                            "failures": out["failures"],
+                            **({"evidence": out["evidence"]} if "evidence" in out else {}),
+                            "expected": expected,
+                            "ok": out["failed"] == 0 and sorted(out["counts"]) == expected,
+                        }
+                    )
+                    progress.advance(task, requests)
+    return results
 
+
+def _wait_web(lab: Lab) -> float:
+    """Seconds until every agent programs lab/web with the lab's serving pods."""
+    started = time.monotonic()
+    lab.wait_endpoints("lab/web:http/TCP", endpoint_texts(lab.endpoints(), HTTP_PORT))
+    return round(time.monotonic() - started, 3)
+
+
+def _run_cluster_demo(nodes: int, requests: int, as_json: bool, console: Console) -> dict[str, Any]:
     say = (lambda *a, **k: None) if as_json else console.print
     report: dict[str, Any] = {"nodes": nodes, "phases": [], "ok": False}
     say(
-        f"[bold]1.[/] {nodes} nodes, each a network namespace with its own Open vSwitch and "
-        "agent, on one underlay; a web pod and a client pod on every node"
+        f"[bold]1.[/] a Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager) "
+        f"and {nodes} nodes, each a network namespace with its own Open vSwitch and agent "
+        "reading the API server, on one underlay; a web pod and a client pod on every node, "
+        "registered as Node and Pod objects"
     )
-    with Lab(nodes) as lab:
+    with Lab(nodes, kube=True) as lab:
         report["lab_up_s"] = round(lab.started_in or 0.0, 3)
         say(f"   up in {report['lab_up_s']} s")
-        service = lab.web_service()
-        write_service(lab.manifests, service)
-        lab.wait_endpoints("lab/web:http/TCP", endpoint_texts(service.endpoints, 8080))
-        expected = sorted(ep.pod for ep in service.endpoints)
+        lab.apply_web_service()
+        report["service_programmed_s"] = _wait_web(lab)
         say(
-            "[bold]2.[/] Service lab/web (10.96.0.10, fd00:10:96::10) with endpoints "
-            f"{', '.join(expected)}; every agent programmed it"
+            "[bold]2.[/] Service lab/web (10.96.0.10, fd00:10:96::10, selector app=web) created "
+            f"through the API; kube-controller-manager made its EndpointSlices "
+            f"({', '.join(ep.pod for ep in lab.endpoints())}) and every agent programmed them "
+            f"in {report['service_programmed_s']} s"
         )
         say(f"[bold]3.[/] {requests} HTTP requests from a pod and from the node, on every node")
-        results = []
-        with Progress(console=console, transient=True, disable=as_json) as progress:
-            task = progress.add_task("requests", total=nodes * 4 * requests)
-            for node in lab.nodes.values():
-                client = next(p for p in node.pods.values() if not p.http_ports)
-                for url in ("http://10.96.0.10/", "http://[fd00:10:96::10]/"):
-                    for who, netns in (
-                        (f"pod {client.name}", client.netns),
-                        ("node namespace", node.netns),
-                    ):
-                        out = probe(
-                            lab_rig(lab), netns, "http", url, "--count", str(requests), echo=False
-                        )
-                        results.append(
-                            {
-                                "service": f"lab/web ({node.name})",
-                                "url": url,
-                                "node": node.name,
-                                "client": f"{node.name} {who}",
-                                "counts": dict(sorted(out["counts"].items())),
-                                "failed": out["failed"],
-                                "failures": out["failures"],
-                                **({"evidence": out["evidence"]} if "evidence" in out else {}),
-                                "expected": expected,
-                                "ok": out["failed"] == 0 and sorted(out["counts"]) == expected,
-                            }
-                        )
-                        progress.advance(task, requests)
+        results = _measure_cluster(lab, requests, console, as_json)
         report["phases"].append({"phase": "every node to every endpoint", "results": results})
         say(_table("Which endpoint answered (local and on other nodes)", results))
-        report["ok"] = all(r["ok"] for r in results)
-    say("[bold]4.[/] cleaned up: agents stopped, nodes, pods, underlay and namespaces removed")
+        # An endpoint change as a cluster makes one: a Pod ends, another starts.
+        gone, added = f"web-{nodes}", "web-1b"
+        lab.delete_pod(gone)
+        lab.add_pod("node-1", added)
+        report["change"] = {
+            "deleted_pod": gone,
+            "started_pod": f"{added} (node-1)",
+            "programmed_s": _wait_web(lab),
+        }
+        say(
+            f"[bold]4.[/] Pod {gone} deleted and Pod {added} started on node-1 (app=web): the "
+            "EndpointSlices followed and every agent programmed them in "
+            f"{report['change']['programmed_s']} s"
+        )
+        after = _measure_cluster(lab, requests, console, as_json)
+        report["phases"].append({"phase": "after the pod change", "results": after})
+        say(_table("Traffic follows the pods", after))
+        report["ok"] = all(r["ok"] for phase in report["phases"] for r in phase["results"])
+    say(
+        "[bold]5.[/] cleaned up: agents and control plane stopped, nodes, pods, underlay and "
+        "namespaces removed"
+    )
     return report
 
 

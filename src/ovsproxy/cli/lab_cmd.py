@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ovsproxy.lab.cluster import Lab, LabError, lab_down, lab_status, list_lab_records
+from ovsproxy.lab.cluster import HTTP_PORT, Lab, LabError, lab_down, lab_status, list_lab_records
 from ovsproxy.lab.controlplane import ControlPlaneError
 from ovsproxy.lab.manifests import endpoint_texts
 from ovsproxy.ovs.sandbox import SandboxError
@@ -27,6 +27,7 @@ def _print_status(info: dict[str, Any]) -> None:
         head.add_row("API server", kube["server"])
         head.add_row("kubeconfig", f"export KUBECONFIG={kube['kubeconfig']}")
         head.add_row("kubectl", kube["kubectl"])
+        head.add_row("web pods", f"namespace {kube['namespace']}, selector {_selector(kube)}")
     else:
         head.add_row("manifests", info["manifests"])
     head.add_row(
@@ -92,9 +93,12 @@ def up(nodes: int, zones: int, name: str, manifests_only: bool, as_json: bool) -
     """Start a lab that stays up until `ovsproxy lab down`: a real Kubernetes control plane
     (etcd, kube-apiserver, kube-controller-manager on loopback), N nodes with their pods
     registered as Node and Pod objects, and the Service lab/web."""
+    cluster = Lab(nodes, zones=zones, name=name, persistent=True, kube=not manifests_only)
     try:
-        cluster = Lab(nodes, zones=zones, name=name, persistent=True, kube=not manifests_only)
         cluster.up()
+    except (LabError, SandboxError, ControlPlaneError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
         service = cluster.apply_web_service()
         # Up means usable: every agent has programmed lab/web.
         for port in service.ports:
@@ -103,8 +107,12 @@ def up(nodes: int, zones: int, name: str, manifests_only: bool, as_json: bool) -
                 endpoint_texts(service.endpoints, port.target_port),
             )
         status = cluster.status()
-    except (LabError, SandboxError, ControlPlaneError) as exc:
-        raise click.ClickException(str(exc)) from exc
+    except BaseException as exc:
+        # A lab that is not usable is not left half up.
+        cluster.down()
+        if isinstance(exc, (LabError, SandboxError, ControlPlaneError)):
+            raise click.ClickException(str(exc)) from exc
+        raise
     if as_json:
         click.echo(json.dumps(status, indent=2))
         return
@@ -121,14 +129,21 @@ def up(nodes: int, zones: int, name: str, manifests_only: bool, as_json: bool) -
     )
 
 
+def _selector(kube: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in kube["web_selector"].items())
+
+
 def _kube_hint(status: dict[str, Any]) -> str:
     kube = status.get("kubernetes")
     if not kube:
         return f"Edit or add manifests in {status['manifests']}; "
     return (
-        f"The cluster's API server is {kube['server']}; kubectl of the same release:\n"
+        f"The cluster's API server is {kube['server']}; kubectl of the same release "
+        f"(namespace {kube['namespace']} by default; the web pods are {_selector(kube)}):\n"
         f"  export KUBECONFIG={kube['kubeconfig']}\n"
-        f"  {kube['kubectl']} -n lab get services,endpointslices,pods -o wide\n"
+        f"  {kube['kubectl']} get services,endpointslices,pods -o wide\n"
+        f"  {kube['kubectl']} expose service web --name web-np --type NodePort"
+        f" --port 80 --target-port {HTTP_PORT}\n"
     )
 
 

@@ -4,6 +4,7 @@ with the bundled example manifests and the pods they point at."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -23,6 +24,11 @@ def _options(func: Any) -> Any:
             help="YAML file; flags override its keys",
         ),
         click.option("--manifests", multiple=True, help="manifest file or directory (repeat)"),
+        click.option(
+            "--manifest-max-bytes",
+            type=int,
+            help="a larger manifest file is not read (reported) [67108864]",
+        ),
         click.option("--kubeconfig", help="read the Kubernetes API with this kubeconfig"),
         click.option(
             "--in-cluster",
@@ -34,6 +40,12 @@ def _options(func: Any) -> Any:
             "--service-proxy-name",
             help="handle only Services labelled service.kubernetes.io/service-proxy-name=NAME "
             "[none: only Services without that label]",
+        ),
+        click.option(
+            "--refuse-external-ips",
+            is_flag=True,
+            default=None,
+            help="serve Services without their externalIPs (each such Service a problem)",
         ),
         click.option("--ovsdb", help="OVSDB endpoint, e.g. unix:/var/run/openvswitch/db.sock"),
         click.option(
@@ -107,7 +119,14 @@ def _options(func: Any) -> Any:
             help="routing table to program; auto: by platform [auto]",
         ),
         click.option(
-            "--metrics-address", help="HOST:PORT for /healthz and /metrics [127.0.0.1:10256]"
+            "--health-address",
+            help="HOST:PORT for /healthz, /readyz and /livez only (what a kubelet or a load "
+            "balancer asks); empty: none [0.0.0.0:10256]",
+        ),
+        click.option(
+            "--metrics-address",
+            help="HOST:PORT for /metrics and the health paths, and /status and /dump when "
+            "HOST is loopback [127.0.0.1:10249]",
         ),
         click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"])),
         click.option("--log-format", type=click.Choice(["text", "json"])),
@@ -141,15 +160,47 @@ def report_config(config_file: str | None, flags: dict[str, Any]) -> AgentConfig
 
 @click.command()
 @_options
-def run(config_file: str | None, **flags: Any) -> None:
+@click.option(
+    "--kube",
+    is_flag=True,
+    help="the embedded default on a real Kubernetes control plane (etcd, kube-apiserver, "
+    "kube-controller-manager on loopback): the example Services and EndpointSlices applied "
+    "through the API, the agent reading it; Ctrl-C removes it all",
+)
+def run(config_file: str | None, kube: bool, **flags: Any) -> None:
     """Run the proxy agent (Ctrl-C to stop; flows and routes stay unless --cleanup)."""
-    from ovsproxy.agent import Agent, setup_logging
+    from ovsproxy.agent import setup_logging
 
     try:
         config = load(config_file, **flags)
     except ConfigError as exc:
         raise click.ClickException(f"configuration: {exc}") from exc
     setup_logging(config.log_level, config.log_format)
+    if not kube:
+        _run_agent(config)
+        return
+    if not config.embedded or config.manifests or config.kubeconfig or config.in_cluster:
+        raise click.ClickException(
+            "--kube runs the embedded default on its own control plane: give it no "
+            "--ovsdb/--openflow, --manifests, --kubeconfig or --in-cluster"
+        )
+    from ovsproxy.lab.controlplane import ControlPlaneError, kube_binary
+    from ovsproxy.lab.examples import agent_kubeconfig, example_control_plane, user_kubeconfig
+
+    log = logging.getLogger("ovsproxy.agent")
+    log.info("--kube: starting the control plane (etcd, kube-apiserver, kube-controller-manager)")
+    try:
+        with example_control_plane(config.node_name) as api:
+            log.info("API server %s holds the examples (namespace demo); kubectl:", api.url)
+            log.info("  export KUBECONFIG=%s", user_kubeconfig(api))
+            log.info("  %s get services,endpointslices", kube_binary("kubectl"))
+            _run_agent(dataclasses.replace(config, kubeconfig=str(agent_kubeconfig(api))))
+    except ControlPlaneError as exc:
+        raise click.ClickException(f"--kube: {exc}") from exc
+
+
+def _run_agent(config: AgentConfig) -> None:
+    from ovsproxy.agent import Agent
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -13,6 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ovsproxy.config import DEFAULT_METRICS_ADDRESS
+
 ADDRESS_HELP = "the agent's --metrics-address"
 
 
@@ -190,7 +192,7 @@ def render_status(info: dict[str, Any], console: Console) -> None:
 
 
 @click.command()
-@click.option("--address", default="127.0.0.1:10256", show_default=True, help=ADDRESS_HELP)
+@click.option("--address", default=DEFAULT_METRICS_ADDRESS, show_default=True, help=ADDRESS_HELP)
 @click.option("--json", "as_json", is_flag=True)
 def status(address: str, as_json: bool) -> None:
     """Services, ClusterIPs, group ids, endpoints and routes of a running agent."""
@@ -202,7 +204,7 @@ def status(address: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--address", default="127.0.0.1:10256", show_default=True, help=ADDRESS_HELP)
+@click.option("--address", default=DEFAULT_METRICS_ADDRESS, show_default=True, help=ADDRESS_HELP)
 def dump(address: str) -> None:
     """The groups and flows the agent owns, in ovs-ofctl -O OpenFlow15 syntax."""
     click.echo(_get(address, "/dump"), nl=False)

@@ -21,6 +21,7 @@ from typing import Any
 import click
 
 from ovsproxy.cli.status_cmd import ADDRESS_HELP, _get
+from ovsproxy.config import DEFAULT_METRICS_ADDRESS
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.diagnostics import trace as tr
 from ovsproxy.model import IPAddress, IPFamily
@@ -436,7 +437,7 @@ def run_trace(appctl_target: str, args: Sequence[str]) -> str:
     show_default=True,
     help="the client's port (the group picks the endpoint from the 5-tuple)",
 )
-@click.option("--address", default="127.0.0.1:10256", show_default=True, help=ADDRESS_HELP)
+@click.option("--address", default=DEFAULT_METRICS_ADDRESS, show_default=True, help=ADDRESS_HELP)
 @click.option("--json", "as_json", is_flag=True, help="the result as JSON")
 @click.option("--raw", is_flag=True, help="also print OVS's own trace")
 def trace(  # noqa: PLR0917 - click passes the options positionally

@@ -610,21 +610,30 @@ class SwitchSync:
     # -- introspection ----------------------------------------------------------------------
     def dump(self) -> list[str]:
         """Installed groups and flows in ovs-ofctl syntax."""
-        lines = []
-        for gid in sorted(self.installed_groups):
-            group = self.installed_groups[gid]
-            # Text is built per bucket: a large group is no single OpenFlow message.
-            text = f"group_id={gid},type=select"
-            if group.selection_method is not None:
-                text += "," + group.selection_method.to_text()
-            # in the switch's order, as ovs-ofctl dump-groups prints them
-            for key, spec in group.buckets.items():
-                bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
-                text += "," + bucket.to_text(of.GroupType.SELECT)
-            lines.append(text)
-        flows = sorted(
-            self.installed_flows.values(),
-            key=lambda f: (f.table_id, -f.priority, of.format_flow(f)),
-        )
-        lines.extend(of.format_flow(f) for f in flows)
-        return lines
+        return dump_lines(self.installed_groups, self.installed_flows)
+
+    def installed_snapshot(self) -> tuple[dict[int, InstalledGroup], InstalledFlows]:
+        """Copies of the installed groups and flows for ``dump_lines`` on another thread: the
+        dicts are copied; their values are replaced by a commit, never changed in place."""
+        return dict(self.installed.groups), InstalledFlows(dict(self.installed.flows))
+
+
+def dump_lines(
+    groups: Mapping[int, InstalledGroup], flows: Mapping[FlowKey, of.FlowMod]
+) -> list[str]:
+    """Groups and flows in ovs-ofctl syntax, groups by id, flows by table and priority."""
+    lines = []
+    for gid in sorted(groups):
+        group = groups[gid]
+        # Text is built per bucket: a large group is no single OpenFlow message.
+        text = f"group_id={gid},type=select"
+        if group.selection_method is not None:
+            text += "," + group.selection_method.to_text()
+        # in the switch's order, as ovs-ofctl dump-groups prints them
+        for key, spec in group.buckets.items():
+            bucket = of.Bucket(group.ids[key], spec.actions, spec.weight)
+            text += "," + bucket.to_text(of.GroupType.SELECT)
+        lines.append(text)
+    ordered = sorted(flows.values(), key=lambda f: (f.table_id, -f.priority, of.format_flow(f)))
+    lines.extend(of.format_flow(f) for f in ordered)
+    return lines

@@ -18,20 +18,31 @@ a new Service starts its server, a removed one stops, a changed port restarts, a
 endpoint count changes the answer only. A port that cannot be opened (in use) is reported in
 the result and in ``failed`` and retried on the next update; the other Services' servers are
 unaffected.
+
+Any path and any method are answered, as kube-proxy's; the request itself is bounded
+(``ovsproxy.httpserver``: one connection budget for all the servers, one deadline per request,
+bounded request line and headers).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
+from ovsproxy.httpserver import (
+    ConnectionBudget,
+    HTTPServer,
+    Limits,
+    RateLimitedLog,
+    Request,
+    Response,
+    listening_socket,
+)
 from ovsproxy.model import IPAddress, ServiceState
 from ovsproxy.netns import enter_netns
 
@@ -81,11 +92,11 @@ class UpdateResult:
 
 
 class _Instance:
-    __slots__ = ("health", "servers")
+    __slots__ = ("health", "server")
 
-    def __init__(self, health: ServiceHealth, servers: list[asyncio.Server]) -> None:
+    def __init__(self, health: ServiceHealth, server: HTTPServer) -> None:
         self.health = health
-        self.servers = servers
+        self.server = server
 
 
 class ServiceHealthServers:
@@ -96,6 +107,7 @@ class ServiceHealthServers:
         proxy_healthy: Callable[[], bool],
         addresses: Sequence[str] | None = None,  # None: every address, both families
         netns: str | None = None,  # the node's network namespace (None: ours)
+        limits: Limits | None = None,
     ) -> None:
         self.proxy_healthy = proxy_healthy
         self.addresses = list(addresses) if addresses is not None else None
@@ -106,6 +118,9 @@ class ServiceHealthServers:
         # namespace it was created in); serving them stays on the event loop.
         self._executor: ThreadPoolExecutor | None = None
         self._joined = False
+        # One connection budget for all the servers: a client that floods one port costs the
+        # agent no more than clients of every port together may.
+        self.budget = ConnectionBudget(limits or Limits(), RateLimitedLog(log))
 
     @property
     def running(self) -> dict[ServiceKey, int]:
@@ -116,7 +131,7 @@ class ServiceHealthServers:
         for key, inst in list(self._instances.items()):
             want = desired.get(key)
             if want is None or want.port != inst.health.port:
-                await _close(inst.servers)
+                await inst.server.close()
                 del self._instances[key]
                 stopped.append(key)
         self.failed = {k: v for k, v in self.failed.items() if k in desired}
@@ -128,13 +143,13 @@ class ServiceHealthServers:
                 running.health = want  # the count changes the answer, not the server
                 continue
             try:
-                servers = await self._listen(key, want.port)
+                server = await self._listen(key, want.port)
             except OSError as exc:
                 why = f"cannot listen on port {want.port}: {exc.strerror or exc}"
                 log.error("health check of Service %s/%s: %s", *key, why)
                 failed[key] = why
                 continue
-            self._instances[key] = _Instance(want, servers)
+            self._instances[key] = _Instance(want, server)
             self.failed.pop(key, None)
             started.append(key)
         self.failed.update(failed)
@@ -142,7 +157,7 @@ class ServiceHealthServers:
 
     async def close(self) -> None:
         for inst in self._instances.values():
-            await _close(inst.servers)
+            await inst.server.close()
         self._instances.clear()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
@@ -154,32 +169,35 @@ class ServiceHealthServers:
             self._joined = True
         return listening_socket(host, port)
 
-    async def _start(self, handler: Any, host: str | None, port: int) -> asyncio.Server:
+    async def _start(self, server: HTTPServer, host: str | None, port: int) -> None:
         if self.netns is None:
-            return await asyncio.start_server(handler, host, port)
+            await server.listen(host, port)
+            return
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="healthcheck")
         loop = asyncio.get_running_loop()
         sock = await loop.run_in_executor(self._executor, self._socket_blocking, host, port)
         try:
-            return await asyncio.start_server(handler, sock=sock)
+            await server.listen_socket(sock)
         except BaseException:
             sock.close()
             raise
 
-    async def _listen(self, key: ServiceKey, port: int) -> list[asyncio.Server]:
-        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._serve(key, reader, writer)
+    async def _listen(self, key: ServiceKey, port: int) -> HTTPServer:
+        async def handler(_request: Request) -> Response:
+            status, headers, body = self.answer(key)
+            content_type = headers.pop("Content-Type")
+            return Response(status, body, content_type, tuple(headers.items()))
 
-        servers: list[asyncio.Server] = []
+        server = HTTPServer(handler, self.budget)
         hosts: list[str | None] = [None] if self.addresses is None else list(self.addresses)
         try:
             for host in hosts:
-                servers.append(await self._start(handler, host, port))
+                await self._start(server, host, port)
         except OSError:
-            await _close(servers)  # all addresses or none, so a retry can take the port
+            await server.close()  # all addresses or none, so a retry can take the port
             raise
-        return servers
+        return server
 
     def answer(self, key: ServiceKey) -> tuple[int, dict[str, str], bytes]:
         """Status, headers and body for a request to ``key``'s health check."""
@@ -198,61 +216,3 @@ class ServiceHealthServers:
         }
         status = 200 if count and healthy else 503
         return status, headers, json.dumps(body, indent="\t").encode()
-
-    async def _serve(
-        self, key: ServiceKey, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        try:
-            await asyncio.wait_for(reader.readline(), timeout=5)
-            while (await asyncio.wait_for(reader.readline(), timeout=5)) not in (
-                b"\r\n",
-                b"\n",
-                b"",
-            ):
-                pass
-            status, headers, body = self.answer(key)
-            reason = "OK" if status == 200 else "Service Unavailable"
-            lines = [f"HTTP/1.1 {status} {reason}"]
-            lines += [f"{name}: {value}" for name, value in headers.items()]
-            lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
-            writer.write("\r\n".join(lines).encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-
-def listening_socket(host: str | None, port: int) -> socket.socket:
-    """A TCP listening socket on ``host`` (None: every address; both families where the
-    kernel has IPv6), as asyncio's start_server would open it."""
-    if host is None:
-        try:
-            sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            host = "::"
-        except OSError:  # no IPv6 in this kernel
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            host = "0.0.0.0"
-    else:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-async def _close(servers: list[asyncio.Server]) -> None:
-    for server in servers:
-        server.close()
-    for server in servers:
-        with contextlib.suppress(Exception):
-            await server.wait_closed()

@@ -72,6 +72,10 @@ SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/108")
 HTTP_PORT = 8080
 UDP_PORT = 5353
 WEB_CLUSTER_IPS = addresses("10.96.0.10", "fd00:10:96::10")
+NAMESPACE = "lab"  # the lab's pods and its Service lab/web
+# Every pod is labelled app=<its name without the node suffix>: a Service selecting the
+# serving pods selects this.
+WEB_SELECTOR = {"app": "web"}
 
 
 class LabError(RuntimeError):
@@ -83,6 +87,12 @@ def pod_cidrs(index: int) -> tuple[ipaddress.IPv4Network, ipaddress.IPv6Network]
         ipaddress.IPv4Network(f"10.244.{index}.0/24"),
         ipaddress.IPv6Network(f"fd00:10:244:{index:x}::/64"),
     )
+
+
+def app_label(pod_name: str) -> str:
+    """A lab pod's ``app`` label: its name without the node suffix (``web-2``, ``web-1b``:
+    ``web``)."""
+    return pod_name.rsplit("-", 1)[0]
 
 
 def _host(network: ipaddress.IPv4Network | ipaddress.IPv6Network, n: int) -> str:
@@ -265,6 +275,11 @@ class Lab:
         return self.workdir / "agent.kubeconfig"
 
     @property
+    def kubeconfig(self) -> Path:
+        """A person's kubeconfig: the admin, namespace ``lab`` by default."""
+        return self.workdir / "kubeconfig"
+
+    @property
     def external_ips(self) -> tuple[IPAddress, ...]:
         return (UNDERLAY_V4[EXTERNAL_HOST], UNDERLAY_V6[EXTERNAL_HOST])
 
@@ -344,7 +359,8 @@ class Lab:
         assert self.control_plane is not None
         api = self.control_plane.start()
         self.kubelet = Kubelet(api)
-        api.create_namespace("lab")
+        api.create_namespace(NAMESPACE)
+        api.kubeconfig(self.kubeconfig, api.admin, namespace=NAMESPACE)
         # The agents' identity is the shipped ServiceAccount with the shipped RBAC.
         api.ovsproxy_kubeconfig(self.agent_kubeconfig, seconds=7 * 86400)
 
@@ -427,32 +443,49 @@ class Lab:
         for prefix, serves in self.pods_per_node:
             self.add_pod(node.name, f"{prefix}-{node.index}", serves=serves)
 
-    def add_pod(self, node_name: str, pod_name: str, *, serves: bool = True) -> Pod:
-        """A pod on ``node_name`` with the next free address of the node's pod CIDRs."""
+    def add_pod(
+        self,
+        node_name: str,
+        pod_name: str,
+        *,
+        serves: bool = True,
+        http_ports: Sequence[int] | None = None,
+        udp_ports: Sequence[int] | None = None,
+        namespace: str = NAMESPACE,
+    ) -> Pod:
+        """A pod on ``node_name`` with the next free address of the node's pod CIDRs.
+
+        A serving pod answers HTTP on 8080 and UDP on 5353 with its name, or on ``http_ports``
+        and ``udp_ports`` when given. With ``kube``, its Pod object (in ``namespace``) lists
+        those as its container ports (the default ones named ``http`` and ``dns``)."""
         node = self.nodes[node_name]
         v4, v6 = node.pod_cidrs
         used = {int(p.ipv4.ip) for p in node.pods.values() if p.ipv4 is not None}
         host = next(h for h in range(10, 250) if int(v4[h]) not in used)
+        custom = http_ports is not None or udp_ports is not None
+        tcp = tuple(http_ports or ()) if custom else (HTTP_PORT,) if serves else ()
+        udp = tuple(udp_ports or ()) if custom else (UDP_PORT,) if serves else ()
         pod = node.sandbox.add_pod(
             pod_name,
             ipv4=_host(v4, host),
             ipv6=_host(v6, host),
-            namespace="lab",
-            http_ports=(HTTP_PORT,) if serves else (),
-            udp_ports=(UDP_PORT,) if serves else (),
+            namespace=namespace,
+            http_ports=tcp,
+            udp_ports=udp,
         )
         if self.kubelet is not None:
-            ports = (
-                (ContainerPort(HTTP_PORT, "TCP", "http"), ContainerPort(UDP_PORT, "UDP", "dns"))
-                if serves
-                else ()
+            names = {(HTTP_PORT, "TCP"): "http", (UDP_PORT, "UDP"): "dns"} if not custom else {}
+            ports = tuple(
+                ContainerPort(number, protocol, names.get((number, protocol)))
+                for protocol, numbers in (("TCP", tcp), ("UDP", udp))
+                for number in numbers
             )
             spec = PodSpec(
                 name=pod_name,
-                namespace="lab",
+                namespace=namespace,
                 node=node_name,
                 ips=tuple(str(ip) for ip in pod.ips),
-                labels={"app": pod_name.rsplit("-", 1)[0]},
+                labels={"app": app_label(pod_name)},
                 ports=ports,
             )
             self.kubelet.run_pod(spec)
@@ -499,13 +532,14 @@ class Lab:
             return service
         self.control_plane.request(
             "POST",
-            "/api/v1/namespaces/lab/services",
+            f"/api/v1/namespaces/{NAMESPACE}/services",
             {
                 "apiVersion": "v1",
                 "kind": "Service",
-                "metadata": {"name": service.name, "namespace": "lab"},
+                "metadata": {"name": service.name, "namespace": NAMESPACE},
                 "spec": {
-                    "selector": {"app": "web"},
+                    "selector": WEB_SELECTOR,
+                    "clusterIP": str(service.cluster_ips[0]),
                     "clusterIPs": [str(ip) for ip in service.cluster_ips],
                     "ipFamilyPolicy": "RequireDualStack",
                     "ipFamilies": ["IPv4", "IPv6"],
@@ -561,6 +595,8 @@ class Lab:
             node.zone,
             "--metrics-address",
             node.metrics_address,
+            "--health-address",
+            "",  # the lab's agents share this namespace: each has only its metrics port
             "--min-sync-interval",
             "0.1",
             "--log-level",
@@ -756,8 +792,10 @@ class Lab:
             return None
         return {
             "server": self.control_plane.url,
-            "kubeconfig": str(self.control_plane.admin_kubeconfig),
+            "kubeconfig": str(self.kubeconfig),
             "kubectl": str(kube_binary("kubectl")),
+            "namespace": NAMESPACE,
+            "web_selector": dict(WEB_SELECTOR),
             "agent_kubeconfig": str(self.agent_kubeconfig),
             "logs": str(self.control_plane.workdir),
         }

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import secrets
+import ssl
 import subprocess
 import tempfile
 import time
@@ -443,7 +444,7 @@ class ControlPlane:
         if self._client is None:
             self._client = httpx.Client(
                 base_url=self.url,
-                verify=str(self.ca_file),
+                verify=ssl.create_default_context(cafile=str(self.ca_file)),
                 headers={"Authorization": f"Bearer {self.admin.token}"},
                 timeout=30,
             )

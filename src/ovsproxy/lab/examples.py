@@ -1,15 +1,24 @@
 """The example lab: pods in a sandbox that match the bundled example manifests.
 
 `ovsproxy run` (embedded default) and `ovsproxy demo` build it, so the ClusterIPs in
-``ovsproxy/examples`` answer real HTTP right away.
+``ovsproxy/examples`` answer real HTTP right away. `ovsproxy run --kube` serves the same
+objects from a real control plane (``example_control_plane``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ovsproxy.ovs.sandbox import Pod, Sandbox
+
+if TYPE_CHECKING:  # imported when used: the agent imports this module for EXAMPLES
+    from ovsproxy.lab.controlplane import ControlPlane
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
@@ -20,6 +29,10 @@ class LabPod:
     ipv4: str
     ipv6: str | None
     http_ports: tuple[int, ...]
+
+    @property
+    def ips(self) -> tuple[str, ...]:
+        return (self.ipv4,) if self.ipv6 is None else (self.ipv4, self.ipv6)
 
 
 LAB_PODS = (
@@ -42,3 +55,39 @@ def build_lab(sandbox: Sandbox, namespace: str = "demo") -> dict[str, Pod]:
         )
         for spec in LAB_PODS
     }
+
+
+@contextlib.contextmanager
+def example_control_plane(node_name: str) -> Iterator[ControlPlane]:
+    """A control plane of the pinned release (``lab.controlplane``) holding the bundled
+    examples, applied with kubectl into namespace ``demo`` (their fixed ClusterIPs lie in its
+    default Service CIDRs), with the shipped RBAC applied and the sandbox's node registered as
+    ``node_name`` (its pod CIDRs, Ready: no kubelet runs); removed, processes and files, on
+    leaving. The agent's kubeconfig (the ovsproxy ServiceAccount's token) is
+    ``agent_kubeconfig(api)``; a person's (the admin, namespace ``demo``) is
+    ``user_kubeconfig(api)``."""
+    from ovsproxy.lab.controlplane import ControlPlane
+    from ovsproxy.lab.kubelet import Kubelet
+
+    api = ControlPlane(f"ovsp-cp-run-{os.getpid()}")
+    try:
+        api.start()
+        pod_cidrs = sorted(
+            {str(ipaddress.ip_interface(a).network) for p in LAB_PODS for a in p.ips}
+        )
+        Kubelet(api).register_node(node_name, addresses=(), pod_cidrs=pod_cidrs)
+        api.create_namespace("demo")
+        api.kubectl("apply", "-f", str(EXAMPLES))
+        api.ovsproxy_kubeconfig(agent_kubeconfig(api), seconds=7 * 86400)
+        api.kubeconfig(user_kubeconfig(api), api.admin, namespace="demo")
+        yield api
+    finally:
+        api.stop()
+
+
+def agent_kubeconfig(api: ControlPlane) -> Path:
+    return api.workdir / "agent.kubeconfig"
+
+
+def user_kubeconfig(api: ControlPlane) -> Path:
+    return api.workdir / "kubeconfig"

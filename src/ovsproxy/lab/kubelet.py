@@ -25,7 +25,9 @@ from ovsproxy.lab.controlplane import ApiError, ControlPlane
 
 Obj = dict[str, Any]
 ZONE_LABEL = "topology.kubernetes.io/zone"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"  # never pulled: no kubelet runs it
+CONTAINER = "main"  # each pod's one container
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,26 @@ class Kubelet:
             },
             ok=(201, 409),
         )
-        return self.set_node_status(name, addresses=addresses, ready=ready)
+        status = self.set_node_status(name, addresses=addresses, ready=ready)
+        if ready:
+            self._untaint_not_ready(name)
+        return status
+
+    def _untaint_not_ready(self, name: str) -> None:
+        """kube-apiserver taints a new Node ``node.kubernetes.io/not-ready`` (admission
+        TaintNodesByCondition); the node lifecycle controller lifts it once the node reports
+        Ready. That controller does not run here (it would evict the kubelet-less pods), so
+        the lab lifts it, as it would."""
+        node = self.api.request("GET", f"/api/v1/nodes/{name}")
+        taints = node.get("spec", {}).get("taints") or []
+        kept = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+        if len(kept) != len(taints):
+            self.api.request(
+                "PATCH",
+                f"/api/v1/nodes/{name}",
+                {"spec": {"taints": kept or None}},
+                content_type="application/merge-patch+json",
+            )
 
     def set_node_status(self, name: str, *, addresses: Sequence[str], ready: bool = True) -> Obj:
         now = _now()
@@ -120,7 +141,7 @@ class Kubelet:
     # -- pods
     def run_pod(self, pod: PodSpec, *, ready: bool = True) -> Obj:
         """Create the Pod bound to its node, then report it Running with its IPs."""
-        container: Obj = {"name": "main", "image": PAUSE_IMAGE}
+        container: Obj = {"name": CONTAINER, "image": PAUSE_IMAGE}
         if pod.ports:
             container["ports"] = [p.as_dict() for p in pod.ports]
         self.api.request(
@@ -155,6 +176,18 @@ class Kubelet:
             + [
                 {"type": kind, "status": "True", "lastTransitionTime": now}
                 for kind in ("Initialized", "PodScheduled")
+            ],
+            # What kubectl's READY column counts.
+            "containerStatuses": [
+                {
+                    "name": CONTAINER,
+                    "image": PAUSE_IMAGE,
+                    "imageID": "",
+                    "ready": ready,
+                    "started": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": now}},
+                }
             ],
         }
         return self.api.request(

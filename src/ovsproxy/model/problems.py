@@ -69,7 +69,9 @@ class ValidationError:
 
     def __str__(self) -> str:
         value = "" if self.value is None else f" (got {_short(self.value)})"
-        text = f"{self.object}: {self.field}: {self.message}{value}"
+        # (an error of the whole object, with no field path, names no field)
+        field = f"{self.field}: " if self.path else ""
+        text = f"{self.object}: {field}{self.message}{value}"
         return f"{self.location}: {text}" if self.location else text
 
 

@@ -70,6 +70,10 @@ _HOOK_SESSION: contextvars.ContextVar[object | None] = contextvars.ContextVar(
 )
 _WRITE_CHUNK = 256 * 1024  # bundle adds are written in chunks of about this size
 _DRAIN_EVERY = 256 * 1024  # and the loop given a turn (and flow control) this often
+# Bytes written but not yet taken by the switch before the connection is dropped: every writer
+# that streams drains at the transport's 1 MiB high-water mark, so only a switch that stops
+# reading (while it still sends, e.g. echo requests we answer) gets near this.
+MAX_WRITE_BUFFER = 256 << 20
 _RETRY_LOG_EVERY = 30.0  # while the endpoint stays unreachable, a reminder this often
 # Between attempts, a unix endpoint's socket file is checked this often for a new one (a
 # restarted switch): reconnection follows within this, whatever the backoff has grown to.
@@ -172,6 +176,7 @@ class _Connection(asyncio.Protocol):
             connect_timeout=channel.connect_timeout,
             echo_interval=channel.echo_interval,
             echo_timeout=channel.echo_timeout,
+            max_reply_bytes=channel.max_reply_bytes,
         )
         loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
@@ -277,6 +282,15 @@ class _Connection(asyncio.Protocol):
         if transport.is_closing():
             # Dropped: asyncio calls connection_lost once a closing transport is done, and the
             # session then fails every request outstanding, saying how the connection ended.
+            return
+        unsent = transport.get_write_buffer_size()
+        limit = self.channel.max_write_buffer
+        if unsent + len(data) > limit and unsent > 0:
+            # (one write larger than the limit into an empty buffer is the caller's: it drains)
+            self.abort(
+                f"the switch is not reading: {unsent:,} bytes written are not taken "
+                f"(limit {limit:,}); dropping the connection"
+            )
             return
         transport.write(data)
 
@@ -485,6 +499,8 @@ class Channel:
         backoff_max: float = 2.0,
         packet_in_queue: int = 1024,
         miss_send_len: int = 0xFFFF,
+        max_write_buffer: int = MAX_WRITE_BUFFER,
+        max_reply_bytes: int = ses.MAX_REPLY_BYTES,
     ) -> None:
         self.endpoint = endpoint if isinstance(endpoint, Endpoint) else Endpoint.parse(endpoint)
         self.on_connected = on_connected
@@ -497,6 +513,8 @@ class Channel:
         self.backoff_min = backoff_min
         self.backoff_max = backoff_max
         self.miss_send_len = miss_send_len
+        self.max_write_buffer = max_write_buffer
+        self.max_reply_bytes = max_reply_bytes
         self.counters = WireCounters()
         self.packet_ins: asyncio.Queue[of.PacketIn] = asyncio.Queue(packet_in_queue)
         self.packet_ins_dropped = 0

@@ -65,6 +65,9 @@ _ENCODED_KINDS: dict[int, Any] = {
     int(of.MsgType.GROUP_MOD): of.EncodedGroupMod,
 }
 _HEADER = struct.Struct("!BBHI")
+# One multipart reply, all its parts: a dump of every flow of a large switch is tens of
+# megabytes; a peer that never ends one is refused past this instead of kept until the timeout.
+MAX_REPLY_BYTES = 256 << 20
 
 
 class Phase(enum.Enum):
@@ -320,6 +323,7 @@ class _Pending:
     request: of.Message | None
     wants_reply: bool  # False: tracked only so that an error for it is attributed
     parts: list[of.Message] | None = None  # multipart replies so far
+    parts_bytes: int = 0  # their size on the wire
 
 
 # -- the session ------------------------------------------------------------------------------
@@ -341,8 +345,10 @@ class Session:
         connect_timeout: float = 5.0,
         echo_interval: float = 5.0,
         echo_timeout: float = 15.0,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         self.peer = peer
+        self.max_reply_bytes = max_reply_bytes
         self.counters = counters if counters is not None else WireCounters()
         self.miss_send_len = miss_send_len
         self.connect_timeout = connect_timeout
@@ -838,6 +844,16 @@ class Session:
             if pending.parts is None:
                 pending.parts = []
             pending.parts.append(msg)
+            pending.parts_bytes += len(raw)
+            if pending.parts_bytes > self.max_reply_bytes:
+                # Its later parts find no request: ignored, one at a time, nothing kept.
+                del self._pending[xid]
+                error = ChannelError(
+                    f"{self.peer}: multipart reply to request {xid} exceeds "
+                    f"{self.max_reply_bytes:,} bytes; dropped"
+                )
+                events.append(RequestFailed(xid, error))
+                return
             if getattr(msg, "more", False):
                 return
             del self._pending[xid]

@@ -370,13 +370,30 @@ def encode_id_ranges(ids: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def decode_id_ranges(text: str) -> set[int]:
-    ids: set[int] = set()
+# What a record may hold: OpenFlow's group ids (up to OFPG_MAX), and at most this many (one
+# group per Service port with endpoints; far more than a switch holds).
+MAX_GROUP_ID = 0xFFFFFF00
+MAX_RECORDED_GROUP_IDS = 1 << 20
+
+
+def decode_id_ranges(text: str, max_ids: int = MAX_RECORDED_GROUP_IDS) -> set[int]:
+    """``"1-3,7"`` -> ``{1, 2, 3, 7}``; ValueError for a malformed record, an id past
+    ``MAX_GROUP_ID`` or more than ``max_ids`` ids (counted before any is made)."""
+    ranges: list[tuple[int, int]] = []
+    count = 0
     for part in filter(None, text.split(",")):
         first, sep, last = part.partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()) or len(part) > 21:
+            raise ValueError(f"bad id range {part[:40]!r}")
         lo, hi = int(first), int(last) if sep else int(first)
-        if hi < lo or hi - lo > 0xFFFFFFFF:
+        if hi < lo or hi > MAX_GROUP_ID:
             raise ValueError(f"bad id range {part!r}")
+        count += hi - lo + 1
+        if count > max_ids:
+            raise ValueError(f"more than {max_ids:,} ids (at {part!r})")
+        ranges.append((lo, hi))
+    ids: set[int] = set()
+    for lo, hi in ranges:
         ids.update(range(lo, hi + 1))
     return ids
 
@@ -409,10 +426,10 @@ class OVSDBGroupRegistry:
             return None
         try:
             return decode_id_ranges(text)
-        except ValueError:
-            log.warning(
-                "bridge %s: unreadable external_ids:%s=%r", self.bridge, GROUP_IDS_KEY, text
-            )
+        except ValueError as exc:
+            # Reported, not fatal: without a record the synchroniser lists the switch instead.
+            self.last_error = f"external_ids:{GROUP_IDS_KEY} unreadable: {exc}"
+            log.warning("bridge %s: %s", self.bridge, self.last_error)
             return None
 
     def _save(self, group_ids: set[int]) -> None:

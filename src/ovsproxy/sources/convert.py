@@ -24,6 +24,8 @@ import ipaddress
 import logging
 import re
 import socket
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from sys import intern
@@ -306,63 +308,131 @@ _WHY_BY_TYPE = {
     "bool": "must be true or false",
     "str": "must be a string",
 }
-_ERROR_AT = re.compile(r"Expected `([^`| ]*)[^`]*`.* - at (?:`key` in )?`\$([^`]*)`\Z")
+_ERROR_AT = re.compile(
+    r"Expected `([^`| ]*)[^`]*`(?:, got `[^`]*`)?(?: - at (`key` in )?`\$([^`]*)`)?\Z"
+)
 _PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+# How often one value is converted again after mending: each round mends one of its fields,
+# or every item of one of its lists, for good, and a Struct here has at most 15 fields.
+_MEND_ROUNDS = 100
 
 
 def structure(obj: Mapping[str, Any], cls: type[_Struct], report: Report) -> _Struct:
     """``obj`` (a YAML or JSON object as dicts) as a ``cls``. A field of the wrong type is
     left to ``report`` (``typed``, reported when the converter comes to it) and read as
-    missing (an item of a list: as an empty one), so every such field is named at once."""
+    missing (an item of a list: as an empty one), so every such field is named at once.
+
+    Linear in the object's size however many fields are wrong: msgspec names one error per
+    conversion, so once an error lies in a list, every item of that list is converted (and
+    mended) on its own, and the whole is converted again once per mended field or list, not
+    once per bad item (which made 20,000 bad endpoints quadratic)."""
     try:
         return msgspec.convert(obj, cls)
-    except msgspec.ValidationError as exc:
-        error = str(exc)
-    fixed: Any = _copied(obj)  # (only a broken object is copied)
-    covered: list[FieldPath] = []
-    for _ in range(1000):
-        found = _ERROR_AT.match(error)
-        if found is None:
-            raise ValueError(f"{report.kind} does not fit its schema: {error}")
-        expected, text = found.groups()
-        path: list[str | int] = []
-        for key, index in _PATH_PART.findall(text):
-            if key:
-                path.append(key)
-            elif index == "...":  # a value in a map: the map (only labels are typed maps)
-                break
+    except msgspec.ValidationError:
+        pass
+    box: list[Any] = [_copied(obj)]  # (only a broken object is copied)
+    mend = _Mending(report.kind)
+    mend(box, 0, cls, ())
+    report.typed.extend(mend.typed)
+    report.covered = frozenset(mend.covered)
+    return msgspec.convert(box[0], cls)
+
+
+class _Mending:
+    """One object's mending: the fields of the wrong type found, reported later (``typed``)
+    and read as missing (``covered``)."""
+
+    __slots__ = ("covered", "field_types", "kind", "typed")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.typed: list[tuple[FieldPath, Any, str]] = []
+        self.covered: list[FieldPath] = []
+        # Each Struct's fields by their names in the object (``msgspec.structs.fields``
+        # evaluates annotations: too slow to ask once per bad item).
+        self.field_types: dict[Any, dict[str, Any]] = {}
+
+    def __call__(self, parent: Any, key: str | int, tp: Any, path: FieldPath) -> None:
+        """Make ``parent[key]`` (at ``path``) convert as ``tp``."""
+        for _ in range(_MEND_ROUNDS):
+            try:
+                msgspec.convert(parent[key], tp)
+            except msgspec.ValidationError as exc:
+                error = str(exc)
             else:
-                path.append(int(index))
-        parent = fixed
-        for part in path[:-1]:
-            parent = parent[part]
-        if not path or (" in `$" in error and path[-1] != "labels"):
-            # A key that is no string: no field the Structs declare, so ignored.
-            target = parent[path[-1]] if path else parent
-            for key in [key for key in target if not isinstance(key, str)]:
-                del target[key]
+                return
+            found = _ERROR_AT.match(error)
+            if found is None:
+                raise ValueError(f"{self.kind} does not fit its schema: {error}")
+            expected, in_key, text = found.groups()
+            rel: list[str | int] = []
+            for name, index in _PATH_PART.findall(text or ""):
+                if name:
+                    rel.append(name)
+                elif index == "...":  # a value in a map: the map (only labels are typed maps)
+                    break
+                else:
+                    rel.append(int(index))
+            value = parent[key]
+            where: FieldPath = (*path, *rel)
+            if in_key and (not where or where[-1] != "labels"):
+                # A key that is no string: no field the Structs declare, so ignored.
+                target = _walk(value, rel)
+                for name in [name for name in target if not isinstance(name, str)]:
+                    del target[name]
+            elif not rel:
+                if not path:
+                    raise ValueError(f"{self.kind} does not fit its schema: {error}")
+                self._wrong(parent, key, path, value, expected)
+                return
+            elif (first := _first_index(rel)) is None:
+                self(_walk(value, rel[:-1]), rel[-1], self._type_at(tp, rel), where)
+            else:
+                items = _walk(value, rel[:first])
+                item_type = self._type_at(tp, rel[: first + 1])
+                for index in range(len(items)):
+                    self(items, index, item_type, (*path, *rel[:first], index))
+        raise ValueError(f"{self.kind} does not fit its schema: {error}")  # pragma: no cover
+
+    def _wrong(
+        self, parent: Any, key: str | int, path: FieldPath, value: Any, expected: str
+    ) -> None:
+        """``parent[key]`` is of the wrong type: told, and read as missing (an item of a
+        list as an empty one)."""
+        if type(key) is int and path[-2] in ("forZones", "forNodes"):
+            self.typed.append(((*path, "name"), None, HINT_NAME))  # as the API says
         else:
-            last = path[-1]
-            value = parent[last]
-            where: FieldPath = tuple(path)
-            why = _why(where, expected)
-            if type(last) is int and path[-2] in ("forZones", "forNodes"):
-                report.typed.append(((*where, "name"), None, HINT_NAME))  # as the API says
-            else:
-                report.typed.append((where, value, why))
-            covered.append(where)
-            if type(last) is int:
-                parent[last] = {} if expected == "object" else ""
-            else:
-                del parent[last]
-        try:
-            result = msgspec.convert(fixed, cls)
-        except msgspec.ValidationError as exc:
-            error = str(exc)
-            continue
-        report.covered = tuple(covered)
-        return result
-    raise ValueError(f"{report.kind} does not fit its schema: {error}")  # pragma: no cover
+            self.typed.append((path, value, _why(path, expected)))
+        self.covered.append(path)
+        if type(key) is int:
+            parent[key] = {} if expected == "object" else ""
+        else:
+            del parent[key]
+
+    def _type_at(self, tp: Any, path: Sequence[str | int]) -> Any:
+        """The type the schema gives the field at ``path`` of a ``tp``."""
+        for part in path:
+            if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None
+                tp = next(arg for arg in typing.get_args(tp) if arg is not type(None))
+            if isinstance(part, int):
+                (tp,) = typing.get_args(tp)  # list[X]
+                continue
+            fields = self.field_types.get(tp)
+            if fields is None:
+                fields = {f.encode_name: f.type for f in msgspec.structs.fields(tp)}
+                self.field_types[tp] = fields
+            tp = fields[part]
+        return tp
+
+
+def _first_index(path: Sequence[str | int]) -> int | None:
+    return next((at for at, part in enumerate(path) if type(part) is int), None)
+
+
+def _walk(value: Any, path: Sequence[str | int]) -> Any:
+    for part in path:
+        value = value[part]
+    return value
 
 
 def _copied(value: Any) -> Any:
@@ -826,9 +896,9 @@ def slice_value(
             protocol = Protocol.TCP
         port = raw_port.port
         if port is None:
-            report.bad(("ports", index, "port"), None, "required")
-            port = 0
-        elif not 1 <= port <= 65535:
+            # The API admits it ("all ports"); kube-proxy skips such a port, not the slice.
+            continue
+        if not 1 <= port <= 65535:
             report.bad(("ports", index, "port"), port, PORT_NUMBER)
             port = 0
         if (port_name, protocol) in seen:
@@ -846,10 +916,11 @@ def slice_value(
     # The family of each address is checked unless the parser gives no other.
     family_to_check = None if family is None or parse is parse_ipv4 else int(family)
     raw_endpoints = obj.endpoints or ()
+    position = _Positions(raw_endpoints)
     for raw in raw_endpoints:
         addresses = raw.addresses
         if not addresses:
-            path: FieldPath = ("endpoints", _index(raw_endpoints, raw), "addresses")
+            path: FieldPath = ("endpoints", position(raw), "addresses")
             report.bad(path, addresses, "at least one address is required")
             continue
         # kube-proxy uses the first address only; the API requires exactly one.
@@ -861,10 +932,10 @@ def slice_value(
                 why = NOT_AN_IP
             else:
                 why = f"family mismatch: addressType is {address_type}"
-            report.bad(("endpoints", _index(raw_endpoints, raw), "addresses", 0), text, why)
+            report.bad(("endpoints", position(raw), "addresses", 0), text, why)
             continue
         if (special := special_ip(address)) is not None:
-            report.bad(("endpoints", _index(raw_endpoints, raw), "addresses", 0), text, special)
+            report.bad(("endpoints", position(raw), "addresses", 0), text, special)
             continue
         conditions = raw.conditions
         if conditions is None:
@@ -881,8 +952,8 @@ def slice_value(
         if hints is None:
             hint_zones = hint_nodes = NO_NAMES
         else:
-            hint_zones = _hint_names(hints.for_zones, report, raw_endpoints, raw, "forZones")
-            hint_nodes = _hint_names(hints.for_nodes, report, raw_endpoints, raw, "forNodes")
+            hint_zones = _hint_names(hints.for_zones, report, position, raw, "forZones")
+            hint_nodes = _hint_names(hints.for_nodes, report, position, raw, "forNodes")
         for port, endpoints in built:
             endpoints.append(
                 Endpoint(
@@ -907,10 +978,21 @@ def slice_value(
     )
 
 
-def _index(items: Sequence[object], item: object) -> int:
-    """Where ``item`` is in ``items`` (found only for an error's path: the loop over many
-    endpoints keeps no count)."""
-    return next(index for index, other in enumerate(items) if other is item)
+class _Positions:
+    """Where each item of ``items`` is, for an error's path only: the loop over many
+    endpoints keeps no count, and the first error indexes the list once (a search per error
+    made 20,000 bad endpoints quadratic)."""
+
+    __slots__ = ("_at", "_items")
+
+    def __init__(self, items: Sequence[object]) -> None:
+        self._items = items
+        self._at: dict[int, int] | None = None
+
+    def __call__(self, item: object) -> int:
+        if self._at is None:
+            self._at = {id(other): index for index, other in enumerate(self._items)}
+        return self._at[id(item)]
 
 
 # Most endpoints have no hints: one shared empty set (each frozenset() is a new
@@ -921,19 +1003,19 @@ NO_NAMES: frozenset[str] = frozenset()
 def _hint_names(
     entries: list[Hint] | None,
     report: Report,
-    endpoints: Sequence[EndpointSpec],
+    position: _Positions,
     endpoint: EndpointSpec,
     key: str,
 ) -> frozenset[str]:
     if not entries:
         return NO_NAMES
     names = []
-    for entry in entries:
+    for index, entry in enumerate(entries):
         if entry.name:
             names.append(intern(entry.name))
         else:
-            path = ("endpoints", _index(endpoints, endpoint), "hints", key, _index(entries, entry))
-            report.bad((*path, "name"), entry.name, HINT_NAME)
+            path = ("endpoints", position(endpoint), "hints", key, index, "name")
+            report.bad(path, entry.name, HINT_NAME)
     return frozenset(names) if names else NO_NAMES
 
 

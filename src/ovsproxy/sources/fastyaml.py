@@ -183,7 +183,8 @@ def documents(data: bytes) -> list[FastDocument] | None:
     except Exception:  # rapidyaml's parse errors: PyYAML reports them its own way
         return None
     try:
-        return _documents(tree, data, _address(buffer))
+        with _quiet_stderr():  # (its emitter writes errors too: too deep a nesting)
+            return _documents(tree, data, _address(buffer))
     except Exception:  # _Unsure, msgspec.DecodeError, a shape not foreseen: PyYAML reads it
         return None
 

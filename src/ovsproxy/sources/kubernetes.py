@@ -10,7 +10,13 @@ without re-listing, which would lose the deletes that happened in the gap; so:
   advance the resourceVersion, so a dropped watch resumes where it was;
 * 410 Gone (an HTTP 410, or an ERROR event with code 410) re-lists and diffs against the
   store: deletes for objects that vanished during the gap, updates for changed ones;
-* any other failure reconnects after a capped exponential backoff with jitter.
+* any other failure retries after a capped exponential backoff with jitter: a dropped
+  connection (or a 429) resumes the watch; an error status from the server re-lists (from
+  some resourceVersions it fails every time: a delete at etcd's compacted revision is a 500);
+* a watch line (one event) longer than ``max_event_bytes`` is a failure (the stream is
+  dropped, never buffered without end), and so is a line that does not decode; a watch that
+  fails ``relist_after`` times in a row at one resourceVersion (a malformed event the server
+  sends again on every resumption) re-lists instead, and resumes past it.
 
 ``Informer`` is generic over resources: a ``kubejson.Codec`` makes each list page and watch
 event into keys, resourceVersions and values, which it delivers to an ``ObjectHandler``. It
@@ -32,7 +38,7 @@ import gc
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -64,6 +70,10 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 # A list at least this long leaves its objects in the collector's permanent generation.
 FREEZE_AFTER_LIST = 1000
+# One watch event: an object is at most 1.5 MiB in etcd; its JSON, escaped, a few times that.
+MAX_WATCH_EVENT_BYTES = 16 << 20
+# Watches failing this many times in a row at one resourceVersion: re-list instead of resuming.
+RELIST_AFTER_FAILURES = 3
 _Value = TypeVar("_Value")
 _Handled_contra = TypeVar("_Handled_contra", contravariant=True)
 
@@ -110,6 +120,10 @@ class ResourceExpired(Exception):
     """410 Gone: the resourceVersion (or continue token) is older than the server keeps."""
 
 
+class WatchLineTooLong(Exception):
+    """A watch stream sent more than the bound without ending the event's line."""
+
+
 class ApiStatusError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(f"{code}: {message}")
@@ -140,6 +154,7 @@ class InformerStats:
     bookmarks: int = 0
     expired: int = 0  # 410 Gone seen, by watch or by list
     failures: int = 0  # other errors (each followed by a backoff)
+    stuck_relists: int = 0  # re-lists after relist_after failures at one resourceVersion
 
 
 class Informer(Generic[_Value]):
@@ -159,6 +174,8 @@ class Informer(Generic[_Value]):
         watch_timeout: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff = Backoff(),
         request_timeout: float = 30.0,
+        max_event_bytes: int = MAX_WATCH_EVENT_BYTES,
+        relist_after: int = RELIST_AFTER_FAILURES,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -170,11 +187,17 @@ class Informer(Generic[_Value]):
         self.watch_timeout = watch_timeout  # each watch asks the server to end within this
         self.backoff = backoff
         self.request_timeout = request_timeout
+        self.max_event_bytes = max_event_bytes
+        self.relist_after = relist_after
         self.store: dict[ObjKey, str] = {}
         self.resource_version: str | None = None
         self.synced = False
         self.stats = InformerStats()
+        # The last failure ("kubernetes/<plural>: ..."), until a list or a watch succeeds:
+        # what /status shows while the informer retries (a 403 names the verb and resource).
+        self.problem: str | None = None
         self._failures = 0  # consecutive, for the backoff
+        self._failed_at: tuple[str | None, int] = (None, 0)  # (resourceVersion, failures there)
         self._synced_event = asyncio.Event()
         self._name = f"kubernetes/{resource.plural}"
 
@@ -207,9 +230,34 @@ class Informer(Generic[_Value]):
                 self.stats.failures += 1
                 self._failures += 1
                 message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if isinstance(exc, ApiStatusError) and exc.code != 429:
+                    # The server refused to go on from this resourceVersion (e.g. etcd's
+                    # "PrevKv=nil" 500 for a delete at the compacted revision, every time
+                    # from there): list again, as client-go's reflector does. A dropped
+                    # connection or a 429 resumes the watch.
+                    self.resource_version = None
+                elif self._stuck():
+                    message += f"; {self.relist_after} failures at resourceVersion "
+                    message += f"{self.resource_version}: re-listing"
+                    self.stats.stuck_relists += 1
+                    self.resource_version = None
                 log.warning("%s: %s; retrying", self._name, message)
+                self.problem = f"{self._name}: {message}"
                 self.handler.on_error(SourceError(self._name, message))
                 await self._sleep_backoff()
+
+    def _stuck(self) -> bool:
+        """Count a failure at the current resourceVersion; True when it is the
+        ``relist_after``-th in a row there (resuming from it again would fail again)."""
+        if self.resource_version is None:
+            return False
+        version, count = self._failed_at
+        count = count + 1 if version == self.resource_version else 1
+        self._failed_at = (self.resource_version, count)
+        if count >= self.relist_after:
+            self._failed_at = (None, 0)
+            return True
+        return False
 
     async def _sleep_backoff(self) -> None:
         await asyncio.sleep(self.backoff.delay(self._failures - 1, random.random()))
@@ -244,6 +292,7 @@ class Informer(Generic[_Value]):
         self.resource_version = resource_version
         self.stats.lists += 1
         self._failures = 0
+        self.problem = None
         if not self.synced:
             self.synced = True
             self._synced_event.set()
@@ -287,9 +336,37 @@ class Informer(Generic[_Value]):
             if response.status_code != 200:
                 raise _status_error(response.status_code, await response.aread())
             self.stats.watches += 1
-            async for line in response.aiter_lines():
+            self.problem = None
+            async for line in self._lines(response):
                 if line.strip():
                     self._on_event(self.codec.event(line))
+
+    async def _lines(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The stream's lines, each at most ``max_event_bytes`` (else ``WatchLineTooLong``:
+        nothing is kept past the bound)."""
+        pending = bytearray()
+        async for chunk in response.aiter_bytes():
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                if len(pending) + end - start > self.max_event_bytes:
+                    raise self._too_long()
+                if pending:
+                    pending += chunk[start:end]
+                    yield bytes(pending)
+                    pending.clear()
+                else:
+                    yield chunk[start:end]
+                start = end + 1
+            pending += chunk[start:]
+            if len(pending) > self.max_event_bytes:
+                raise self._too_long()
+        if pending:
+            yield bytes(pending)
+
+    def _too_long(self) -> WatchLineTooLong:
+        return WatchLineTooLong(
+            f"a watch event longer than {self.max_event_bytes:,} bytes; dropping the stream"
+        )
 
     def _on_event(self, event: Event[_Value]) -> None:
         kind = event.type
@@ -314,7 +391,7 @@ class Informer(Generic[_Value]):
             if self.store.pop(event.key, None) is not None:
                 self._deliver(self.handler.on_delete, event.key)
         else:
-            log.warning("%s: unknown watch event type %r", self._name, kind)
+            log.warning("%s: unknown watch event type %.80r", self._name, kind)
         self.stats.events += 1
         if resource_version:
             self.resource_version = resource_version
@@ -341,22 +418,51 @@ def _status_error(code: int, body: bytes) -> Exception:
     return ApiStatusError(code, message)
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def in_cluster_config(service_account: str = SERVICE_ACCOUNT_DIR) -> Any:
+    """A pod's own configuration, as client-go's ``rest.InClusterConfig``: the server from
+    ``$KUBERNETES_SERVICE_HOST``/``_PORT``, the token, CA and namespace from the service
+    account's files. Raises ``ValueError`` naming what is missing."""
+    from lightkube.config.kubeconfig import KubeConfig
+
+    missing = [
+        v for v in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT") if not os.environ.get(v)
+    ]
+    missing += [
+        f"{service_account}/{name}"
+        for name in ("token", "ca.crt", "namespace")
+        if not os.path.isfile(os.path.join(service_account, name))
+    ]
+    if missing:
+        raise ValueError(f"in-cluster: {', '.join(missing)} missing (not running in a pod?)")
+    return KubeConfig.from_service_account(service_account=service_account)
+
+
 def kube_http_client(
     *,
     kubeconfig: str | os.PathLike[str] | None = None,
+    in_cluster: bool = False,
     context: str | None = None,
     timeout: float = 10.0,
     trust_env: bool = True,
 ) -> httpx.AsyncClient:
     """An HTTP client for the API server, configured by lightkube.
 
-    With ``kubeconfig``, that file; otherwise lightkube's order: the in-cluster service
-    account, then ``$KUBECONFIG``, then ``~/.kube/config``.
+    ``in_cluster``: the pod's service account (``in_cluster_config``) and nothing else;
+    ``kubeconfig``: that file; neither: lightkube's order (the in-cluster service account,
+    then ``$KUBECONFIG``, then ``~/.kube/config``).
     """
     from lightkube.config.client_adapter import AsyncClient, ConnectionParams
     from lightkube.config.kubeconfig import KubeConfig
 
-    config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+    if in_cluster and kubeconfig:
+        raise ValueError("kubeconfig and in-cluster: choose one")
+    if in_cluster:
+        config = in_cluster_config()
+    else:
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
     single = config.get(context_name=context)
     if single is None:
         where = kubeconfig or "$KUBECONFIG / ~/.kube/config / in-cluster"
@@ -431,22 +537,26 @@ class KubernetesSource:
         *,
         client: httpx.AsyncClient | None = None,
         kubeconfig: str | os.PathLike[str] | None = None,
+        in_cluster: bool = False,
         context: str | None = None,
         page_size: int = 500,
         watch_timeout: tuple[float, float] = (300.0, 600.0),
         backoff: Backoff = Backoff(),
         service_proxy_name: str | None = None,
+        max_event_bytes: int = MAX_WATCH_EVENT_BYTES,
     ) -> None:
         self.handler = handler
         self.service_proxy_name = check_service_proxy_name(service_proxy_name)
         self._client = client
         self._owns_client = client is None
         self._kubeconfig = kubeconfig
+        self._in_cluster = in_cluster
         self._context = context
         self._options: dict[str, Any] = {
             "page_size": page_size,
             "watch_timeout": watch_timeout,
             "backoff": backoff,
+            "max_event_bytes": max_event_bytes,
         }
         self.informers: list[Informer[Any]] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -464,11 +574,19 @@ class KubernetesSource:
             raise RuntimeError("KubernetesSource is not started")
         return self._client
 
+    @property
+    def api_server_host(self) -> str | None:
+        """The API server's host (an address or a name), once ``start`` made the client."""
+        return self._client.base_url.host if self._client is not None else None
+
     async def start(self) -> None:
         if self._client is None:
             # Reads the kubeconfig or service-account files: small, but still blocking.
             self._client = await asyncio.to_thread(
-                kube_http_client, kubeconfig=self._kubeconfig, context=self._context
+                kube_http_client,
+                kubeconfig=self._kubeconfig,
+                in_cluster=self._in_cluster,
+                context=self._context,
             )
         handler = self.handler
         services = _ModelEvents(
@@ -535,6 +653,11 @@ class KubernetesSource:
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(informer.wait_synced() for informer in self.informers))
+
+    @property
+    def problems(self) -> list[str]:
+        """What each informer that is failing now last failed with (``/status``)."""
+        return [informer.problem for informer in self.informers if informer.problem]
 
     async def stop(self) -> None:
         for task in self._tasks:

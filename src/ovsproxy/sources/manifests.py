@@ -14,15 +14,25 @@ A file that stops parsing keeps its last good content in force; the parse error,
 and line, is reported once per broken version. An object that fails validation is reported
 (with the line of the bad field) and its last valid version stays in force. When two files
 define the same object, the first in path order wins and the other is reported.
+
+Hostile files are one file's problem, never the scan's: only regular files are read (a
+symlink is followed only to one; a FIFO or a device is reported and skipped, never opened),
+at most ``max_file_bytes`` of them (a larger file is reported, its last good content stays);
+a YAML document whose aliases would expand past ``MAX_ALIAS_EXPANSION`` nodes is refused
+before it is constructed; any failure to parse or convert is reported with the file and line.
+A file that cannot be read for any reason but "not there" (EIO, EACCES, EMFILE...) keeps its
+last good content in force and is reported, until it reads again or is removed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import logging
 import os
+import stat as stat_mode
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +78,11 @@ _CONVERTERS: dict[str, Callable[..., Service | EndpointSlice]] = {
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available
 
 ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
+# A manifest file larger than this is refused (reported; its last good content stays).
+DEFAULT_MAX_FILE_BYTES = 64 << 20
+# Nodes an alias may add to a document beyond the ones written: a Kubernetes manifest rarely
+# has aliases, and a "billion laughs" document expands to billions.
+MAX_ALIAS_EXPANSION = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +124,19 @@ def parse_manifest(
     and the problems are PyYAML's, with the line of each bad field."""
     raw = data.encode() if isinstance(data, str) else data
     ips = ips if ips is not None else ParsedIPs()
-    documents = fastyaml.documents(raw)
-    if documents is not None:
-        parsed = _parse_documents(documents, path, service_proxy_name, ips)
-        if parsed is not None:
-            return parsed
-    return _parse_with_pyyaml(data, path, service_proxy_name, ips)
+    try:
+        documents = fastyaml.documents(raw)
+        if documents is not None:
+            parsed = _parse_documents(documents, path, service_proxy_name, ips)
+            if parsed is not None:
+                return parsed
+        return _parse_with_pyyaml(data, path, service_proxy_name, ips)
+    except Exception as exc:  # a failure not foreseen: this file's problem
+        log.debug("parsing %s failed", path, exc_info=True)
+        message = f"cannot be read: {type(exc).__name__}: {exc}"
+        return ParsedManifest(
+            path, (), (SourceError(SOURCE, message, SourceLocation(path)),), parse_failed=True
+        )
 
 
 def _parse_documents(
@@ -178,6 +200,11 @@ def _parse_with_pyyaml(
             node = loader.get_node()
             document += 1
             where = SourceLocation(path, node.start_mark.line + 1, document)
+            expanded = expanded_size(node, MAX_ALIAS_EXPANSION)
+            if expanded is None:
+                message = f"aliases expand to more than {MAX_ALIAS_EXPANSION:,} extra nodes"
+                problems.append(SourceError(SOURCE, message, where))
+                continue
             try:
                 obj = loader.construct_document(node)
             except (ValueError, OverflowError) as exc:
@@ -239,6 +266,43 @@ def _parse_with_pyyaml(
     return ParsedManifest(path, tuple(objects), tuple(problems), other_documents=other)
 
 
+def expanded_size(root: yaml.Node, max_extra: int) -> int | None:
+    """How many nodes ``root`` stands for with every alias expanded (a composed document shares
+    an aliased node), or None when that is more than ``max_extra`` beyond the nodes it has (or
+    endless: an alias inside its own anchor).
+    Linear in the nodes it has: each node's expanded size is counted once."""
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()  # on the path from the root
+    composed = 0
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # depth first; a node's size once its children's are known
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if not children_done:
+            if id(node) in visiting:
+                return None  # an alias inside its own anchor: expands without end
+            visiting.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in _children(node) if id(child) not in sizes)
+            continue
+        visiting.discard(id(node))
+        composed += 1
+        size = 1 + sum(sizes[id(child)] for child in _children(node))
+        if size > composed + max_extra:
+            return None
+        sizes[id(node)] = size
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 def _add_object(
     obj: Any,
     node: yaml.Node | None,
@@ -270,6 +334,10 @@ def _add_object(
             value = _CONVERTERS[kind](obj, location=where, ips=ips)
     except InvalidObjectError as exc:
         errors.extend(exc.errors)
+    except Exception as exc:  # one object's problem, never the file's
+        namespace, name = key or ("", "<unnamed>")
+        message = f"cannot be read: {exc}"
+        errors.append(ValidationError(kind, namespace, name, (), None, message, where))
     if api_version != _API_VERSIONS[kind]:
         namespace, name = key or ("", "<unnamed>")
         expected = _API_VERSIONS[kind]
@@ -339,17 +407,47 @@ def _item(node: yaml.Node | None, index: int) -> yaml.Node | None:
     return None
 
 
-def discover_files(
-    paths: Iterable[str | os.PathLike[str]],
-) -> tuple[list[Path], list[SourceError]]:
-    """The manifest files under ``paths``, in a stable order, and the paths that are missing."""
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """What a look at the paths found: the manifest files in a stable order, the paths that
+    are not there, and the directories that could not be listed (their files are kept)."""
+
+    files: list[Path]
+    missing: list[SourceError]
+    unlisted: list[tuple[Path, SourceError]]
+
+    def listed(self, path: Path) -> bool:
+        """Whether ``path`` was looked for: not under a directory that could not be listed."""
+        return not any(path == top or top in path.parents for top, _ in self.unlisted)
+
+
+def discover_files(paths: Iterable[str | os.PathLike[str]]) -> Discovery:
+    """The manifest files under ``paths``; a path that is not there is a problem, a directory
+    that cannot be listed (EACCES, EMFILE...) another: its files are not gone."""
     files: list[Path] = []
     problems: list[SourceError] = []
+    unlisted: list[tuple[Path, SourceError]] = []
     seen: set[Path] = set()
+
+    def cannot_list(exc: OSError) -> None:
+        where = Path(exc.filename or "")
+        message = f"cannot be listed: {exc.strerror or exc}"
+        unlisted.append((where, SourceError(SOURCE, message, SourceLocation(str(where)))))
+
     for root in map(Path, paths):
-        if root.is_dir():
+        try:
+            is_dir = stat_mode.S_ISDIR(root.stat().st_mode)
+        except FileNotFoundError:
+            problems.append(
+                SourceError(SOURCE, "no such file or directory", SourceLocation(str(root)))
+            )
+            continue
+        except OSError as exc:
+            cannot_list(exc)
+            continue
+        if is_dir:
             found: list[Path] = []
-            for directory, subdirs, names in os.walk(root):
+            for directory, subdirs, names in os.walk(root, onerror=cannot_list):
                 subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
                 found.extend(
                     Path(directory, name)
@@ -357,24 +455,77 @@ def discover_files(
                     if name.endswith(MANIFEST_SUFFIXES) and not name.startswith(".")
                 )
             candidates = sorted(found)
-        elif root.exists():
-            candidates = [root]
         else:
-            problems.append(
-                SourceError(SOURCE, "no such file or directory", SourceLocation(str(root)))
-            )
-            continue
+            candidates = [root]
         for path in candidates:
             if path not in seen:
                 seen.add(path)
                 files.append(path)
-    return files, problems
+    return Discovery(files, problems, unlisted)
 
 
 def duplicate_problem(kept: ManifestObject, dropped: ManifestObject) -> SourceError:
     kind, namespace, name = dropped.key or (dropped.kind, "", "")
     message = f"{kind} {namespace}/{name} is also defined at {kept.location}; that one is used"
     return SourceError(SOURCE, message, dropped.location)
+
+
+class UnreadableFile(OSError):
+    """A manifest path that is not to be read: not a regular file, or larger than the cap."""
+
+
+def _refusal(mode: int, size: int, max_bytes: int) -> str | None:
+    if not stat_mode.S_ISREG(mode):
+        return f"not a regular file ({_file_type(mode)}): not read"
+    if size > max_bytes:
+        return _too_large(max_bytes)
+    return None
+
+
+def _too_large(max_bytes: int) -> str:
+    return f"larger than the {max_bytes:,}-byte limit (manifest_max_bytes): not read"
+
+
+def _file_type(mode: int) -> str:
+    for test, name in (
+        (stat_mode.S_ISDIR, "a directory"),
+        (stat_mode.S_ISFIFO, "a FIFO"),
+        (stat_mode.S_ISCHR, "a character device"),
+        (stat_mode.S_ISBLK, "a block device"),
+        (stat_mode.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def check_readable(status: os.stat_result, max_bytes: int) -> None:
+    """Raises ``UnreadableFile`` for anything but a regular file of at most ``max_bytes``."""
+    refusal = _refusal(status.st_mode, status.st_size, max_bytes)
+    if refusal is not None:
+        raise UnreadableFile(errno.EINVAL, refusal)
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of ``path`` if it is a regular file (a symlink to one) of at most
+    ``max_bytes``, else ``UnreadableFile``. Opened non-blocking, and checked again once open:
+    a FIFO swapped in after a ``stat`` never blocks the reader."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        check_readable(os.fstat(fd), max_bytes)
+        chunks: list[bytes] = []
+        left = max_bytes + 1  # a file that grows past the limit while read is refused too
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise UnreadableFile(errno.EFBIG, _too_large(max_bytes))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 Signature = tuple[int, int, int]  # (mtime_ns, size, inode)
@@ -400,6 +551,8 @@ class _FileUpdate:
     signature: Signature | None  # None: the file is gone
     digest: bytes = b""
     parsed: ParsedManifest | None = None  # None: bytes unchanged, nothing to parse
+    # Why the file could not be read (its last good content stays); signature is None then.
+    unreadable: SourceError | None = None
 
 
 class ManifestSource:
@@ -417,8 +570,12 @@ class ManifestSource:
         *,
         poll_interval: float = 0.5,
         service_proxy_name: str | None = None,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
     ) -> None:
+        if max_file_bytes < 1:
+            raise ValueError(f"max_file_bytes must be at least 1, got {max_file_bytes}")
         self.paths = [Path(p) for p in paths]
+        self.max_file_bytes = max_file_bytes
         self.service_proxy_name = check_service_proxy_name(service_proxy_name)
         self.handler = handler
         self.poll_interval = poll_interval
@@ -428,6 +585,7 @@ class ManifestSource:
         self._current: dict[ObjectKey, tuple[Path, ManifestObject]] = {}
         self._duplicates: dict[ObjectKey, SourceError] = {}
         self._missing: list[SourceError] = []
+        self._unreadable: dict[Path, SourceError] = {}  # files, and directories not listed
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self.scans = 0
@@ -457,7 +615,7 @@ class ManifestSource:
     @property
     def problems(self) -> list[Problem]:
         """Every problem in force now: missing paths, parse and validation errors, duplicates."""
-        found: list[Problem] = list(self._missing)
+        found: list[Problem] = [*self._missing, *self._unreadable.values()]
         for state in self._files.values():
             found.extend(state.parsed.problems)
         found.extend(self._duplicates.values())
@@ -491,24 +649,30 @@ class ManifestSource:
             return self._read_changes_now()
 
     def _read_changes_now(self) -> tuple[list[Path], list[SourceError], list[_FileUpdate]]:
-        files, missing = discover_files(self.paths)
-        updates: list[_FileUpdate] = []
+        found = discover_files(self.paths)
+        files, missing = found.files, found.missing
+        updates = [_FileUpdate(top, None, unreadable=problem) for top, problem in found.unlisted]
         # A file written within the mtime granularity of the last look can change again
         # with the same size and mtime: until it is older than that, hash it every time.
         racy_after = time.time_ns() - _RACY_NS
         for path in files:
+            state = self._files.get(path)
             try:
                 stat = path.stat()
+                check_readable(stat, self.max_file_bytes)  # before opening: never a FIFO
                 signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-                state = self._files.get(path)
                 unchanged = state is not None and state.signature == signature
-                if unchanged and stat.st_mtime_ns < racy_after:
+                if unchanged and stat.st_mtime_ns < racy_after and path not in self._unreadable:
                     continue
-                data = path.read_bytes()
+                data = read_regular_file(path, self.max_file_bytes)
+            except FileNotFoundError:
+                updates.append(_FileUpdate(path, None))  # vanished between listing and reading
+                continue
             except OSError as exc:
-                # Vanished between listing and reading, or unreadable: as good as gone.
-                log.warning("cannot read %s: %s", path, exc)
-                updates.append(_FileUpdate(path, None))
+                # EIO, EACCES, EMFILE, a FIFO, too large: not gone, its last content stays.
+                why = f"cannot be read: {exc.strerror or exc}"
+                problem = SourceError(SOURCE, why, SourceLocation(str(path)))
+                updates.append(_FileUpdate(path, None, unreadable=problem))
                 continue
             digest = hashlib.blake2b(data, digest_size=16).digest()
             if state is not None and state.digest == digest:
@@ -519,13 +683,24 @@ class ManifestSource:
                 )
                 updates.append(_FileUpdate(path, signature, digest, parsed))
         listed = set(files)
-        updates.extend(_FileUpdate(path, None) for path in self._files if path not in listed)
+        updates.extend(
+            _FileUpdate(path, None)
+            for path in [*self._files, *self._unreadable]
+            if path not in listed and found.listed(path)
+        )
         return files, missing, updates
 
     def _apply(self, updates: list[_FileUpdate]) -> bool:
         candidates: set[ObjectKey] = set()
         for update in updates:
             state = self._files.get(update.path)
+            if update.unreadable is not None:
+                if self._unreadable.get(update.path) != update.unreadable:
+                    self._unreadable[update.path] = update.unreadable
+                    self._report(update.unreadable)
+                continue
+            if self._unreadable.pop(update.path, None) is not None:
+                log.info("%s: readable again", update.path)
             if update.signature is None:
                 if state is not None:
                     del self._files[update.path]
