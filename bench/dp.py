@@ -1,7 +1,7 @@
 """Shared pieces of the datapath benchmarks (``full-sync``, ``incremental``, ``memory``).
 
 * a synthetic cluster as model values (ServicePorts and their endpoints, IPv4, unique
-  endpoint addresses, so every endpoint has its own EndpointDNAT flow);
+  endpoint addresses; without affinity, so every endpoint is a bucket that translates);
 * our full sync: model values -> ``service_objects`` -> ``SwitchSync.stage`` -> ``commit`` (one
   bundle streamed through the ``Channel``), timed to the commit reply;
 * the content that full sync sends, captured from the same ``SwitchSync`` with a recording

@@ -64,6 +64,7 @@ min-sync-interval: 2
         ({"manifests": ["a.yaml"], "kubeconfig": "k"}, "choose one source"),
         ({"cleanup": "yes"}, "cleanup: expected true or false"),
         ({"route_backend": "bsd"}, "route_backend: 'bsd' is not one of auto, linux, windows"),
+        ({"mid_stream_flows": "maybe"}, "mid_stream_flows: 'maybe' is not one of auto, on, off"),
         ({"route_backend": "windows", "netns": "node"}, "network namespaces are Linux only"),
         ({"route_sync_interval": -1}, "route_sync_interval must be >= 0"),
         ({"service_proxy_name": "not/a-label"}, "service_proxy_name: 'not/a-label' is not a"),
@@ -161,3 +162,12 @@ def test_route_backend_follows_the_platform_unless_forced() -> None:
     )
     with pytest.raises(ConfigError, match="Linux only"):
         build_route_backend(load(route_backend="windows"), "node")
+
+
+def test_mid_stream_flows_is_auto_unless_set_and_reads_yaml_on_and_off(tmp_path: Path) -> None:
+    assert load().mid_stream_flows == "auto"
+    assert load(mid_stream_flows="off").mid_stream_flows == "off"
+    path = tmp_path / "c.yaml"
+    for text, want in (("on", "on"), ("off", "off"), ("true", "on"), ("'auto'", "auto")):
+        path.write_text(f"mid_stream_flows: {text}\n")  # YAML 1.1 reads on/off as booleans
+        assert load(path).mid_stream_flows == want

@@ -11,8 +11,9 @@ policy (``datapath.memory``: the collector paused, then the new state frozen).
 * One endpoint added to one Service (10 -> 11), then removed, ``rounds`` times:
   ``event_to_commit_ms`` (median), ``update_group_messages`` (GROUP_MODs on the wire for the
   update: 1), ``insert_bucket_bytes`` (that GROUP_MOD: one bucket), ``update_wire_bytes``
-  (everything written for the update: the bundle's control messages, the INSERT_BUCKET and the
-  new endpoint's EndpointDNAT flow). The same event in a 100-Service cluster
+  (everything written for the update: the bundle's control messages, the INSERT_BUCKET, whose
+  bucket translates, and the new endpoint's mid-stream flow where the bridge's datapath
+  gets them: the sandbox's is userspace). The same event in a 100-Service cluster
   (``event_to_commit_ms_100_services``): the cost does not depend on the number of Services.
 * Baselines, measured by sending what that code sends for the same group to the same switch,
   each followed by a barrier: one full MODIFY of the group (Antrea's strategy, our

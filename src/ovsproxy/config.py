@@ -17,6 +17,7 @@ import yaml
 
 from ovsproxy.datapath.pipeline import Mode, PipelineConfig
 from ovsproxy.model import IPAddress
+from ovsproxy.proxy.mid_stream import MID_STREAM_SETTINGS
 from ovsproxy.sources.convert import check_service_proxy_name
 from ovsproxy.steering.desired import NodePortAddresses
 
@@ -55,6 +56,9 @@ class AgentConfig:
     next_table: int = 20
     group_id_min: int = 1
     group_id_max: int = 0xFFFFFEFF
+    # standalone: re-create a Service connection's translation after an ovs-vswitchd restart
+    # (proxy.mid_stream): auto (by the bridge's datapath type), on or off
+    mid_stream_flows: str = "auto"
     # standalone: SNAT source of node-originated Service traffic to endpoints on other nodes,
     # one per family; empty: the agent derives it from the gateway's pod CIDR (agent.hostsnat)
     host_snat_ip: tuple[str, ...] = ()
@@ -157,6 +161,8 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
             return Mode(str(value))
         except ValueError:
             raise ConfigError(f"mode: {value!r} is not one of standalone, integrated") from None
+    if name == "mid_stream_flows" and isinstance(value, bool):  # YAML reads on/off as booleans
+        return "on" if value else "off"
     if isinstance(default, bool):
         if not isinstance(value, bool):
             raise ConfigError(f"{name}: expected true or false, got {value!r}")
@@ -227,6 +233,11 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError(f"log_format: {config.log_format!r} is not text or json")
     if config.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level: {config.log_level!r} is not debug/info/warning/error")
+    if config.mid_stream_flows not in MID_STREAM_SETTINGS:
+        raise ConfigError(
+            f"mid_stream_flows: {config.mid_stream_flows!r} is not one of "
+            f"{', '.join(MID_STREAM_SETTINGS)}"
+        )
     if config.route_backend not in ROUTE_BACKENDS:
         raise ConfigError(
             f"route_backend: {config.route_backend!r} is not one of {', '.join(ROUTE_BACKENDS)}"

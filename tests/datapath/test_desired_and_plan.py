@@ -33,7 +33,24 @@ def objects(
     port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
     base = int(ipaddress.IPv4Address("10.244.0.0"))
     eps = [Endpoint(ipaddress.IPv4Address(base + first + i), 8080) for i in range(n)]
-    return spn, svc.service_objects(CTX, port, eps, {IPFamily.IPv4: gid})
+    return spn, with_endpoint_flows(
+        CTX, svc.service_objects(CTX, port, eps, {IPFamily.IPv4: gid}), eps
+    )
+
+
+def with_endpoint_flows(
+    ctx: Context, objs: svc.ServiceObjects, eps: Sequence[Endpoint]
+) -> svc.ServiceObjects:
+    """``objs`` and a flow per endpoint, shared by every owner that has the endpoint: the
+    EndpointDNAT flows an affinity Service stages (without affinity its buckets translate),
+    staged as encodings, as the proxier stages them."""
+    flows = {
+        (ep.ip, ep.port): encoded_flow(
+            svc.endpoint_dnat_flow(ctx, ep.ip, ep.port, Protocol.TCP).wire
+        )
+        for ep in eps
+    }
+    return svc.ServiceObjects(objs.groups, (*objs.staged, *flows.values()))
 
 
 def stage(state: DesiredState, name: str, n: int, gid: int, **kw: object) -> ServicePortName:

@@ -286,3 +286,59 @@ def test_a_replay_writes_what_the_switch_held_ids_and_order(steps: list[list[int
         (b.bucket_id, b.weight, b.actions) for b in switch.values()
     ]
     assert replay.result is not None and replay.result.ids == installed.ids
+
+
+def _web(affinity: bool, n: int) -> svc.ServiceObjects:
+    from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
+
+    spn = ServicePortName("ns", "web", "http", Protocol.TCP)
+    port = ServicePort(
+        spn, (ipaddress.ip_address("10.96.0.10"),), 80, affinity_timeout=10800 if affinity else 0
+    )
+    eps = [Endpoint(ipaddress.ip_address(f"10.244.0.{i + 1}"), 8080) for i in range(n)]
+    return svc.service_objects(CTX, port, eps, {IPFamily.IPv4: 7})
+
+
+def test_an_endpoint_added_without_affinity_is_one_insert_bucket_that_translates() -> None:
+    """Without affinity the bucket commits and translates (as OVN's): an added endpoint is
+    one INSERT_BUCKET of that bucket (seed 003) and no flow at all."""
+    before, after = _web(False, 10), _web(False, 11)
+    assert after.staged == before.staged  # the ServiceLB flow only: no per-endpoint flow
+    plan = plan_group(after.groups[0], plan_group(before.groups[0], None).result)
+    (msg,) = values(plan)
+    assert msg.command == CMD.INSERT_BUCKET and len(msg.buckets) == 1
+    (ct,) = msg.buckets[0].actions
+    assert isinstance(ct, of.CT) and ct.commit and ct.zone == pl.CT_ZONE_V4
+    assert ct.nat is not None and (str(ct.nat.ip_min), ct.nat.port_min) == ("10.244.0.11", 8080)
+    assert ct.table == TABLES.forwarding
+    assert of.group_mod_length(msg) <= 104
+
+
+def test_an_endpoint_added_with_affinity_keeps_registers_and_its_endpoint_dnat_flow() -> None:
+    """A learned flow cannot carry ct: with affinity the bucket loads registers (the learn
+    action reads them) and the EndpointDNAT flow translates."""
+    before, after = _web(True, 10), _web(True, 11)
+    new = set(after.flows) - set(before.flows)
+    assert {f.table_id for f in new} == {TABLES.service_lb, TABLES.endpoint_dnat}
+    plan = plan_group(after.groups[0], plan_group(before.groups[0], None).result)
+    (msg,) = values(plan)
+    assert [type(a) for a in msg.buckets[0].actions] == [of.SetField, of.SetField, of.Resubmit]
+
+
+def test_groups_of_up_to_describe_safe_buckets_fit_a_group_desc_entry() -> None:
+    """GROUP_DESC entries have a 16-bit length (OVS overflows it, and the dump breaks): the
+    drift check and verify describe only groups of at most DESCRIBE_SAFE_BUCKETS buckets,
+    which must fit whatever our buckets are (family, affinity, the longest port)."""
+    from ovsproxy.datapath.our_group_ids import DESCRIBE_SAFE_BUCKETS
+    from ovsproxy.openflow.protocol.templates import bucket_wire
+
+    largest = max(
+        len(
+            bucket_wire(0, svc.endpoint_bucket_wire(ipaddress.ip_address(ip), 65535, aff, CTX), 100)
+        )
+        for ip in ("255.255.255.255", "ffff::ffff")
+        for aff in (False, True)
+    )
+    header = of.group_mod_overhead(*svc.GROUP_SELECTION_METHOD) - 8  # a GroupMod's is 8 more
+    assert header + DESCRIBE_SAFE_BUCKETS * largest <= 0xFFFF
+    assert header + (DESCRIBE_SAFE_BUCKETS + 1) * largest > 0xFFFF - largest  # not too small

@@ -25,14 +25,26 @@ REJECT = (of.Controller(max_len=pl.REJECT_MAX_LEN, userdata=pl.REJECT_USERDATA),
 
 
 def _ref_bucket_actions(ip: IPAddress, port: int, affinity: bool, t: pl.Tables) -> tuple:
-    state = pl.Selection.TO_LEARN if affinity else pl.Selection.SELECTED
+    family = IPFamily.of(ip)
+    if not affinity:  # the bucket translates
+        return (
+            of.CT(
+                commit=True,
+                zone=pl.ct_zone(family),
+                table=t.forwarding,
+                nat=of.NAT(dst=True, ip_min=ip, port_min=port),
+                actions=(MARK,),
+            ),
+        )
     reg = pl.ENDPOINT_IP_REG if ip.version == 4 else pl.ENDPOINT_IP6_REG
     return (
         of.SetField(reg, int(ip)),
         of.SetField(
-            pl.ENDPOINT_PORT_REG, port | state.value_bits, pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK
+            pl.ENDPOINT_PORT_REG,
+            port | pl.Selection.TO_LEARN.value_bits,
+            pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK,
         ),
-        of.Resubmit(t.service_lb if affinity else t.endpoint_dnat),
+        of.Resubmit(t.service_lb),
     )
 
 
@@ -139,7 +151,7 @@ def _reference(ctx: Context, port: ServicePort, sets: list[svc.FrontendSet]) -> 
                         cookie=cookie,
                     )
                 )
-        for ep in fset.endpoints:
+        for ep in fset.endpoints if affinity else ():  # EndpointDNAT: affinity only
             dnat.setdefault((ep.ip, ep.port), None)
     for ip, ep_port in dnat:
         flows.append(_ref_dnat_flow(ctx, ip, ep_port, port.protocol))

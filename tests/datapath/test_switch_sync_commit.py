@@ -12,13 +12,14 @@ import pytest
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import plan, switch_sync
 from ovsproxy.datapath import service_flows as svc
+from ovsproxy.datapath.desired import encoded_flow
 from ovsproxy.datapath.fixed_flows import pipeline_flows
 from ovsproxy.datapath.flow_context import Context
 from ovsproxy.datapath.groups import BucketSpec, GroupSpec, InstalledGroup, plan_group
 from ovsproxy.datapath.switch_sync import DatapathError, SwitchSync, flow_key
 from ovsproxy.model import Endpoint, IPFamily, Protocol, ServicePort, ServicePortName
 from ovsproxy.openflow import protocol as of
-from ovsproxy.openflow.errors import BundleError, OpenFlowError, RequestTimeout
+from ovsproxy.openflow.errors import BundleError, ChannelNotReady, OpenFlowError, RequestTimeout
 from tests.fakes.registry import MemoryRegistry
 from tests.fakes.switch import FakeBundle, FakeSwitch
 
@@ -37,7 +38,16 @@ def service(
     port = ServicePort(spn, (ipaddress.ip_address(vip),), 80)
     base = int(ipaddress.IPv4Address("10.244.0.0"))
     eps = [Endpoint(ipaddress.IPv4Address(base + first + i), 8080) for i in range(n)]
-    return spn, svc.service_objects(ctx_for(dp), port, eps, {IPFamily.IPv4: gid})
+    objs = svc.service_objects(ctx_for(dp), port, eps, {IPFamily.IPv4: gid})
+    # and a flow per endpoint, shared by every owner that has the endpoint: the EndpointDNAT
+    # flows an affinity Service stages (without affinity its buckets translate)
+    dnat = {
+        (ep.ip, ep.port): encoded_flow(
+            svc.endpoint_dnat_flow(ctx_for(dp), ep.ip, ep.port, Protocol.TCP).wire
+        )
+        for ep in eps
+    }
+    return spn, svc.ServiceObjects(objs.groups, (*objs.staged, *dnat.values()))
 
 
 def stage(dp: SwitchSync, name: str, n: int, gid: int, **kw: object) -> ServicePortName:
@@ -228,6 +238,54 @@ async def test_a_timeout_at_commit_makes_the_groups_uncertain() -> None:
         await dp.commit()
     await dp.commit()  # the group may exist or not: ADD_OR_MOD rewrites it whole
     assert kinds(switch.bundles[-1])[0] == "group_add_or_mod"
+
+
+async def test_a_switch_gone_while_an_uncertain_commit_is_adopted_is_a_datapath_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a commit of unknown outcome the next commit first reads the switch (adopting
+    it); the connection lost there is the commit's failure like any other (DatapathError,
+    the ChannelError its cause), not an escaped channel error (test_bundles_restart saw it
+    under load), and the commit after it adopts and lands."""
+    dp, switch = await adopted()
+    stage(dp, "a", 2, gid=1)
+    switch.fail = RequestTimeout("no reply to bundle commit")
+    with pytest.raises(DatapathError):
+        await dp.commit()
+
+    async def gone(*args: object) -> object:
+        raise ChannelNotReady("unix:/x/br0.mgmt: not connected")
+
+    monkeypatch.setattr(switch, "flow_keys", gone)
+    with pytest.raises(DatapathError, match="not connected") as caught:
+        await dp.commit()
+    assert isinstance(caught.value.__cause__, ChannelNotReady)
+    monkeypatch.undo()
+    await dp.commit()
+    assert kinds(switch.bundles[-1])[0] == "group_add_or_mod" and 1 in dp.installed_groups
+
+
+async def test_a_reconnection_after_an_uncertain_commit_replays_at_once() -> None:
+    """A commit whose outcome is unknown (the switch went away at its COMMIT) leaves the
+    switch to be adopted; the reconnection that follows replays then, as after any other
+    commit, not at the next commit (test_bundles_restart's kill meant for the replay found
+    none when its sync's commit was the uncertain one)."""
+    dp, switch = await adopted()
+    stage(dp, "a", 2, gid=1)
+    await dp.commit()
+    stage(dp, "a", 3, gid=1)
+    switch.fail = RequestTimeout("no reply to bundle commit")
+    with pytest.raises(DatapathError):
+        await dp.commit()
+    bundles = len(switch.bundles)
+    await dp.on_connected()
+    assert len(switch.bundles) == bundles + 1
+    assert "group_add_or_mod" in kinds(switch.bundles[-1]) and not dp.pending
+    # before any commit, a connection replays nothing: the first commit adopts
+    fresh = SwitchSync(FakeSwitch(), CONFIG, 1)
+    stage(fresh, "a", 2, gid=1)
+    await fresh.on_connected()
+    assert not fresh.switch.bundles  # type: ignore[attr-defined]
 
 
 async def test_a_planning_error_discards_the_bundle_and_keeps_the_diff(

@@ -9,6 +9,9 @@ say the source, the destination and the client port. The two affinity-*.txt file
 the single-node sandbox (see their tests). nosvc-tcp, pod-sctp-nosvc, pod-to-pod and
 midstream-endpoint-tcp (a segment without SYN, tcp_flags=ack, from web-1:8080 to client-1, as
 after a vswitchd restart) were recorded again on such a lab (lab/web only) for issue 27.
+These were recorded while every bucket went through EndpointDNAT; sandbox-bucket-dnat-tcp
+(the single-node sandbox: demo/client, ofport 6, to demo/web 10.96.0.10:80, two endpoints,
+web-1 on ofport 2) where a bucket translates itself (a Service without affinity).
 """
 
 from __future__ import annotations
@@ -90,6 +93,22 @@ def test_pod_to_local_endpoint() -> None:
         "EndpointDNAT",
         "L3Forwarding",
     ]
+
+
+def test_a_bucket_that_translates_names_its_endpoint() -> None:
+    ports = {2: tr.Port(2, "p-web-1", "pod", "demo/web-1"), 6: tr.Port(6, "p-client", "pod")}
+    trace = tr.parse_trace((DATA / "sandbox-bucket-dnat-tcp.txt").read_text())
+    ex = tr.explain(trace, TABLES, ports=ports)
+    assert ex.verdict == "forwarded"
+    assert (ex.group_id, ex.bucket, ex.buckets) == (2, 0, 2)
+    assert ex.endpoint == "10.244.0.11:8080"
+    assert [(n.kind, n.before, n.after, n.zone_name) for n in ex.nat] == [
+        ("DNAT", "10.96.0.10:80", "10.244.0.11:8080", "Service")
+    ]
+    assert ex.leaves["pod"] == "demo/web-1"
+    lb = next(s for s in ex.steps if s.table_name == "ServiceLB")
+    assert lb.note == "Service frontend -> select group, DNAT to the endpoint 10.244.0.11:8080"
+    assert "EndpointDNAT" not in [s.table_name for s in ex.steps]
 
 
 @pytest.mark.parametrize(

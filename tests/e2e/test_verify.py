@@ -119,8 +119,8 @@ def test_verify_clean_then_every_kind_of_drift_then_repaired(node: Node) -> None
         for line in node.sandbox.ofctl("dump-groups").splitlines()
         if f"group_id={gid}," in line
     )
-    # The first bucket's endpoint 10.244.0.11 (reg3) becomes 10.244.0.99.
-    changed = group.strip().replace("set_field:0xaf4000b->reg3", "set_field:0xaf40063->reg3", 1)
+    # The first bucket's endpoint 10.244.0.11 (its DNAT) becomes 10.244.0.99.
+    changed = group.strip().replace("nat(dst=10.244.0.11:", "nat(dst=10.244.0.99:", 1)
     assert changed != group.strip(), group
     with node.agent_paused():
         node.sandbox.ofctl("mod-group", changed)
@@ -129,7 +129,7 @@ def test_verify_clean_then_every_kind_of_drift_then_repaired(node: Node) -> None
     assert f"differs group: group_id={gid}," in drift.stdout, drift.stdout
     assert "bucket missing: weight:100,actions=" in drift.stdout
     assert "bucket unexpected: weight:100,actions=" in drift.stdout
-    assert "set_field:0xaf40063->reg3" in drift.stdout
+    assert "nat(dst=10.244.0.99:8080)" in drift.stdout
     repaired = node.wait_clean()  # the agent's periodic drift check reads buckets too
     assert repaired.returncode == 0, repaired.stdout
 

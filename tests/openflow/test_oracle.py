@@ -442,6 +442,32 @@ GROUPS: list[tuple[str, str, of.GroupMod]] = [
 ]
 
 
+def dnat_bucket(bucket_id: int, ip: str, port: int) -> of.Bucket:
+    """A select bucket that translates itself (ct in the bucket, as OVN's; the datapath's
+    bucket for a Service port without affinity), as ``service_flows`` encodes it."""
+    from ovsproxy.datapath import pipeline as pl
+    from ovsproxy.datapath import service_flows as svc
+    from ovsproxy.datapath.flow_context import Context
+
+    ctx = Context(pl.Tables.for_config(pl.PipelineConfig()), 1)
+    return of.Bucket(bucket_id, svc.endpoint_bucket_actions(IP(ip), port, False, ctx))
+
+
+GROUPS += [
+    (
+        "select-dnat-buckets",
+        "group_id=9,type=select,bucket=bucket_id:0,weight:100,"
+        "actions=ct(commit,table=20,zone=65520,nat(dst=10.0.0.2:80),"
+        "exec(set_field:0x10/0x10->ct_mark)),bucket=bucket_id:1,weight:100,"
+        "actions=ct(commit,table=20,zone=65510,nat(dst=[fd00::5]:8080),"
+        "exec(set_field:0x10/0x10->ct_mark))",
+        of.GroupMod(
+            ADD, 9, buckets=[dnat_bucket(0, "10.0.0.2", 80), dnat_bucket(1, "fd00::5", 8080)]
+        ),
+    ),
+]
+
+
 @pytest.mark.parametrize(
     ("text", "group"), [(t, g) for _, t, g in GROUPS], ids=[i for i, _, _ in GROUPS]
 )
@@ -493,6 +519,7 @@ GROUP_COMMANDS = [
     ),
     of.GroupMod(of.GroupModCommand.REMOVE_BUCKET, 5, command_bucket_id=3),
     of.GroupMod(of.GroupModCommand.REMOVE_BUCKET, 5),
+    of.GroupMod(of.GroupModCommand.INSERT_BUCKET, 5, buckets=[dnat_bucket(3, "10.0.0.9", 80)]),
 ]
 
 

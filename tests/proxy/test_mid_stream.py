@@ -5,14 +5,36 @@ from __future__ import annotations
 import ipaddress
 import re
 
+import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
 from ovsproxy.datapath.flow_context import Context
+from ovsproxy.datapath.switch_sync import SwitchSync
+from ovsproxy.model import (
+    Endpoint,
+    EndpointSlice,
+    Protocol,
+    Service,
+    ServicePort,
+    ServicePortName,
+    SlicePort,
+)
+from ovsproxy.model.handler import SYNC_ENDPOINT_SLICES, SYNC_SERVICES
 from ovsproxy.openflow import protocol as of
-from ovsproxy.proxy.mid_stream import Address, Contribution, MidStreamIndex, contribution
+from ovsproxy.proxy.mid_stream import (
+    Address,
+    Contribution,
+    MidStreamChoice,
+    MidStreamIndex,
+    choose,
+    contribution,
+)
+from ovsproxy.proxy.proxier import Proxier
+from ovsproxy.proxy.tracker import ChangeTracker
+from tests.fakes.switch import FakeSwitch
 
 E1 = (ipaddress.ip_address("10.244.1.10"), 8080)
 E6 = (ipaddress.ip_address("fd00:10:244:1::a"), 8080)
@@ -150,3 +172,78 @@ def test_the_fast_encoding_is_the_generic_one(case: tuple) -> None:  # type: ign
     assert svc.mid_stream_wire(_ctx(), svc.endpoint_key(ip, port), fronts) == (
         svc.mid_stream_flow(_ctx(), ip, port, fronts).wire
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "datapath_type", "standalone", "on"),
+    [
+        ("auto", "netdev", True, True),  # userspace: conntrack goes with ovs-vswitchd
+        ("auto", "system", True, False),  # the kernel's conntrack outlives it
+        ("auto", "dpdk-like", True, True),  # a type not known to keep conntrack: on
+        ("auto", None, True, True),  # not read: on, to be safe
+        ("off", "netdev", True, False),
+        ("on", "system", True, True),
+        ("on", "netdev", False, False),  # integrated: never (the CNI forwards)
+    ],
+)
+def test_mid_stream_flows_are_chosen_by_datapath_type_unless_configured(
+    setting: str, datapath_type: str | None, standalone: bool, on: bool
+) -> None:
+    choice = choose(setting, datapath_type, standalone)
+    assert choice.on is on
+    assert choice.status() == {
+        "on": on,
+        "setting": setting,
+        "datapath_type": datapath_type,
+        "reason": choice.reason,
+    }
+    with pytest.raises(ValueError, match="mid_stream_flows: 'yes'"):
+        choose("yes", datapath_type)
+
+
+def _web_sync(choice: MidStreamChoice | None) -> tuple[Proxier, FakeSwitch]:
+    tracker = ChangeTracker()
+    tracker.on_synced(SYNC_SERVICES)
+    tracker.on_synced(SYNC_ENDPOINT_SLICES)
+    switch = FakeSwitch()
+    dp = SwitchSync(switch, pl.PipelineConfig(), 1)
+    proxier = Proxier(tracker, dp, node_name="node-a", mid_stream=choice)
+    name = ServicePortName("ns", "web", "http", Protocol.TCP)
+    tracker.on_service_update(
+        Service("ns", "web", (ServicePort(name, (ipaddress.ip_address("10.96.0.10"),), 80),))
+    )
+    endpoints = tuple(Endpoint(ipaddress.ip_address(f"10.244.1.{i}"), 8080) for i in (10, 11))
+    tracker.on_endpoint_slice_update(
+        EndpointSlice("ns", "web-1", "web", (SlicePort("http", Protocol.TCP, endpoints),))
+    )
+    return proxier, switch
+
+
+def _probe_or_mid_stream(flows: list[of.FlowMod]) -> list[of.FlowMod]:
+    return [
+        f
+        for f in flows
+        if f.priority
+        in (pl.PRIORITY_MID_STREAM, pl.PRIORITY_PROBE_END, pl.PRIORITY_LOCAL_POD_PROBE)
+    ]
+
+
+async def test_without_mid_stream_flows_neither_they_nor_their_probe_are_installed() -> None:
+    proxier, switch = _web_sync(choose("auto", "system"))
+    await proxier.sync()
+    flows = [of.decode(m) if isinstance(m, bytes) else m for b in switch.bundles for m in b]
+    flow_mods = [m for m in flows if isinstance(m, of.FlowMod)]
+    assert flow_mods and not _probe_or_mid_stream(flow_mods)
+    assert proxier.mid_stream is None and not proxier.mid_stream_choice.on
+    # the userspace datapath: one flow per TCP endpoint, and the probe
+    proxier, switch = _web_sync(choose("auto", "netdev"))
+    await proxier.sync()
+    flows = [of.decode(m) if isinstance(m, bytes) else m for b in switch.bundles for m in b]
+    found = _probe_or_mid_stream([m for m in flows if isinstance(m, of.FlowMod)])
+    service_lb = [f for f in found if f.table_id == proxier.ctx.tables.service_lb]
+    assert len(service_lb) == 2  # one per endpoint
+    assert {f.table_id for f in found} == {
+        proxier.ctx.tables.conntrack_state,
+        proxier.ctx.tables.service_lb,
+        proxier.ctx.tables.forwarding,
+    }

@@ -35,6 +35,7 @@ from ovsproxy.model.node import PodPort
 from ovsproxy.openflow import protocol as of
 from ovsproxy.openflow.connection import Channel
 from ovsproxy.proxy.followers import Follower
+from ovsproxy.proxy.mid_stream import choose as choose_mid_stream
 from ovsproxy.proxy.proxier import Proxier
 from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.servicecidr.feed import ClusterIPFeed
@@ -66,6 +67,8 @@ class NodeFacts:
     generation: int = 1  # the cookie generation of this run
     registry: GroupRegistry | None = None  # where the group ids are kept for the next run
     pods: Callable[[], Awaitable[list[PodPort]]] | None = None  # the local pods (standalone)
+    # the bridge's datapath type, which decides the mid-stream flows (None: not read)
+    datapath_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +145,9 @@ def build_core(
         node_ports=config.steers,
         node_port_ips=config.node_port_ips if config.steers else (),
         followers=followers,
+        mid_stream=choose_mid_stream(
+            config.mid_stream_flows, node.datapath_type, config.mode == pl.Mode.STANDALONE
+        ),
     )
     if wired is not None:
         wired.rejector.forwards = proxier.forwards

@@ -32,7 +32,7 @@ from ovsproxy.agent.cleanup import (
 )
 from ovsproxy.agent.core import NodeFacts, build_core, commit_followers
 from ovsproxy.agent.observability import StatusPages, register_metrics
-from ovsproxy.agent.ovsdb_link import OVSDBLink, set_zone_timeouts
+from ovsproxy.agent.ovsdb_link import OVSDBLink, datapath_type_of, set_zone_timeouts
 from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
 from ovsproxy.agent.pods import PodWatcher
 from ovsproxy.agent.switch_link import wait_for_switch
@@ -125,12 +125,18 @@ class Agent:
             # OVSDB for the next run.
             parts.channel = Channel(openflow_endpoint)
             node = NodeFacts(
-                generation, OVSDBGroupRegistry(parts.ovsdb, cfg.bridge), self.pods.current
+                generation,
+                OVSDBGroupRegistry(parts.ovsdb, cfg.bridge),
+                self.pods.current,
+                await datapath_type_of(parts.ovsdb, cfg.bridge),
             )
             followers = commit_followers(parts.node_ingress, parts.discoverer)
             parts.take_core(
                 build_core(cfg, parts.channel, node, followers=followers, tracker=parts.tracker)
             )
+            assert parts.proxier is not None
+            choice = parts.proxier.mid_stream_choice
+            log.info("mid-stream flows %s (%s)", "on" if choice.on else "off", choice.reason)
             parts.runner = SyncRunner(
                 self.syncer,
                 min_interval=cfg.min_sync_interval,

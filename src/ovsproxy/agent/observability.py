@@ -339,6 +339,10 @@ class StatusPages:
                 "first_table": config.first_table,
                 "next_table": config.next_table,
                 "host_snat_ips": list(config.host_snat_ip),
+                # whether mid-stream flows are installed, and why (proxy.mid_stream.choose)
+                "mid_stream_flows": (
+                    parts.proxier.mid_stream_choice.status() if parts.proxier else None
+                ),
             },
             "version": __version__,
             "uptime_s": round(time.time() - self.started, 1),

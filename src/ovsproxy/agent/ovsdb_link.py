@@ -79,6 +79,16 @@ async def connect(link: OVSDBLink, bridge: str, stop: asyncio.Event) -> tuple[OV
     return None
 
 
+async def datapath_type_of(db: OVSDB, bridge: str) -> str | None:
+    """The bridge's datapath type (``OVSDB.datapath_type``); None when it cannot be read (the
+    mid-stream flows are then on: ``proxy.mid_stream.choose``)."""
+    try:
+        return await asyncio.to_thread(db.datapath_type, bridge)
+    except Exception as exc:
+        log.warning("the datapath type of bridge %s is not readable: %s", bridge, exc)
+        return None
+
+
 async def set_zone_timeouts(link: OVSDBLink, db: OVSDB, bridge: str) -> None:
     """Our conntrack zones remember closed TCP connections as long as Linux conntrack does
     (``pipeline.CT_TIMEOUT_POLICY``; why there). Not fatal: without it a reused 4-tuple costs a

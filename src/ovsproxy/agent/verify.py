@@ -35,6 +35,7 @@ from ovsproxy.agent.installed import (
     read_steering_table,
     with_host_snat,
 )
+from ovsproxy.agent.ovsdb_link import datapath_type_of
 from ovsproxy.agent.wiring import build_source, external_ip_rule, manifest_paths
 from ovsproxy.config import AgentConfig, ConfigError
 from ovsproxy.datapath import pipeline as pl
@@ -101,6 +102,7 @@ async def build_desired(
     *,
     timeout: float = 60.0,
     steering_node_ips: tuple[IPAddress, ...] | None = None,
+    datapath_type: str | None = None,
 ) -> Desired:
     """What a fresh agent with this configuration installs (see the module docstring);
     with ``steering_node_ips``, the steering table's content on a node with those IPs (the
@@ -119,7 +121,7 @@ async def build_desired(
     core = build_core(
         config,
         compare.RecordingSwitch(),
-        NodeFacts(generation, pods=current_pods),
+        NodeFacts(generation, pods=current_pods, datapath_type=datapath_type),
         semantics=Semantics.FLOWS,
         followers=commit_followers(None, discoverer),
         freeze_gc=False,  # a one-shot process: nothing to keep out of the collector
@@ -187,6 +189,8 @@ class OVSDBState:
     generation: int | None
     registry: set[int] | None
     pods: list[PodPort]
+    # the bridge's, which decides the mid-stream flows as it does for the agent (None: unread)
+    datapath_type: str | None = None
 
 
 async def read_ovsdb(config: AgentConfig) -> OVSDBState:
@@ -195,12 +199,13 @@ async def read_ovsdb(config: AgentConfig) -> OVSDBState:
     try:
         generation = await asyncio.to_thread(ovsdb.generation, config.bridge)
         registry = await OVSDBGroupRegistry(ovsdb, config.bridge).load()
+        datapath_type = await datapath_type_of(ovsdb, config.bridge)
         pods: list[PodPort] = []
         if config.mode == pl.Mode.STANDALONE:
             pods = await asyncio.to_thread(ovsdb.pod_ports, config.bridge)
     finally:
         await asyncio.to_thread(ovsdb.close)
-    return OVSDBState(generation, registry, pods)
+    return OVSDBState(generation, registry, pods, datapath_type)
 
 
 async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float = 60.0) -> Desired:
@@ -211,7 +216,12 @@ async def desired_for(config: AgentConfig, held: OVSDBState, *, timeout: float =
         config = dataclasses.replace(config, node_ip=tuple(str(ip) for ip in ips))
     config = await with_host_snat(config, held.pods)
     return await build_desired(
-        config, held.pods, held.generation or 1, timeout=timeout, steering_node_ips=ips
+        config,
+        held.pods,
+        held.generation or 1,
+        timeout=timeout,
+        steering_node_ips=ips,
+        datapath_type=held.datapath_type,
     )
 
 

@@ -108,6 +108,12 @@ def _options(func: Any) -> Any:
             help="seconds between route repairs; 0: never [60]",
         ),
         click.option(
+            "--mid-stream-flows",
+            type=click.Choice(["auto", "on", "off"]),
+            help="re-create connections' translations after an ovs-vswitchd restart; auto: "
+            "on for the userspace datapath (netdev) [auto]",
+        ),
+        click.option(
             "--route-backend",
             type=click.Choice(["auto", "linux", "windows"]),
             help="routing table to program; auto: by platform [auto]",

@@ -96,6 +96,10 @@ def render_status(info: dict[str, Any], console: Console) -> None:
         "installed",
         f"{info['groups']} groups, {info['flows']} flows, cookie generation {info['generation']}",
     )
+    mid_stream = (info.get("ovs") or {}).get("mid_stream_flows")
+    if mid_stream:
+        state = "on" if mid_stream["on"] else "off"
+        head.add_row("mid-stream flows", f"{state} ({escape(str(mid_stream['reason']))})")
     head.add_row("Service routes", ", ".join(info["routes"]) or "-")
     host_snat = info.get("host_snat") or {}
     if host_snat:

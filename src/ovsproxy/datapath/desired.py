@@ -5,14 +5,15 @@ dirty.
 Owners (a Service port, the fixed pipeline, a local pod) ``stage`` the complete set of groups
 and flows they want; ``stage`` replaces the owner's sets and marks dirty exactly what changed
 (its cost is the size of the owner's old and new sets, not the number of owners). A group has
-one owner; a flow several owners want (an EndpointDNAT flow shared by two Services) is wanted
-while any of them wants it, and when they disagree the newest asker wins (with a warning).
+one owner; a flow several owners want (an EndpointDNAT or mid-stream flow shared by two
+Services) is wanted while any of them wants it, and when they disagree the newest asker wins
+(with a warning).
 
 Flows are identified as OpenFlow identifies them: (table, priority, match), kept as one bytes
 key (its hash is computed once and cached by Python). A flow is kept as staged: a value
 (``of.FlowMod``), or its encoding (``FlowMod.wire``) when staged as an ``EncodedFlow`` -- a
 flow's value tree (match, instructions, actions, each with its own encoding) costs several
-times its bytes, and a 10,000-Service cluster stages 100,000 EndpointDNAT flows.
+times its bytes, and a 10,000-Service cluster stages 100,000 mid-stream flows.
 """
 
 from __future__ import annotations

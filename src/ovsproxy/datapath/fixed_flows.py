@@ -213,7 +213,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(eth_type=eth_type(family), ct_state=(of.CT_TRK, of.CT_TRK | of.CT_NEW)),
             apply_actions(of.Resubmit(t.forwarding)),
         )
-        if ctx.standalone:
+        if ctx.mid_stream:
             # A new TCP segment without SYN or RST: a connection conntrack picks up mid-stream
             # (its entry went with a vswitchd restart). Probe L3Forwarding for whether it goes
             # to a local pod, then select as usual: ServiceLB re-creates the translation of
@@ -276,6 +276,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
     add(t.endpoint_dnat, pl.PRIORITY_MISS, of.Match(), apply_actions(of.Resubmit(t.forwarding)))
     if ctx.standalone:
         flows.extend(_to_node_flows(ctx, ck))
+    if ctx.mid_stream:
         # The mid-stream probe (PRIORITY_MID_STREAM) forwards nothing: a local pod's flow
         # marks TO_LOCAL_POD (pod_forwarding_flows), every other probe ends here.
         add(
@@ -284,6 +285,7 @@ def pipeline_flows(ctx: Context) -> list[of.FlowMod]:
             of.Match(**{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
             (),
         )
+    if ctx.standalone:
         add(t.forwarding, pl.PRIORITY_MISS, of.Match(), apply_actions(of.Output(of.OFPP_NORMAL)))
     return flows
 

@@ -74,6 +74,9 @@ class Context:
     tables: pl.Tables
     generation: int
     standalone: bool = True
+    # Standalone: the mid-stream flows and their probe (``proxy.mid_stream.choose``: where
+    # conntrack goes with ovs-vswitchd, the userspace datapath). Never without standalone.
+    with_mid_stream: bool = True
     # Affinity timeouts above this are expired by the agent's sweeper, not by OVS (tests lower
     # it to exercise the sweep with short timeouts).
     max_ovs_timeout: int = pl.OVS_MAX_TIMEOUT
@@ -82,6 +85,11 @@ class Context:
     # Standalone: the node's own IPs; packets from them are marked "from the node" (in-cluster).
     node_ips: tuple[IPAddress, ...] = ()
     encoders: Encoders = field(default_factory=Encoders, compare=False, repr=False)
+
+    @property
+    def mid_stream(self) -> bool:
+        """Mid-stream flows and their probe are installed (standalone only)."""
+        return self.standalone and self.with_mid_stream
 
     def host_snat_ip(self, family: IPFamily) -> IPAddress | None:
         return next((ip for ip in self.host_snat if IPFamily.of(ip) == family), None)

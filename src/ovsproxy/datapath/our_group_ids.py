@@ -22,8 +22,10 @@ log = logging.getLogger("ovsproxy.datapath.switch_sync")
 
 # A GROUP_STATS entry is 40 + 16 bytes per bucket, with a 16-bit length.
 STATS_SAFE_BUCKETS = (0xFFFF - 40) // 16
-# GROUP_DESC entries overflow their 16-bit length above about 1,000 Service buckets.
-DESCRIBE_SAFE_BUCKETS = 1000
+# A GROUP_DESC entry has a 16-bit length too: 16 bytes, the selection method (144 bytes with
+# our hash fields), then the buckets, the largest of ours an IPv6 DNAT bucket (96 bytes: ct in
+# the bucket; tests/datapath/test_groups.py checks it against every bucket shape).
+DESCRIBE_SAFE_BUCKETS = (0xFFFF - 16 - 144) // 96
 
 
 class GroupRegistry(Protocol):

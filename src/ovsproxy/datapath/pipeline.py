@@ -33,7 +33,10 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              timeout (refreshed by each new connection); miss: "to select"
      13    ServiceLB         per frontend (ClusterIP/external IP/LB IP, protocol, port; a
                              NodePort is the virtual NodePort IP, protocol, nodePort), priority
-                             LOW: -> group:G, or with no usable endpoint the reject action
+                             LOW: -> group:G (without affinity, each bucket translates:
+                             ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding); with
+                             affinity a bucket loads the endpoint into registers and resubmits
+                             here to learn it), or with no usable endpoint the reject action
                              (metered controller) / drop; externalTrafficPolicy Local, priority
                              SHORT_CIRCUIT: an external frontend's in-cluster clients (reg0:
                              from a pod or from the node) -> the cluster endpoints' group;
@@ -49,8 +52,9 @@ Standalone mode (the default; what the sandbox and demo use) — ovsproxy owns t
                              client's next packet picks it up through the group);
                              standalone, COMMIT: a new non-Service connection (from a pod,
                              the gateway or the node) -> ct(commit, zone=Z, table=Forwarding)
-     14    EndpointDNAT      one flow per (endpoint IP, port, protocol), shared between
-                             Services: ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
+     14    EndpointDNAT      (affinity only) one flow per (endpoint IP, port, protocol) of a
+                             Service port with ClientIP affinity, shared between Services:
+                             ct(commit, zone=Z, nat(dst=IP:PORT), table=Forwarding)
      20    L3Forwarding      (standalone only) local pod IP -> set eth_dst to the pod MAC,
                              output to its port (NORMAL); hairpin (source = destination pod,
                              after DNAT) -> ct(commit, zone=H, nat(src=virtual Service IP))
@@ -75,10 +79,11 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
     client          endpoint         path (request; the reply retraces it)
     --------------  ---------------  ------------------------------------------------------------
     local pod       local pod        Classifier (FROM_POD) -> ct(Z, nat): new -> ServiceLB ->
-                                     group -> EndpointDNAT ct(commit, Z, nat(dst)) ->
-                                     L3Forwarding: pod MAC, its port. Reply: ct(Z, nat)
-                                     un-DNATs -> established -> L3Forwarding -> client's port.
-    local pod       remote pod       as above to EndpointDNAT; L3Forwarding: not a local pod ->
+                                     group: its bucket's ct(commit, Z, nat(dst)) (with affinity:
+                                     EndpointDNAT's) -> L3Forwarding: pod MAC, its port. Reply:
+                                     ct(Z, nat) un-DNATs -> established -> L3Forwarding ->
+                                     client's port.
+    local pod       remote pod       as above to the DNAT; L3Forwarding: not a local pod ->
                                      NORMAL -> gateway -> node kernel -> underlay -> the
                                      endpoint's node (next row). Reply arrives from the gateway,
                                      un-DNATed in zone Z, -> client's port.
@@ -136,9 +141,9 @@ builds exactly this). "The gateway" is the node's internal port (gw0); "NORMAL" 
 
 After an ovs-vswitchd restart (conntrack empty, the agent replays every flow and group with the
 same bucket ids, weights and order): a client's next segment is new, the group's hash picks the
-endpoint it had, EndpointDNAT commits afresh; an endpoint's segment to a local pod is new and
-MID_STREAM re-creates its translation (or drops it). A segment of either side arriving from
-the gateway on the endpoint's node is a plain connection there (COMMIT).
+endpoint it had, its bucket (or EndpointDNAT) commits afresh; an endpoint's segment to a local
+pod is new and MID_STREAM re-creates its translation (or drops it). A segment of either side
+arriving from the gateway on the endpoint's node is a plain connection there (COMMIT).
 
 The host-SNAT address of a family (``PipelineConfig.host_snat_ips``) is chosen by the agent
 at start (``agent.hostsnat``): ``--host-snat-ip`` when given, else the reserved address of the
@@ -159,7 +164,8 @@ tables ConntrackZone..EndpointDNAT, starting at ``first_table``; the CNI sends p
 ``next_table`` (the CNI's forwarding). No Classifier or L3Forwarding flows are installed, and
 only groups in ``[group_id_min, group_id_max]`` are ours.
 
-Registers (Antrea's layout)::
+Registers (Antrea's layout; the endpoint and selection registers are loaded only by the
+buckets of a Service port with ClientIP affinity, whose learn action reads them)::
 
     reg0 bit 0    standalone: the packet came from a local pod's port (FROM_POD)
     reg0 bit 1    standalone: its source is one of the node's IPs (FROM_NODE)
@@ -368,7 +374,7 @@ LEARNED_GENERATION = 0  # learned (affinity) flows: kept across agent restarts
 class Category(enum.IntEnum):
     PIPELINE = 1  # table-miss and fixed flows
     SERVICE = 2  # ServiceLB flows
-    ENDPOINT = 3  # EndpointDNAT flows
+    ENDPOINT = 3  # EndpointDNAT (affinity) and mid-stream flows
     FORWARDING = 4  # L3Forwarding flows for local pods (standalone)
     LEARNED = 5  # session-affinity flows created by learn actions
 

@@ -7,8 +7,8 @@ carries to the commit's diff).
 
 Order (``emit``): group adds and changes, then the flow adds, then flow deletes, then group
 deletes -- except that flow adds are interleaved with the group messages once the groups
-they use (most use none: EndpointDNAT) have been sent, so that Open vSwitch takes them in
-while the next groups are planned (planning a group costs us far more than it costs OVS, a
+they use (most use none: mid-stream, EndpointDNAT) have been sent, so that Open vSwitch takes
+them in while the next groups are planned (planning a group costs us far more than it costs OVS, a
 flow the other way round; a full sync streams in about max(ours, OVS) instead of their sum).
 Messages go out by their encodings, a run per group or owner (``Sink.add_bodies``): no object per
 message is made for the bundle, which names a failing one by decoding its bytes. Flows staged

@@ -62,17 +62,18 @@ def pod_forwarding_flows(
                     cookie=ck,
                 )
             )
-        flows.append(
-            of.FlowMod(
-                table_id=t.forwarding,
-                priority=pl.PRIORITY_LOCAL_POD_PROBE,
-                match=of.Match(**to_pod, **{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
-                instructions=apply_actions(
-                    of.SetField(pl.TO_LOCAL_POD_REG, pl.TO_LOCAL_POD, pl.TO_LOCAL_POD)
-                ),
-                cookie=ck,
+        if ctx.mid_stream:
+            flows.append(
+                of.FlowMod(
+                    table_id=t.forwarding,
+                    priority=pl.PRIORITY_LOCAL_POD_PROBE,
+                    match=of.Match(**to_pod, **{pl.PROBE_REG: (pl.PROBE, pl.PROBE)}),
+                    instructions=apply_actions(
+                        of.SetField(pl.TO_LOCAL_POD_REG, pl.TO_LOCAL_POD, pl.TO_LOCAL_POD)
+                    ),
+                    cookie=ck,
+                )
             )
-        )
         flows.append(
             of.FlowMod(
                 table_id=t.forwarding,

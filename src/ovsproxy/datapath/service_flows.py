@@ -14,6 +14,7 @@ is ``flow_context``'s.
 from __future__ import annotations
 
 import ipaddress
+import struct
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ def _ip_value(ip: IPAddress) -> int:
 # endpoint's bucket values was the largest single cost of a 10,000-Service cluster; bench
 # ``memory``). Equal encodings compare in C (memcmp), so a re-built Service stages for free.
 _new_tuple = tuple.__new__
+_CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
 
 
 # A Service's buckets in its groups (``BucketSpec.key``) and its EndpointDNAT flows are keyed
@@ -71,14 +73,76 @@ def endpoint_key(ip: IPAddress, port: int) -> EndpointKey:
     return address << 17 | port << 1 | (type(ip) is not _IPV4)
 
 
-def _bucket_tail(port: int, affinity: bool, tables: pl.Tables) -> tuple[of.Action, ...]:
-    state = pl.Selection.TO_LEARN if affinity else pl.Selection.SELECTED
+def _affinity_bucket_tail(port: int, tables: pl.Tables) -> tuple[of.Action, ...]:
+    """An affinity bucket's actions after the address (see ``endpoint_bucket_wire``)."""
     return (
         of.SetField(
-            pl.ENDPOINT_PORT_REG, port | state.value_bits, pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK
+            pl.ENDPOINT_PORT_REG,
+            port | pl.Selection.TO_LEARN.value_bits,
+            pl.ENDPOINT_PORT_MASK | pl.SELECTION_MASK,
         ),
-        of.Resubmit(tables.service_lb if affinity else tables.endpoint_dnat),
+        of.Resubmit(tables.service_lb),
     )
+
+
+def endpoint_dnat_ct(ip: IPAddress, port: int, tables: pl.Tables) -> of.CT:
+    """The translation of a new connection to the endpoint ``ip:port``: ct(commit, zone=Z,
+    nat(dst=IP:PORT), exec(ct_mark Service), table=Forwarding). A bucket's only action where
+    the Service port has no affinity; the EndpointDNAT flows' where it has."""
+    return of.CT(
+        commit=True,
+        zone=pl.ct_zone(IPFamily.of(ip)),
+        table=tables.forwarding,
+        nat=of.NAT(dst=True, ip_min=ip, port_min=port),
+        actions=(_CT_MARK_SERVICE,),
+    )
+
+
+# Samples for the DNAT bucket's encoder: addresses whose bytes occur once in the encoding.
+_DNAT_SAMPLES: dict[int, tuple[IPAddress, IPAddress]] = {
+    4: (ipaddress.IPv4Address(0xA1B2C3D4), ipaddress.IPv4Address(0xC7D8E9FA)),
+    6: (
+        ipaddress.IPv6Address(0xA1B2C3D4E5F60718293A4B5C6D7E8F90),
+        ipaddress.IPv6Address(0xC1D2E3F405162738495A6B7C8D9EAFB0),
+    ),
+}
+
+
+def _dnat_bucket_wire(port: int, version: int, tables: pl.Tables) -> BucketWire:
+    """``endpoint_dnat_ct(IP, port, tables).wire`` for any address of one version (an int),
+    in one struct call: the sample's encoding cut around its address (which must occur once,
+    and a second sample must come out as the generic encoding; else generic for good)."""
+    address_type = _IPV4 if version == 4 else ipaddress.IPv6Address
+
+    def generic(address: int) -> bytes:
+        return endpoint_dnat_ct(address_type(address), port, tables).wire
+
+    sample, check = _DNAT_SAMPLES[version]
+    wire = generic(int(sample))
+    at = wire.find(sample.packed)
+    if at < 0 or wire.find(sample.packed, at + 1) >= 0:
+        return generic
+    head, tail = wire[:at], wire[at + len(sample.packed) :]
+    limit = 1 << (32 if version == 4 else 128)
+    if version == 4:
+        pack = struct.Struct(f"!{len(head)}sI{len(tail)}s").pack
+
+        def fast(address: int) -> bytes:
+            if 0 < address < limit:
+                return pack(head, address, tail)
+            return generic(address)
+
+    else:
+        join = b"".join
+
+        def fast(address: int) -> bytes:
+            if 0 < address < limit:
+                return join((head, address.to_bytes(16, "big"), tail))
+            return generic(address)
+
+    if fast(int(check)) != generic(int(check)):
+        return generic
+    return fast
 
 
 def _new_bucket_wire(
@@ -88,16 +152,21 @@ def _new_bucket_wire(
     version: int,
     tables: pl.Tables,
 ) -> BucketWire:
-    tail = b"".join([a.wire for a in _bucket_tail(port, affinity, tables)])
+    if not affinity:
+        make = makers[port, affinity, version] = _dnat_bucket_wire(port, version, tables)
+        return make
+    tail = b"".join([a.wire for a in _affinity_bucket_tail(port, tables)])
     reg = pl.ENDPOINT_IP_REG if version == 4 else pl.ENDPOINT_IP6_REG
     make = makers[port, affinity, version] = templates.set_field_exact_wire(reg, tail)
     return make
 
 
 def endpoint_bucket_wire(ip: IPAddress, port: int, affinity: bool, ctx: Context) -> bytes:
-    """A bucket's actions, encoded: endpoint address into reg3/xxreg3, port and selection
-    state into reg4 (one masked set_field), then on to EndpointDNAT (or back to ServiceLB to
-    learn affinity)."""
+    """A bucket's actions, encoded. Without affinity, the translation itself
+    (``endpoint_dnat_ct``: a bucket may carry ct, as OVN's do). With affinity, the choice goes
+    through registers, which the learn action reads (a learned flow cannot carry ct):
+    endpoint address into reg3/xxreg3, port and selection state into reg4 (one masked
+    set_field), then back to ServiceLB to learn it, and on to EndpointDNAT."""
     version = 4 if type(ip) is _IPV4 else 6
     makers = ctx.encoders.buckets
     make = makers.get((port, affinity, version))
@@ -112,9 +181,6 @@ def endpoint_bucket_actions(
     """``endpoint_bucket_wire`` as values."""
     wire = endpoint_bucket_wire(ip, port, affinity, ctx)
     return decode_actions(wire, 0, len(wire))
-
-
-_CT_MARK_SERVICE = of.SetField("ct_mark", pl.CT_MARK_SERVICE, pl.CT_MARK_SERVICE_MASK)
 
 
 def _dnat_template(ctx: Context, version: int, protocol: Protocol) -> templates.EndpointDnatFlows:
@@ -491,7 +557,8 @@ def frontend_objects(
     dnat_templates, frontend_templates = _templates(ctx, port.protocol)
     makers = ctx.encoders.buckets
     ipv4 = _IPV4
-    # The EndpointDNAT flows of the port's endpoints, each once.
+    # With affinity, the EndpointDNAT flows of the port's endpoints, each once (without it,
+    # the buckets translate: see endpoint_bucket_wire).
     dnat: dict[EndpointKey, EncodedFlow] = {}
     for fset in sets:
         if not (fset.frontends or fset.node_port_frontends or fset.group_only):
@@ -513,7 +580,7 @@ def frontend_objects(
                 make = _new_bucket_wire(makers, ep_port, affinity, version, t)
             # BucketSpec(key, wire, weight), in C
             append(_new_tuple(BucketSpec, (key, make(address), 100)))
-            if key not in dnat:
+            if affinity and key not in dnat:
                 dnat[key] = _new_tuple(EncodedFlow, dnat_templates[version].keyed(address, ep_port))
         # GroupSpec(group_id, buckets, selection_method): see GROUP_SELECTION_METHOD.
         groups.append(

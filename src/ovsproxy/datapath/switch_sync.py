@@ -415,7 +415,11 @@ class SwitchSync:
     async def on_connected(self) -> None:
         """The channel's (re)connection hook: replay before any new change is sent."""
         async with self._lock:
-            if not self._adopt:  # we have installed state: the switch may have lost it
+            # We have installed state (the switch may have lost it), or had, and a commit of
+            # unknown outcome left it to be adopted: replay now, not at the next commit (an
+            # agent's next sync comes only after its failed one's backoff). Before the first
+            # commit there is nothing to replay: that commit adopts.
+            if not self._adopt or self.commits:
                 await self._resync_locked()
 
     async def _send(self, diff: Diff, bundle: StreamingBundle | None) -> None:
@@ -516,10 +520,15 @@ class SwitchSync:
     async def _resync_locked(
         self, watch: Callable[[], AbstractSet[FlowKey]] | None = None
     ) -> CommitStats:
-        present = await self.group_ids.in_switch(
-            self.installed, self.desired, self.switch.group_ids
-        )
-        held = await self.switch.flow_keys(pl.COOKIE_APP << pl.COOKIE_APP_SHIFT, pl.COOKIE_APP_MASK)
+        try:
+            present = await self.group_ids.in_switch(
+                self.installed, self.desired, self.switch.group_ids
+            )
+            held = await self.switch.flow_keys(
+                pl.COOKIE_APP << pl.COOKIE_APP_SHIFT, pl.COOKIE_APP_MASK
+            )
+        except ChannelError as exc:  # as a failed commit: nothing was changed yet
+            raise DatapathError(f"reading the switch to adopt it failed: {exc}") from exc
         generations = {pl.cookie_generation(c) for c, _ in held}
         self._stale_generations = {
             g

@@ -34,7 +34,8 @@ from ovsproxy.datapath import pipeline as pl
 from ovsproxy.model import IPFamily
 
 # How many ct() recirculations a packet of a new connection can go through in our pipeline
-# (ConntrackZone, EndpointDNAT, then hairpin or host SNAT), with margin; every resumed pass
+# (ConntrackZone, the DNAT -- a group's bucket, or EndpointDNAT --, then hairpin or host
+# SNAT), with margin; every resumed pass
 # is a new connection's (``trk,new``). Unused --ct-next flags are ignored by OVS.
 CT_PASSES = 4
 CT_NEXT_NEW = "trk,new"
@@ -479,6 +480,9 @@ def _step_note(step: Step, tables: pl.Tables, mode: pl.Mode, zones: Mapping[int,
             if prio == pl.PRIORITY_NORMAL and f"{pl.SELECTION_REG}=" in step.match:
                 return "ClientIP affinity: the learned endpoint is still valid, EndpointDNAT"
             if any(x.startswith("group:") for x in texts):
+                for text in texts:  # a bucket that translates (a Service without affinity)
+                    if text.startswith("ct(commit") and (m := _NAT_DST.search(text)):
+                        return f"Service frontend -> select group, DNAT to the endpoint {m['to']}"
                 return "Service frontend -> select group"
             if any(x.startswith("controller(") for x in texts):
                 return "Service frontend without endpoints: rejected (the agent answers)"
@@ -557,7 +561,13 @@ def explain(
                     for n in action.notes:
                         if mb := _USING_BUCKET.match(n):
                             bucket = int(mb.group(1))
-                if step.table == tables.endpoint_dnat and (md := _NAT_DST.search(action.text)):
+                # the translation: in EndpointDNAT (affinity), or in the group's bucket
+                # (printed under the ServiceLB flow that sent the packet to the group)
+                if (
+                    step.table in (tables.endpoint_dnat, tables.service_lb)
+                    and action.text.startswith("ct(commit")
+                    and (md := _NAT_DST.search(action.text))
+                ):
                     endpoint = md.group("to")
                 exit_ = _exit(action, in_port, ports)
                 if exit_:

@@ -227,6 +227,14 @@ class OVSDB:
             )
         return sorted(pods, key=lambda p: p.ofport), sorted(skipped, key=lambda s: s.interface)
 
+    def datapath_type(self, bridge: str) -> str:
+        """The bridge's datapath type: "netdev" (userspace), "system" (the kernel's; also
+        what an unset column means), or another provider's name."""
+        datapath_type = self.api.db_get("Bridge", bridge, "datapath_type").execute(check_error=True)
+        if isinstance(datapath_type, list):  # an unset optional column reads as []
+            datapath_type = datapath_type[0] if datapath_type else ""
+        return str(datapath_type or "system")  # OVS's own default
+
     def ensure_zone_timeouts(
         self, bridge: str, zones: Iterable[int], timeouts: dict[str, int]
     ) -> list[str]:
@@ -238,10 +246,7 @@ class OVSDB:
         # ovsdbapp is imported (without eventlet) by the time a connection exists.
         from ovsdbapp.backend.ovs_idl import command
 
-        datapath_type = self.api.db_get("Bridge", bridge, "datapath_type").execute(check_error=True)
-        if isinstance(datapath_type, list):  # an unset optional column reads as []
-            datapath_type = datapath_type[0] if datapath_type else ""
-        datapath_type = datapath_type or "system"  # OVS's own default
+        datapath_type = self.datapath_type(bridge)
         wanted = dict(timeouts)
         foreign: list[str] = []
 

@@ -19,11 +19,20 @@ owner costs the datapath a record and the streamed commit a write each.
 The frontends counted are those a local pod can send to: ClusterIPs, external and
 load-balancer IPs, and node IP:nodePort; the virtual NodePort IP is the node's steering
 table's, whose clients are not local pods.
+
+Whether there are mid-stream flows at all is decided once, at start (``choose``): they help
+only where conntrack goes with ovs-vswitchd, the userspace datapath (``netdev``). The kernel
+datapath (``system``) keeps its conntrack in the kernel, which outlives an ovs-vswitchd
+restart, so there a connection never loses its entry and the flows (one per TCP endpoint,
+most of what a switch holds, and most of an added endpoint's bytes) would cost memory,
+start-up time and bytes for nothing. The configuration can force either (``mid_stream_flows``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
 
 from ovsproxy.datapath import pipeline as pl
 from ovsproxy.datapath import service_flows as svc
@@ -40,6 +49,49 @@ Contribution = dict[EndpointKey, Frontends]
 
 MID_STREAM_OWNER = "mid-stream"
 _VIRTUAL_NODEPORT_IPS = frozenset(pl.VIRTUAL_NODEPORT_IP.values())
+
+# The configuration's ``mid_stream_flows``: by the bridge's datapath type, or forced
+MID_STREAM_SETTINGS = ("auto", "on", "off")
+# The datapath whose conntrack outlives ovs-vswitchd (the kernel's); any other type -- the
+# userspace "netdev", or one we do not know -- gets the flows under "auto".
+_CONNTRACK_OUTLIVES_VSWITCHD = frozenset({"system"})
+
+
+@dataclass(frozen=True, slots=True)
+class MidStreamChoice:
+    """Whether this run installs mid-stream flows, and why (shown in /status)."""
+
+    on: bool
+    setting: str  # one of MID_STREAM_SETTINGS
+    datapath_type: str | None  # the bridge's, as read at start (None: not read)
+    reason: str
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "on": self.on,
+            "setting": self.setting,
+            "datapath_type": self.datapath_type,
+            "reason": self.reason,
+        }
+
+
+def choose(setting: str, datapath_type: str | None, standalone: bool = True) -> MidStreamChoice:
+    """Mid-stream flows for a bridge of ``datapath_type`` under the configuration's
+    ``setting`` (see the module docstring). Integrated mode never has them: the CNI forwards,
+    and the probe needs our L3Forwarding."""
+    if setting not in MID_STREAM_SETTINGS:
+        raise ValueError(f"mid_stream_flows: {setting!r} is not one of auto, on, off")
+    if not standalone:
+        return MidStreamChoice(False, setting, datapath_type, "integrated mode: standalone only")
+    if setting != "auto":
+        return MidStreamChoice(setting == "on", setting, datapath_type, f"configured {setting}")
+    if datapath_type is None:
+        return MidStreamChoice(True, setting, None, "datapath type unknown: on, to be safe")
+    if datapath_type in _CONNTRACK_OUTLIVES_VSWITCHD:
+        reason = f"datapath {datapath_type}: the kernel's conntrack outlives ovs-vswitchd"
+        return MidStreamChoice(False, setting, datapath_type, reason)
+    reason = f"datapath {datapath_type}: its conntrack goes with ovs-vswitchd"
+    return MidStreamChoice(True, setting, datapath_type, reason)
 
 
 def contribution(frontend_endpoints: dict[Address, frozenset[Address]]) -> Contribution:

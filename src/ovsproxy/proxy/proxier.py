@@ -67,7 +67,7 @@ from ovsproxy.proxy.categorize import TopologyMode, categorize_endpoints, topolo
 from ovsproxy.proxy.claims import ClaimResolver
 from ovsproxy.proxy.followers import Committed, Follower
 from ovsproxy.proxy.group_ids import CLUSTER_IPS, EXTERNAL, IN_CLUSTER, GroupIDs, GroupKey
-from ovsproxy.proxy.mid_stream import Contribution, MidStreamIndex
+from ovsproxy.proxy.mid_stream import Contribution, MidStreamChoice, MidStreamIndex, choose
 from ovsproxy.proxy.mid_stream import contribution as mid_stream_contribution
 from ovsproxy.proxy.tracker import ChangeTracker
 
@@ -502,6 +502,7 @@ class Proxier:
         node_ports: bool = False,
         node_port_ips: Sequence[IPAddress] = (),
         followers: Sequence[Follower] = (),
+        mid_stream: MidStreamChoice | None = None,
     ) -> None:
         self.tracker = tracker
         self.datapath = datapath
@@ -518,10 +519,15 @@ class Proxier:
         # What follows each commit, in this order (``proxy.followers``)
         self.followers = tuple(followers)
         config = datapath.config
+        standalone = config.mode == pl.Mode.STANDALONE
+        # Mid-stream flows (``proxy.mid_stream``): decided by the agent from the bridge's
+        # datapath type; without that, on (standalone), as "auto" does for an unknown type.
+        self.mid_stream_choice = mid_stream or choose("auto", None, standalone)
         self.ctx = Context(
             tables=datapath.tables,
             generation=datapath.generation,
-            standalone=config.mode == pl.Mode.STANDALONE,
+            standalone=standalone,
+            with_mid_stream=self.mid_stream_choice.on,
             max_ovs_timeout=max_ovs_timeout,
             host_snat=config.host_snat_ips,
             node_ips=config.node_ips if config.mode == pl.Mode.STANDALONE else (),
@@ -529,7 +535,7 @@ class Proxier:
         self.groups = GroupIDs(config.group_id_min, config.group_id_max)
         # Standalone: the frontends of every TCP endpoint, for the mid-stream flows that
         # re-create a Service connection's translation after a vswitchd restart.
-        self.mid_stream = MidStreamIndex() if self.ctx.standalone else None
+        self.mid_stream = MidStreamIndex() if self.ctx.mid_stream else None
         # What each Service port is being programmed to (staged; ahead of the switch while a
         # commit is in flight) ...
         self.services: dict[ServicePortName, InstalledService] = {}
