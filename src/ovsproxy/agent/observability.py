@@ -24,10 +24,10 @@ from ovsproxy.datapath.switch_sync import dump_lines
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.httpserver import Request, Response, is_loopback, raise_open_files_limit
 from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics, health_routes, metrics_route
-from ovsproxy.model import ServicePortName
+from ovsproxy.model import IPFamily, ServicePortName
 from ovsproxy.model.node import UnservedPath
 from ovsproxy.openflow import protocol as of
-from ovsproxy.proxy.proxier import InstalledService
+from ovsproxy.proxy.proxier import DROP, InstalledService
 
 log = logging.getLogger("ovsproxy.agent")
 
@@ -131,6 +131,7 @@ def register_metrics(
         (),
         lambda: {(): float(parts.node_ingress.errors)} if parts.node_ingress is not None else {},
     )
+    register_kube_proxy_metrics(metrics, health, parts)
     health.connected = lambda: parts.channel is not None and parts.channel.connected
     m.openflow_connected.set_function(lambda: float(health.connected()))
     m.ovsdb_connected.set_function(lambda: float(parts.ovsdb is not None and parts.ovsdb.connected))
@@ -155,6 +156,81 @@ def register_metrics(
             lambda: {(p.path, f"IPv{int(p.family)}"): 1.0 for p in unserved_paths(parts)},
         )
     )
+
+
+def register_kube_proxy_metrics(metrics: Metrics, health: HealthState, parts: Components) -> None:
+    """The part of kube-proxy's metric set read at scrape time (the sync wrapper observes
+    the rest): pending changes, the last queued sync, Service ports without local endpoints,
+    and the health answers (the sync wrapper hooks the conntrack flushes)."""
+    m, tracker = metrics, parts.tracker
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_endpoint_changes_pending",
+            "EndpointSlice changes recorded and not yet synced.",
+            (),
+            lambda: {(): float(tracker.endpoint_changes_pending)},
+        )
+    )
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_service_changes_pending",
+            "Services whose ports changed and are not yet synced.",
+            (),
+            lambda: {(): float(tracker.service_changes_pending)},
+        )
+    )
+
+    def last_queued() -> Samples:
+        runner = parts.runner
+        if runner is None or runner.last_queued is None:
+            return {}
+        return {(family.name,): runner.last_queued for family in IPFamily}
+
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "Unix time a sync was last asked for (a change, or the runner's start).",
+            ("ip_family",),
+            last_queued,
+        )
+    )
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Service ports with endpoints whose internal (or external) traffic policy is "
+            "Local and that have no usable endpoint on this node: that traffic is dropped.",
+            ("traffic_policy", "ip_family"),
+            lambda: no_local_endpoints(parts),
+        )
+    )
+
+    def answers(path: str) -> Callable[[], Samples]:
+        return lambda: {(code,): float(n) for (p, code), n in health.answers.items() if p == path}
+
+    for path, name in (("/healthz", "healthz"), ("/livez", "livez")):
+        m.add_counter(
+            f"ovsproxy_proxy_{name}",
+            f"Answers to {path} by HTTP status code.",
+            ("code",),
+            answers(path),
+        )
+
+
+def no_local_endpoints(parts: Components) -> Samples:
+    """kube-proxy's count of Service ports, per family, that have endpoints but drop internal
+    (external) traffic because its policy is Local and none is usable on this node."""
+    out: Samples = {
+        (policy, family.name): 0.0 for policy in ("internal", "external") for family in IPFamily
+    }
+    if parts.proxier is None:
+        return out
+    for installed in parts.proxier.services.values():
+        for family, selection in installed.families.items():
+            if selection.action == DROP:
+                out["internal", family.name] += 1
+            if selection.has_external and selection.external_action == DROP:
+                out["external", family.name] += 1
+    return out
 
 
 def unserved_paths(parts: Components) -> list[UnservedPath]:
