@@ -16,7 +16,8 @@ def test_the_cap_keeps_the_largest_and_sums_the_rest(series: dict[str, int], cap
     assert len(out) <= cap and sum(out.values()) == sum(keyed.values())
     if len(keyed) > cap:
         kept = [v for k, v in out.items() if k != (OTHER, OTHER)]
-        assert min(kept, default=0) >= max((v for k, v in keyed.items() if k not in out), default=0)
+        dropped = [v for k, v in keyed.items() if k not in out]
+        assert len(kept) == cap - 1 and (not kept or min(kept) >= max(dropped))
 
 
 def test_totals_grow_and_a_reset_adds_the_new_count_and_is_not_exact() -> None:
