@@ -81,6 +81,10 @@ class AgentConfig:
     # so 0.1 s bounds the latency a change waits for at little CPU (bench churn)
     min_sync_interval: float = 0.1
     full_resync_interval: float = 3600.0
+    # live traffic counters (agent.counters): seconds between reads of the switch's group
+    # statistics (0: never, only on demand), and the most series per counter metric
+    counters_interval: float = 15.0
+    counters_max_series: int = 1000
     # observability: the node-facing address serves only the health paths (kube-proxy's
     # healthz 0.0.0.0:10256; empty: none); the operator's serves /metrics (kube-proxy's
     # 127.0.0.1:10249) and, on loopback only, /status and /dump
@@ -248,6 +252,10 @@ def validate(config: AgentConfig) -> AgentConfig:
         raise ConfigError("route_sync_interval must be >= 0 (0: no periodic route sync)")
     if config.min_sync_interval < 0 or config.full_resync_interval <= 0:
         raise ConfigError("min_sync_interval must be >= 0 and full_resync_interval > 0")
+    if config.counters_interval < 0 or not 1 <= config.counters_max_series <= 1_000_000:
+        raise ConfigError(
+            "counters_interval must be >= 0 and counters_max_series between 1 and 1,000,000"
+        )
     if (config.ovsdb is None) != (config.openflow is None):
         raise ConfigError("ovsdb and openflow: give both (a real OVS) or neither (the sandbox)")
     if config.manifest_max_bytes < 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter as CounterOf
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +35,9 @@ from ovsproxy.httpserver import (
 log = logging.getLogger(__name__)
 
 # kube-proxy's buckets (pkg/proxy/metrics): sync durations 1 ms doubling to 16 s; network
-# programming 0, 0.25 s, 0.5 s, every second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
+# programming 0.25 s, 0.5 s, every second to 59 s, every 5 s to 115 s, every 30 s to 5 min.
 KUBE_PROXY_SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
 KUBE_PROXY_PROGRAMMING_BUCKETS = (
-    0.0,
     0.25,
     0.5,
     *(float(s) for s in range(1, 60)),
@@ -150,25 +150,53 @@ class Metrics:
             "or a bad ip): they get no flows. The gateway is not counted.",
             registry=r,
         )
-        # kube-proxy's names (its kubeproxy_ prefix made ours), its buckets and semantics,
-        # for the dashboards and alerts operators already have.
-        self.sync_proxy_rules_duration = Histogram(
+
+        # kube-proxy's metric set (pkg/proxy/metrics): its names with our prefix for its
+        # kubeproxy_, its types, buckets and labels, so that its dashboards and alerts work
+        # with the prefix swapped. One sync here programs both families: what kube-proxy
+        # observes once per family's proxier is observed once under each ip_family.
+        # docs/observability.md's table says what each measures here.
+        def family_histogram(name: str, help_text: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, help_text, ["ip_family"], registry=r, buckets=buckets)
+
+        self.sync_proxy_rules_duration = family_histogram(
             "ovsproxy_sync_proxy_rules_duration_seconds",
             "Time of one sync, successful or not (kube-proxy's sync_proxy_rules_duration).",
-            registry=r,
-            buckets=KUBE_PROXY_SYNC_BUCKETS,
+            KUBE_PROXY_SYNC_BUCKETS,
+        )
+        self.sync_full_proxy_rules_duration = family_histogram(
+            "ovsproxy_sync_full_proxy_rules_duration_seconds",
+            "Time of one full sync (the periodic resync and the first), successful or not.",
+            KUBE_PROXY_SYNC_BUCKETS,
+        )
+        self.sync_partial_proxy_rules_duration = family_histogram(
+            "ovsproxy_sync_partial_proxy_rules_duration_seconds",
+            "Time of one partial sync (the changed Service ports only), successful or not.",
+            KUBE_PROXY_SYNC_BUCKETS,
         )
         self.sync_proxy_rules_last_timestamp = Gauge(
             "ovsproxy_sync_proxy_rules_last_timestamp_seconds",
             "Unix time of the last successful sync.",
+            ["ip_family"],
             registry=r,
         )
-        self.network_programming = Histogram(
+        self.network_programming = family_histogram(
             "ovsproxy_network_programming_duration_seconds",
             "From an EndpointSlice change's trigger time (the slice's "
             "endpoints.kubernetes.io/last-change-trigger-time) to the commit carrying it.",
+            KUBE_PROXY_PROGRAMMING_BUCKETS,
+        )
+        self.conntrack_reconciler_duration = family_histogram(
+            "ovsproxy_conntrack_reconciler_sync_duration_seconds",
+            "Time of one UDP conntrack flush (the filters of one batch of that family).",
+            KUBE_PROXY_SYNC_BUCKETS,
+        )
+        self.conntrack_reconciler_deleted = Counter(
+            "ovsproxy_conntrack_reconciler_deleted_entries",
+            "UDP conntrack flush filters applied (each deletes every entry of one "
+            "(frontend, endpoint) pair; the switch does not say how many entries).",
+            ["ip_family"],
             registry=r,
-            buckets=KUBE_PROXY_PROGRAMMING_BUCKETS,
         )
         self.dicts = DictCollector()
         r.register(self.dicts)
@@ -205,6 +233,8 @@ class HealthState:
         self.connected: Callable[[], bool] = lambda: False
         self.progress: Callable[[], tuple[bool, dict[str, Any]]] = lambda: (True, {})
         self.node_eligible: Callable[[], bool] = lambda: True
+        # Answers by (path, HTTP code): kube-proxy's proxy_healthz_total and proxy_livez_total
+        self.answers: CounterOf[tuple[str, str]] = CounterOf()
 
     def sync_result(self, ok: bool, error: str | None = None) -> None:
         if ok:
@@ -236,16 +266,24 @@ class HealthState:
 
 def health_routes(health: HealthState) -> dict[str, Handler]:
     """/healthz and /readyz (the node's eligibility too) and /livez: what a kubelet or a load
-    balancer asks, and all the node's address serves."""
+    balancer asks, and all the node's address serves. Answers to /healthz and /livez are
+    counted in ``health.answers`` (kube-proxy has no /readyz: its answers are not)."""
 
-    def route(node: bool) -> Handler:
+    def route(path: str, node: bool) -> Handler:
         async def answer(_request: Request) -> Response:
             healthy, body = health.check(node=node)
-            return Response(200 if healthy else 503, json.dumps(body).encode(), "application/json")
+            code = 200 if healthy else 503
+            if path != "/readyz":
+                health.answers[path, str(code)] += 1
+            return Response(code, json.dumps(body).encode(), "application/json")
 
         return answer
 
-    return {"/healthz": route(True), "/readyz": route(True), "/livez": route(False)}
+    return {
+        "/healthz": route("/healthz", True),
+        "/readyz": route("/readyz", True),
+        "/livez": route("/livez", False),
+    }
 
 
 def metrics_route(metrics: Metrics) -> Handler:

@@ -229,3 +229,31 @@ def test_every_dashboard_expression_names_what_a_running_agent_exports(
     shown = " ".join(expr for _, expr in expressions(load_dashboard()))
     missing = [n for n in exported if "programming" in n and n.endswith("_bucket")]
     assert all(n in shown for n in missing), missing
+
+
+def test_kube_proxys_panels_work_with_the_prefix_swapped() -> None:
+    """The kube-proxy row names only kube-proxy's metrics (``kubeproxy_`` made ``ovsproxy_``,
+    read from its source), and each of those we export is on one of its panels."""
+    from tests.agent.test_kube_proxy_metric_set import (
+        NOT_OURS,
+        kube_proxy_metrics,
+        kube_proxy_metrics_source,
+    )
+
+    theirs = kube_proxy_metrics(kube_proxy_metrics_source())
+    dashboard = load_dashboard()
+    row = next(i for i, p in enumerate(dashboard["panels"]) if p["title"].startswith("kube-proxy"))
+    panels = dashboard["panels"][row + 1 :]
+    assert panels and all(p["type"] != "row" for p in panels)
+    named = set()
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "5m").replace("$instance", ".*")
+            for selector in _selectors(promql.parse(expr)):
+                name = _selector_name(selector) or ""
+                family = name.removeprefix("ovsproxy_")
+                for suffix in ("_bucket", "_count", "_sum"):
+                    family = family.removesuffix(suffix)
+                assert f"kubeproxy_{family}" in theirs, (panel["title"], name)
+                named.add(f"kubeproxy_{family}")
+    assert named == set(theirs) - set(NOT_OURS), sorted(set(theirs) - set(NOT_OURS) - named)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
+    IPFamily,
     Protocol,
     Service,
     ServicePort,
@@ -372,7 +373,8 @@ def test_trigger_times_of_changes_are_handed_out_once() -> None:
     tracker.on_endpoint_slice_update(_triggered(eps("a", "a-1", "10.0.0.2"), now + 2))
     tracker.on_endpoint_slice_add(_triggered(eps("b", "b-1", "10.0.0.3"), now + 3))
     tracker.checkpoint()
-    assert sorted(tracker.take_trigger_times()) == [now + 1, now + 2, now + 3]
+    V4 = IPFamily.IPv4
+    assert sorted(tracker.take_trigger_times()) == [(V4, now + 1), (V4, now + 2), (V4, now + 3)]
     assert tracker.take_trigger_times() == []
 
 
@@ -396,7 +398,7 @@ def test_slice_delete_drops_the_services_pending_trigger_times() -> None:
     tracker.on_endpoint_slice_add(_triggered(eps("b", "b-1", "10.0.0.2"), now + 2))
     # A deleted slice's annotation dates from its last update, not from the deletion.
     tracker.on_endpoint_slice_delete("ns", "a-1")
-    assert tracker.take_trigger_times() == [now + 2]
+    assert tracker.take_trigger_times() == [(IPFamily.IPv4, now + 2)]
 
 
 def _merged_reference(ports, slices):  # the definition: merge, drop other families, sort
@@ -443,3 +445,39 @@ def test_service_states_resolve_duplicates_as_merge_endpoint_slices(parts, clust
         )
     states = service_states(ports, slices.values())
     assert {n: s.endpoints for n, s in states.items()} == _merged_reference(ports, slices.values())
+
+
+# --- pending changes (kube-proxy's *_changes_pending gauges) -------------------------------
+
+
+def test_pending_changes_count_as_kube_proxys_and_a_checkpoint_clears_them() -> None:
+    tracker = ChangeTracker()
+    assert (tracker.service_changes_pending, tracker.endpoint_changes_pending) == (0, 0)
+    tracker.on_service_add(svc("a"))
+    tracker.on_service_add(svc("b"))
+    tracker.on_endpoint_slice_add(eps("a", "a-1", "10.0.0.1"))
+    tracker.on_endpoint_slice_update(eps("a", "a-1", "10.0.0.2"))
+    tracker.on_endpoint_slice_update(eps("a", "a-1", "10.0.0.2"))  # no change: not pending
+    assert (tracker.service_changes_pending, tracker.endpoint_changes_pending) == (2, 2)
+    tracker.on_service_delete("ns", "b")  # added then deleted: back to what it was
+    assert tracker.service_changes_pending == 1
+    tracker.checkpoint()
+    assert (tracker.service_changes_pending, tracker.endpoint_changes_pending) == (0, 0)
+    tracker.on_service_update(svc("a", ("http", 8080)))
+    tracker.on_endpoint_slice_delete("ns", "a-1")
+    tracker.on_endpoint_slice_delete("ns", "unknown")  # not ours: no change
+    assert (tracker.service_changes_pending, tracker.endpoint_changes_pending) == (1, 1)
+
+
+def test_trigger_times_carry_the_slices_family() -> None:
+    tracker = ChangeTracker()
+    now = time.time()
+    tracker.on_service_add(svc("a", cluster_ip="fd00::1"))
+    tracker.on_endpoint_slice_add(_triggered(eps("a", "a-1", "fd00:10::1"), now + 1))
+    tracker.on_endpoint_slice_add(_triggered(eps("a", "a-2"), now + 2))  # empty: the Service's
+    tracker.on_endpoint_slice_add(_triggered(eps("b", "b-1", "10.0.0.1"), now + 3))
+    assert sorted(tracker.take_trigger_times(), key=lambda x: x[1]) == [
+        (IPFamily.IPv6, now + 1),
+        (IPFamily.IPv6, now + 2),
+        (IPFamily.IPv4, now + 3),
+    ]

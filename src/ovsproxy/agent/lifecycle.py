@@ -31,6 +31,7 @@ from ovsproxy.agent.cleanup import (
     remove_switch_state,
 )
 from ovsproxy.agent.core import NodeFacts, build_core, commit_followers
+from ovsproxy.agent.counters import CounterPoller
 from ovsproxy.agent.observability import StatusPages, register_metrics
 from ovsproxy.agent.ovsdb_link import OVSDBLink, datapath_type_of, set_zone_timeouts
 from ovsproxy.agent.ovsdb_link import connect as connect_ovsdb
@@ -143,6 +144,15 @@ class Agent:
                 full_resync_interval=cfg.full_resync_interval,
             )
             runner = parts.runner
+            proxier, datapath = parts.proxier, parts.datapath
+            assert proxier is not None and datapath is not None
+            parts.counters = CounterPoller(
+                parts.channel,
+                lambda: proxier.programmed,
+                lambda: datapath.installed_groups,
+                interval=cfg.counters_interval,
+                max_series=cfg.counters_max_series,
+            )
 
             def changed() -> None:
                 # kube-proxy's per-family proxiers each queue every change
@@ -164,6 +174,9 @@ class Agent:
             self._watch_service_cidrs()
             parts.runner.request(full=True)
             self.tasks.append(asyncio.create_task(parts.runner.run(), name="sync runner"))
+            if cfg.counters_interval > 0:
+                counters = parts.counters.run()
+                self.tasks.append(asyncio.create_task(counters, name="counters"))
             await stop.wait()
         finally:
             await shutdown(parts, self.tasks, self.pages)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ovsproxy import __version__
+from ovsproxy.agent.counters import skew
 from ovsproxy.agent.wiring import Components
 from ovsproxy.datapath.desired import FlowKey
 from ovsproxy.datapath.groups import InstalledGroup
@@ -24,10 +25,10 @@ from ovsproxy.datapath.switch_sync import dump_lines
 from ovsproxy.gcpause import gc_paused
 from ovsproxy.httpserver import Request, Response, is_loopback, raise_open_files_limit
 from ovsproxy.metrics import HealthState, HTTPEndpoint, Metrics, health_routes, metrics_route
-from ovsproxy.model import ServicePortName
+from ovsproxy.model import IPFamily, ServicePortName
 from ovsproxy.model.node import UnservedPath
 from ovsproxy.openflow import protocol as of
-from ovsproxy.proxy.proxier import InstalledService
+from ovsproxy.proxy.proxier import DROP, InstalledService
 
 log = logging.getLogger("ovsproxy.agent")
 
@@ -131,6 +132,8 @@ def register_metrics(
         (),
         lambda: {(): float(parts.node_ingress.errors)} if parts.node_ingress is not None else {},
     )
+    register_kube_proxy_metrics(metrics, health, parts)
+    register_traffic_counters(metrics, parts)
     health.connected = lambda: parts.channel is not None and parts.channel.connected
     m.openflow_connected.set_function(lambda: float(health.connected()))
     m.ovsdb_connected.set_function(lambda: float(parts.ovsdb is not None and parts.ovsdb.connected))
@@ -153,6 +156,144 @@ def register_metrics(
             "address, a reverse-path filter left strict.",
             ("path", "family"),
             lambda: {(p.path, f"IPv{int(p.family)}"): 1.0 for p in unserved_paths(parts)},
+        )
+    )
+
+
+def register_kube_proxy_metrics(metrics: Metrics, health: HealthState, parts: Components) -> None:
+    """The part of kube-proxy's metric set read at scrape time (the sync wrapper observes
+    the rest): pending changes, the last queued sync, Service ports without local endpoints,
+    and the health answers (the sync wrapper hooks the conntrack flushes)."""
+    m, tracker = metrics, parts.tracker
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_endpoint_changes_pending",
+            "EndpointSlice changes recorded and not yet synced.",
+            (),
+            lambda: {(): float(tracker.endpoint_changes_pending)},
+        )
+    )
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_service_changes_pending",
+            "Services whose ports changed and are not yet synced.",
+            (),
+            lambda: {(): float(tracker.service_changes_pending)},
+        )
+    )
+
+    def last_queued() -> Samples:
+        runner = parts.runner
+        if runner is None or runner.last_queued is None:
+            return {}
+        return {(family.name,): runner.last_queued for family in IPFamily}
+
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "Unix time a sync was last asked for (a change, or the runner's start).",
+            ("ip_family",),
+            last_queued,
+        )
+    )
+    m.add_gauge(
+        (
+            "ovsproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Service ports with endpoints whose internal (or external) traffic policy is "
+            "Local and that have no usable endpoint on this node: that traffic is dropped.",
+            ("traffic_policy", "ip_family"),
+            lambda: no_local_endpoints(parts),
+        )
+    )
+
+    def answers(path: str) -> Callable[[], Samples]:
+        return lambda: {(code,): float(n) for (p, code), n in health.answers.items() if p == path}
+
+    for path, name in (("/healthz", "healthz"), ("/livez", "livez")):
+        m.add_counter(
+            f"ovsproxy_proxy_{name}",
+            f"Answers to {path} by HTTP status code.",
+            ("code",),
+            answers(path),
+        )
+
+
+def no_local_endpoints(parts: Components) -> Samples:
+    """kube-proxy's count of Service ports, per family, that have endpoints but drop internal
+    (external) traffic because its policy is Local and none is usable on this node."""
+    out: Samples = {
+        (policy, family.name): 0.0 for policy in ("internal", "external") for family in IPFamily
+    }
+    if parts.proxier is None:
+        return out
+    for installed in parts.proxier.services.values():
+        for family, selection in installed.families.items():
+            if selection.action == DROP:
+                out["internal", family.name] += 1
+            if selection.has_external and selection.external_action == DROP:
+                out["external", family.name] += 1
+    return out
+
+
+def register_traffic_counters(metrics: Metrics, parts: Components) -> None:
+    """Live traffic per Service port and per endpoint (``agent.counters``), as of the last
+    poll of the switch's group statistics."""
+    ports = ("namespace", "service", "port", "protocol")
+
+    def read(series: str) -> Callable[[], Samples]:
+        def samples() -> Samples:
+            counters = parts.counters
+            if counters is None:
+                return {}
+            result: Samples = getattr(counters, series)()
+            return result
+
+        return samples
+
+    metrics.add_counter(
+        "ovsproxy_service_connections",
+        "New connections per Service port (its select groups' packets: only a connection's "
+        "first packet crosses a group), as of the last read of the switch's counters.",
+        ports,
+        read("port_series"),
+    )
+    metrics.add_counter(
+        "ovsproxy_endpoint_connections",
+        "New connections per endpoint of a Service port (its buckets' packets).",
+        (*ports, "endpoint", "node"),
+        read("endpoint_series"),
+    )
+
+    def exact() -> Samples:
+        counters = parts.counters
+        if counters is None or counters.last is None:
+            return {}
+        return {(): float(counters.last.exact)}
+
+    metrics.add_gauge(
+        (
+            "ovsproxy_service_counters_exact",
+            "1 while the connection counters are exact; 0 once a bucket was seen counting "
+            "down (ovs-vswitchd restarted, a group or bucket replaced): what it counted "
+            "between the read before and the reset is lost.",
+            (),
+            exact,
+        )
+    )
+
+    def skew_of() -> Samples:
+        counters = parts.counters
+        if counters is None or counters.last is None:
+            return {}
+        return {k: v for k, v in skew(counters.last, {}).items()}
+
+    metrics.add_gauge(
+        (
+            "ovsproxy_service_connection_skew",
+            "Per Service port: the largest gap between an endpoint's share of its new "
+            "connections and its share of the weights (0 as weighted, up to 1).",
+            ports,
+            skew_of,
         )
     )
 
@@ -282,7 +423,11 @@ class StatusPages:
         routes = {**health, "/metrics": metrics_route(self.metrics)}
         operator = is_loopback(host)
         if operator:
-            routes |= {"/status": self._serve_status, "/dump": self._serve_dump}
+            routes |= {
+                "/status": self._serve_status,
+                "/dump": self._serve_dump,
+                "/counters": self._serve_counters,
+            }
         self.http = HTTPEndpoint(host, port, routes, local_names_only=operator)
         await self.http.start()
         log.info(
@@ -305,6 +450,26 @@ class StatusPages:
                 without_collection, render_status, self.status_snapshot()
             )
         return Response(200, body, "application/json")
+
+    async def _serve_counters(self, _request: Request) -> Response:
+        """The traffic counters read from the switch now (``agent.counters``), as JSON."""
+        counters = self.parts.counters
+        if counters is None:
+            return Response(503, b"no switch yet\n")
+        reading = await counters.poll()
+        body = {
+            "at": reading.at,
+            "exact": reading.exact,
+            "services": [
+                {"labels": list(labels), "connections": n} for labels, n in reading.ports.items()
+            ],
+            "endpoints": [
+                {"labels": list(labels), "connections": n}
+                for labels, n in reading.endpoints.items()
+            ],
+            "skew": [{"labels": list(k), "skew": v} for k, v in skew(reading, {}).items()],
+        }
+        return Response(200, json.dumps(body).encode(), "application/json")
 
     async def _serve_dump(self, _request: Request) -> Response:
         async with self._render_lock:

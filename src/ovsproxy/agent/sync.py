@@ -63,12 +63,29 @@ class Syncer:
         self.gc_compactions = 0
         self._compacted_at = time.monotonic()
 
+    def _observe_duration(self, full: bool, seconds: float) -> None:
+        """kube-proxy's sync durations: one sync programs both families, so it is observed
+        under each ip_family (as each of kube-proxy's per-family proxiers observes its own)."""
+        m = self.metrics
+        by_kind = m.sync_full_proxy_rules_duration if full else m.sync_partial_proxy_rules_duration
+        for family in IPFamily:
+            m.sync_proxy_rules_duration.labels(family.name).observe(seconds)
+            by_kind.labels(family.name).observe(seconds)
+
+    def _conntrack_flushed(self, family: IPFamily, seconds: float, filters: int) -> None:
+        """kube-proxy's conntrack reconciler metrics, from our UDP conntrack flushes: one flush
+        of ``filters`` filters of ``family`` that took ``seconds``."""
+        self.metrics.conntrack_reconciler_duration.labels(family.name).observe(seconds)
+        self.metrics.conntrack_reconciler_deleted.labels(family.name).inc(filters)
+
     async def __call__(self, full: bool) -> bool:
         """One sync; True when it is done but left Service ports the switch refused, for the
         runner to sync again with backoff (``proxy.runner``): each sync tries them again."""
         parts = self.parts
         assert parts.proxier is not None and parts.datapath is not None
         proxier, datapath = parts.proxier, parts.datapath
+        if parts.semantics is not None:  # (built after the metrics are registered)
+            parts.semantics.conntrack.on_flushed = self._conntrack_flushed
         started = time.perf_counter()
         try:
             if full and datapath.commits and await datapath.drifted():
@@ -90,11 +107,11 @@ class Syncer:
             raise
         finally:
             if parts.tracker.synced:  # (kube-proxy times failed syncs too)
-                self.metrics.sync_proxy_rules_duration.observe(time.perf_counter() - started)
+                self._observe_duration(full, time.perf_counter() - started)
         if not parts.tracker.synced:
             return False
-        for latency in result.programming_latencies:
-            self.metrics.network_programming.observe(latency)
+        for family, latency in result.programming_latencies:
+            self.metrics.network_programming.labels(family.name).observe(latency)
         if parts.routes is not None and not self._routes_reconciled:
             # Start-up: converge the node's routes once, from the complete ClusterIP list,
             # before we call ourselves healthy.
@@ -106,7 +123,8 @@ class Syncer:
         m.syncs.labels("ok").inc()
         now = time.time()
         m.last_sync_success.set(now)
-        m.sync_proxy_rules_last_timestamp.set(now)
+        for family in IPFamily:
+            m.sync_proxy_rules_last_timestamp.labels(family.name).set(now)
         self.health.sync_result(True)
         if self.proxy_health is not None:
             for family in IPFamily:

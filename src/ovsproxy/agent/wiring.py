@@ -28,6 +28,7 @@ from ovsproxy.proxy.tracker import ChangeTracker
 
 if TYPE_CHECKING:
     from ovsproxy.agent.core import Core
+    from ovsproxy.agent.counters import CounterPoller
     from ovsproxy.agent.hostsnat import HostSNAT
     from ovsproxy.agent.node import NodeWatcher
     from ovsproxy.agent.nodeport import NodeIngress
@@ -74,6 +75,7 @@ class Components:
     host_snat: HostSNAT | None = None  # standalone, with routes: host-SNAT addresses
     pods: PodWatcher | None = None  # standalone mode: the bridge's pods, and what is not one
     node: NodeWatcher | None = None  # the Node object (the Kubernetes API source only)
+    counters: CounterPoller | None = None  # live traffic per Service port and endpoint
 
     def take_core(self, core: Core) -> None:
         """The core built over ``channel`` (``agent.core.build_core``) becomes this run's."""

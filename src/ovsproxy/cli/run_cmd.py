@@ -133,6 +133,16 @@ def _options(func: Any) -> Any:
         click.option("--min-sync-interval", type=float, help="seconds between syncs [0.1]"),
         click.option("--full-resync-interval", type=float, help="seconds [3600]"),
         click.option(
+            "--counters-interval",
+            type=float,
+            help="seconds between reads of the switch's per-Service counters; 0: never [15]",
+        ),
+        click.option(
+            "--counters-max-series",
+            type=int,
+            help="most series per traffic counter metric; the rest summed as (other) [1000]",
+        ),
+        click.option(
             "--cleanup",
             is_flag=True,
             default=None,

@@ -51,6 +51,8 @@ import contextlib
 import logging
 import os
 import re
+import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +233,8 @@ class ConntrackFlusher:
         self._pending: dict[FlushFilter, int] = {}
         self._queued = 0
         self._settle: asyncio.Task[None] | None = None
+        # Told of each flush, per family: (family, seconds, filters applied: 0 when it failed)
+        self.on_flushed: Callable[[IPFamily, float, int], None] | None = None
 
     async def flush(self, filters: Sequence[FlushFilter], *, again: bool = True) -> None:
         """Flush now; unless ``again`` is False, flush again (in the background) once the
@@ -303,26 +307,37 @@ class ConntrackFlusher:
 
     async def _flush_now(self, filters: Sequence[FlushFilter]) -> None:
         async with self._lock:
-            if self.stats.mode == "openflow":
-                try:
-                    await self.channel.send([f.message() for f in filters])
-                    self.stats.messages += len(filters)
+            started, failures = time.perf_counter(), self.stats.failures
+            try:
+                await self._flush_locked(filters)
+            finally:
+                if self.on_flushed is not None:
+                    seconds = time.perf_counter() - started
+                    applied = self.stats.failures == failures and self.stats.mode != "unsupported"
+                    for family, count in Counter(f.family for f in filters).items():
+                        self.on_flushed(family, seconds, count if applied else 0)
+
+    async def _flush_locked(self, filters: Sequence[FlushFilter]) -> None:
+        if self.stats.mode == "openflow":
+            try:
+                await self.channel.send([f.message() for f in filters])
+                self.stats.messages += len(filters)
+                return
+            except Exception as exc:
+                name = str(getattr(exc, "name", "")) or str(exc)
+                if not any(marker in name for marker in _UNSUPPORTED):
+                    self._failed(exc)
                     return
-                except Exception as exc:
-                    name = str(getattr(exc, "name", "")) or str(exc)
-                    if not any(marker in name for marker in _UNSUPPORTED):
-                        self._failed(exc)
-                        return
-                    self.stats.mode = "appctl" if self.appctl is not None else "unsupported"
-                    log.warning(
-                        "conntrack: the switch does not take NXT_CT_FLUSH (%s: OVS < 3.1?); %s",
-                        name,
-                        "falling back to ovs-appctl dpctl/flush-conntrack"
-                        if self.appctl is not None
-                        else "stale UDP entries of removed endpoints live until they time out",
-                    )
-            if self.stats.mode == "appctl":
-                await self._flush_appctl(filters)
+                self.stats.mode = "appctl" if self.appctl is not None else "unsupported"
+                log.warning(
+                    "conntrack: the switch does not take NXT_CT_FLUSH (%s: OVS < 3.1?); %s",
+                    name,
+                    "falling back to ovs-appctl dpctl/flush-conntrack"
+                    if self.appctl is not None
+                    else "stale UDP entries of removed endpoints live until they time out",
+                )
+        if self.stats.mode == "appctl":
+            await self._flush_appctl(filters)
 
     async def _flush_appctl(self, filters: Sequence[FlushFilter]) -> None:
         assert self.appctl is not None

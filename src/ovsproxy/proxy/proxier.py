@@ -427,7 +427,8 @@ class SyncResult:
     seconds: float = 0.0
     # Seconds from each slice change's trigger time to the commit that carried it (the
     # network programming latency; kube-proxy's network_programming_duration_seconds).
-    programming_latencies: tuple[float, ...] = ()
+    # Each with the IP family of the slice.
+    programming_latencies: tuple[tuple[IPFamily, float], ...] = ()
 
 
 def _udp_pairs_back(
@@ -580,7 +581,7 @@ class Proxier:
         self.post_commit_errors = 0
         # Trigger times of slice changes taken from the tracker, until a commit carries them
         # (a failed commit keeps them: its changes are retried, and land later).
-        self._trigger_times: list[float] = []
+        self._trigger_times: list[tuple[IPFamily, float]] = []
 
     # -- one Service port -------------------------------------------------------------------
     def _stage_service(self, state: ServiceState) -> None:
@@ -880,7 +881,7 @@ class Proxier:
         self._unpublished.update(dict.fromkeys(touched))  # kept if this sync fails
         commit = await self._commit_isolating(touched)
         committed = time.time()
-        latencies = tuple(committed - t for t in self._trigger_times)
+        latencies = tuple((family, committed - t) for family, t in self._trigger_times)
         self._trigger_times.clear()
         self._synced_once = True
         waits = await self._post_commit(commit)

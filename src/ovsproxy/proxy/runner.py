@@ -66,11 +66,15 @@ class SyncRunner:
         self._idle = asyncio.Event()
         self._idle.set()
         self.stats = RunnerStats()
+        # Unix time a sync was last asked for (kube-proxy's last_queued_timestamp; its
+        # SyncLoop sets it at start too, as the informers sync); None before either.
+        self.last_queued: float | None = None
 
     def request(self, *, full: bool = False) -> None:
         """Ask for a sync soon (call on the runner's event loop)."""
         self._requested = True
         self._full_requested |= full
+        self.last_queued = time.time()
         self._wake.set()
 
     def stop(self) -> None:
@@ -95,6 +99,7 @@ class SyncRunner:
         return due
 
     async def run(self) -> None:
+        self.last_queued = time.time()
         while not self._stopped:
             now = time.monotonic()
             deadline = self._next_deadline(now)

@@ -26,6 +26,7 @@ from ovsproxy.model import (
     Endpoint,
     EndpointSlice,
     IPAddress,
+    IPFamily,
     Protocol,
     Service,
     ServicePort,
@@ -130,7 +131,13 @@ class ChangeTracker:
         self.stats = TrackerStats()
         # The trigger times of slice changes not yet handed out, per Service (kube-proxy's
         # lastChangeTriggerTimes); times from before the tracker existed are not ours.
-        self._trigger_times: dict[ServiceKey, list[float]] = {}
+        # Each with the IP family of the slice's addresses (kube-proxy's per-family trackers).
+        self._trigger_times: dict[ServiceKey, list[tuple[IPFamily, float]]] = {}
+        # kube-proxy's pending change gauges: slice changes recorded since the last
+        # checkpoint, and the Services whose ports differ from theirs at the last checkpoint
+        # (with those ports, so that a change undone is no longer pending).
+        self._endpoint_changes_pending = 0
+        self._service_changes: dict[ServiceKey, tuple[ServicePort, ...]] = {}
         self._started = time.time()
 
     # --- the handler interface -------------------------------------------------------
@@ -163,6 +170,7 @@ class ChangeTracker:
             # A deleted slice's annotation dates from its last update, not from what caused
             # the deletion: kube-proxy drops the Service's pending trigger times instead.
             self._trigger_times.pop(owner, None)
+            self._endpoint_changes_pending += 1
             self._mark(owner)
 
     def on_synced(self, kind: str) -> None:
@@ -194,6 +202,18 @@ class ChangeTracker:
         """How many Services have changes the next checkpoint will look at."""
         return len(self._dirty)
 
+    @property
+    def endpoint_changes_pending(self) -> int:
+        """EndpointSlice changes recorded since the last checkpoint (kube-proxy's
+        sync_proxy_rules_endpoint_changes_pending)."""
+        return self._endpoint_changes_pending
+
+    @property
+    def service_changes_pending(self) -> int:
+        """Services whose ports differ from what the last checkpoint saw (kube-proxy's
+        sync_proxy_rules_service_changes_pending)."""
+        return len(self._service_changes)
+
     def checkpoint(self) -> dict[ServicePortName, ServiceChange]:
         """Consume the recorded changes; only ports whose state differs are returned."""
         changes: dict[ServicePortName, ServiceChange] = {}
@@ -213,14 +233,16 @@ class ChangeTracker:
             else:
                 self._applied.pop(key, None)
         self._dirty.clear()
+        self._endpoint_changes_pending = 0
+        self._service_changes.clear()
         self.stats.checkpoints += 1
         self.stats.changes += len(changes)
         return changes
 
-    def take_trigger_times(self) -> list[float]:
+    def take_trigger_times(self) -> list[tuple[IPFamily, float]]:
         """The trigger times (Unix seconds) of the slice changes recorded since the last call,
-        consumed; the proxier takes them with the checkpoint and reports them once the
-        commit carrying those changes has succeeded."""
+        each with its slice's IP family, consumed; the proxier takes them with the checkpoint
+        and reports them once the commit carrying those changes has succeeded."""
         times = [t for per_service in self._trigger_times.values() for t in per_service]
         self._trigger_times.clear()
         return times
@@ -261,6 +283,9 @@ class ChangeTracker:
         old = self._ports.get(key, ())
         if old == ports:
             return  # a no-op update (say, a status change we do not use)
+        before = self._service_changes.setdefault(key, old)
+        if before == ports:
+            del self._service_changes[key]  # back to what the last checkpoint saw
         self._count_cluster_ips(old, -1)
         self._count_cluster_ips(ports, +1)
         if ports:
@@ -297,8 +322,21 @@ class ChangeTracker:
         self._slice_owner[slice_id] = owner
         trigger = endpoint_slice.trigger_time
         if trigger is not None and trigger > self._started:
-            self._trigger_times.setdefault(owner, []).append(trigger)
+            family = self._slice_family(endpoint_slice, owner)
+            self._trigger_times.setdefault(owner, []).append((family, trigger))
+        self._endpoint_changes_pending += 1
         self._mark(owner)
+
+    def _slice_family(self, endpoint_slice: EndpointSlice, owner: ServiceKey) -> IPFamily:
+        """The family of a slice's addresses (its addressType); an empty slice's is taken
+        from its Service's first ClusterIP."""
+        for slice_port in endpoint_slice.ports:
+            for endpoint in slice_port.endpoints:
+                return IPFamily.of(endpoint.ip)
+        ports = self._ports.get(owner, ())
+        if ports and ports[0].cluster_ips:
+            return IPFamily.of(ports[0].cluster_ips[0])
+        return IPFamily.IPv4
 
     def _remove_slice(self, owner: ServiceKey, slice_name: str) -> None:
         slices = self._slices.get(owner)
