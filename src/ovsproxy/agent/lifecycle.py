@@ -145,7 +145,7 @@ class Agent:
             )
             runner = parts.runner
             proxier, datapath = parts.proxier, parts.datapath
-            assert proxier is not None and datapath is not None
+            assert datapath is not None
             parts.counters = CounterPoller(
                 parts.channel,
                 lambda: proxier.programmed,
