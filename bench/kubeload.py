@@ -224,7 +224,7 @@ class RealCluster:
         return pages
 
 
-class _Connection:
+class Connection:
     """One keep-alive HTTP/1.1 connection to the API server, one request at a time (a
     Python HTTP/2 client cost more CPU per request than the API server's handling of it,
     on the same two cores)."""
@@ -233,19 +233,22 @@ class _Connection:
         self.reader, self.writer, self.head = reader, writer, head
 
     @classmethod
-    async def open(cls, cp: ControlPlane) -> _Connection:
+    async def open(cls, cp: ControlPlane) -> Connection:
+        """A connection as the admin."""
         context = ssl.create_default_context(cafile=str(cp.ca_file))
         reader, writer = await asyncio.open_connection("127.0.0.1", cp.port, ssl=context)
         head = (
             f"Host: 127.0.0.1:{cp.port}\r\nAuthorization: Bearer {cp.admin.token}\r\n"
-            "Content-Type: application/json\r\nAccept: application/json\r\n"
+            "Accept: application/json\r\n"
         ).encode()
         return cls(reader, writer, head)
 
-    async def request(self, method: str, target: str, body: bytes) -> tuple[int, bytes]:
+    async def request(
+        self, method: str, target: str, body: bytes, content_type: bytes = b"application/json"
+    ) -> tuple[int, bytes]:
         self.writer.write(
-            b"%s %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s"
-            % (method.encode(), target.encode(), self.head, len(body), body)
+            b"%s %s HTTP/1.1\r\n%sContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+            % (method.encode(), target.encode(), self.head, content_type, len(body), body)
         )
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
@@ -276,7 +279,7 @@ async def send_all(
     query = f"?fieldManager={FIELD_MANAGER}"
 
     async def worker() -> None:
-        connection = await _Connection.open(cp)
+        connection = await Connection.open(cp)
         try:
             for index in todo:
                 path, body = requests[index]

@@ -1,6 +1,6 @@
-"""Cold start: 10,000 Services x 10 endpoints (500 with ``--quick``) from the Kubernetes API
-(and from the fake API and manifests) to the agent healthy with everything committed to a fresh OVS, against
-ovs-ofctl.
+"""Cold start: 10,000 Services x 10 endpoints (500 with ``--quick``) from kube-apiserver (and
+from the fake API and manifests) to the agent healthy with everything committed to a fresh
+OVS, against ovs-ofctl.
 
 In one private sandbox, alternating the contenders every round (medians; between runs the
 switch is emptied and the agent's marks on the bridge and its routes removed, outside the
