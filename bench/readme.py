@@ -388,7 +388,10 @@ def _cold_server(cs: dict[str, Any]) -> list[str]:
     ]
     return [
         "The API server's own cost while the agent starts (from the spawn to first sync done,"
-        " medians, `/proc/<pid>`): " + "; ".join(parts) + ".",
+        " medians, `/proc/<pid>`): "
+        + "; ".join(parts)
+        + f". The machine's load average as the rounds started: {cs['load_average_at_rounds']}"
+        " (other work shares its 2 cores; the ratios drift less than the times).",
         "",
     ]
 

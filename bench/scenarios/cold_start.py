@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -235,6 +236,7 @@ async def _contenders(
         return run
 
     agentrun.reset(sb)
+    load_average = os.getloadavg()[0]  # (other work on the machine, as the rounds start)
     contenders = {
         "api": from_api,
         "api-fake": from_fake,
@@ -301,6 +303,7 @@ async def _contenders(
         "groups": contents["api"][1],
         "rounds": rounds,
         "api_server": "kube-apiserver",
+        "load_average_at_rounds": round(load_average, 2),
         "load": load.figures(),
         "api_list_pages": len(pages),
         "api_list_mb": round(sum(map(len, pages)) / 1e6, 1),
