@@ -391,7 +391,7 @@ def _cold_server(cs: dict[str, Any]) -> list[str]:
         " medians, `/proc/<pid>`): "
         + "; ".join(parts)
         + f". The machine's load average as the rounds started: {cs['load_average_at_rounds']}"
-        " (other work shares its 2 cores; the ratios drift less than the times).",
+        " (other work shares the machine; ratios drift less than times).",
         "",
     ]
 
