@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,14 @@ class AgentRun:
     hwm_kb: int
     cpu_s: float  # the agent's CPU time (user + system) up to ready
     log: list[dict[str, Any]] = field(default_factory=list)
+    at_ready: Any = None  # what ``run_agent``'s ``on_ready`` returned
 
     def marks(self) -> dict[str, float]:
         """Seconds after the spawn of the agent's milestone log lines."""
         return {}
 
 
-def _proc_status(pid: int) -> dict[str, int]:
+def proc_status(pid: int) -> dict[str, int]:
     out = {}
     with contextlib.suppress(OSError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -136,8 +138,12 @@ async def _healthz(port: int) -> bool:
     return b" 200 " in status
 
 
-async def run_agent(flags: list[str], timeout: float = 600) -> AgentRun:
-    """``ovsproxy run FLAGS`` until its first sync is done; then stopped (SIGTERM)."""
+async def run_agent(
+    flags: list[str], timeout: float = 600, on_ready: Callable[[], Any] | None = None
+) -> AgentRun:
+    """``ovsproxy run FLAGS`` until its first sync is done; then stopped (SIGTERM).
+    ``on_ready`` is called the moment the agent says so (e.g. to read the API server's
+    CPU time), its answer kept in ``AgentRun.at_ready``."""
     spawned = time.time()
     proc = await asyncio.create_subprocess_exec(
         *ovsproxy_command(),
@@ -168,12 +174,15 @@ async def run_agent(flags: list[str], timeout: float = 600) -> AgentRun:
                 if message.startswith("metrics on http://"):  # the operator's listener
                     port = int(message.split("http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
                 if message.startswith("first sync done"):
+                    at_ready = on_ready() if on_ready is not None else None
                     ready_s = float(entry["ts"]) - spawned
                     break
         cpu = proc_cpu(proc.pid)
-        memory = _proc_status(proc.pid)
+        memory = proc_status(proc.pid)
         healthy = port is not None and await _healthz(port)
-        return AgentRun(ready_s, healthy, memory.get("VmRSS", 0), memory.get("VmHWM", 0), cpu, log)
+        return AgentRun(
+            ready_s, healthy, memory.get("VmRSS", 0), memory.get("VmHWM", 0), cpu, log, at_ready
+        )
     finally:
         drain = asyncio.create_task(_drain(proc.stderr))
         if proc.returncode is None:

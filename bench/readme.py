@@ -269,47 +269,49 @@ _PHASE_NAMES = {
 
 
 def _cold_start(cs: dict[str, Any]) -> list[str]:
-    api, man = cs["phases_api"], cs["phases_manifests"]
+    api, man, fake = cs["phases_api"], cs["phases_manifests"], cs.get("phases_fake_api")
     rows = []
     for key, label in _PHASE_NAMES.items():
-        a, m = api.get(key), man.get(key)
-        if a is None and m is None:
+        values = [api.get(key), man.get(key), *([fake.get(key)] if fake else [])]
+        if all(v is None for v in values):
             continue
         rows.append(
-            f"| {label} | {'' if a is None else f'{a:.2f}'} | {'' if m is None else f'{m:.2f}'} |"
+            f"| {label} | " + " | ".join("" if v is None else f"{v:.2f}" for v in values) + " |"
         )
     decoders = cs["decode_pages_s"]
     e2e = cs["probe_ready_s_by_decoder"]
     cpu = cs.get("probe_cpu_s_by_decoder", {})
     used = cs.get("agent_decoder", "json")
+    real = "api_server" in cs  # (older result files: the fake API alone)
     return [
         "### Cold start (`cold-start`)",
         "",
-        f"{cs['services']:,} Services x {cs['endpoints_per_service']} endpoints"
-        f" ({cs['flows']:,} flows, {cs['groups']:,} groups) to the agent healthy with everything"
-        " committed to a fresh Open vSwitch: `ovsproxy run` started as a subprocess and timed"
-        ' from its spawn to its "first sync done" (every Service committed, routes'
-        " reconciled; /healthz then answers 200), reading the fake Kubernetes API over real"
-        f" HTTP ({cs['api_list_pages']} list pages of JSON as the API server sends them, 500"
-        f" objects a page, {cs['api_list_mb']} MB), or the same cluster as manifests"
-        f" ({cs['yaml_mb']} MB of YAML); against `ovs-ofctl --bundle` loading the same groups"
-        " and flows (what the agent installed, as `ovs-ofctl` dumps it; the same switch content"
-        f" after each: {'yes' if cs['same_content'] else '**no**'}). Alternating rounds,"
-        " medians.",
+        *_cold_intro(cs, real),
         "",
-        "| from | ovsproxy | ovs-ofctl | ratio | goal | agent RSS |",
-        "|---|---|---|---|---|---|",
-        f"| Kubernetes API | **{_s(cs['from_api_s'])}** | {_s(cs['ofctl_s'])}"
-        f" | **{cs['ratio_api_vs_ofctl']:.2f}x** | <= {cs['goal_ratio_api_vs_ofctl']}x:"
-        f" {_met(cs['goal_met'])} | {cs['agent_rss_mb_api']} MB |",
+        "| from | ovsproxy | ovs-ofctl | ratio | goal | agent CPU | agent RSS |",
+        "|---|---|---|---|---|---|---|",
+        f"| {'kube-apiserver' if real else 'Kubernetes API'} | **{_s(cs['from_api_s'])}**"
+        f" | {_s(cs['ofctl_s'])} | **{cs['ratio_api_vs_ofctl']:.2f}x**"
+        f" | <= {cs['goal_ratio_api_vs_ofctl']}x: {_met(cs['goal_met'])}"
+        f" | {_s(cs['agent_cpu_s_api'])} | {cs['agent_rss_mb_api']} MB |",
+        *(
+            [
+                f"| the fake API (second baseline) | {_s(cs['from_fake_api_s'])}"
+                f" | {_s(cs['ofctl_s'])} | {cs['ratio_fake_api_vs_ofctl']:.2f}x | |"
+                f" {_s(cs['agent_cpu_s_fake_api'])} | |"
+            ]
+            if real
+            else []
+        ),
         f"| manifests | {_s(cs['from_manifests_s'])} | {_s(cs['ofctl_s'])}"
-        f" | {cs['ratio_manifests_vs_ofctl']:.2f}x | | {cs['agent_rss_mb_manifests']} MB |",
+        f" | {cs['ratio_manifests_vs_ofctl']:.2f}x | | | {cs['agent_rss_mb_manifests']} MB |",
         "",
+        *(_cold_server(cs) if real else []),
         "Where the time goes (the same agent with timers around the functions that own each"
         " phase, `bench/agent_probe.py`; one run each, seconds):",
         "",
-        "| phase | from the API | from manifests |",
-        "|---|---|---|",
+        "| phase | from the API | from manifests |" + (" from the fake API |" if fake else ""),
+        "|---|---|---|" + ("---|" if fake else ""),
         *rows,
         "",
         *_cold_memory(cs),
@@ -332,6 +334,63 @@ def _cold_start(cs: dict[str, Any]) -> list[str]:
             if cs.get("agent_decoder_wins")
             else "; **in this run another decoder took less CPU time end to end**."
         ),
+        "",
+    ]
+
+
+def _cold_intro(cs: dict[str, Any], real: bool) -> list[str]:
+    what = (
+        f"{cs['services']:,} Services x {cs['endpoints_per_service']} endpoints"
+        f" ({cs['flows']:,} flows, {cs['groups']:,} groups) to the agent healthy with everything"
+        " committed to a fresh Open vSwitch: `ovsproxy run` started as a subprocess and timed"
+        ' from its spawn to its "first sync done" (every Service committed, routes'
+        " reconciled; /healthz then answers 200)"
+    )
+    baseline = (
+        "against `ovs-ofctl --bundle` loading the same groups and flows (what the agent"
+        " installed, as `ovs-ofctl` dumps it; the same switch content after each:"
+        f" {'yes' if cs['same_content'] else '**no**'}). Alternating rounds, medians."
+    )
+    if not real:
+        return [
+            f"{what}, reading the fake Kubernetes API over real HTTP ({cs['api_list_pages']}"
+            f" list pages of JSON as the API server sends them, 500 objects a page,"
+            f" {cs['api_list_mb']} MB), or the same cluster as manifests ({cs['yaml_mb']} MB"
+            f" of YAML); {baseline}"
+        ]
+    load = cs["load"]
+    own = _from_file(cs)
+    return [
+        f"{what}, reading the real kube-apiserver (etcd + kube-apiserver v1.36.3 of"
+        " `lab.controlplane`, no controller manager) with the token of the shipped RBAC's"
+        f" ServiceAccount: {cs['api_list_pages']} list pages of JSON, 500 objects a page,"
+        f" {cs['api_list_mb']} MB. Before the clock starts, the cluster is created in it as the"
+        f" admin (`system:masters`): {load['objects']:,} objects in {_s(load['seconds'])}"
+        f" ({load['objects_per_s']:,.0f}/s; Services {load['services_per_s']:,.0f}/s,"
+        " EndpointSlices written directly"
+        f" {load['slices_per_s']:,.0f}/s; 16 requests in flight, `bench/kubeload.py`; a"
+        " Service costs more: kube-apiserver also creates the IPAddress object of its"
+        " ClusterIP). Second"
+        " baseline: the same cluster from the fake API (`bench/kubeapi.py`, pre-encoded list"
+        f" pages, {cs['fake_list_pages']} pages, {cs['fake_list_mb']} MB), which separates the"
+        " server's serving cost from ours; and the same cluster as manifests"
+        f" ({cs['yaml_mb']} MB of YAML). The real server also holds `default/kubernetes`"
+        f" (no endpoints: {cs['real_minus_fake_flows']} more flow and group)."
+        f" {baseline[0].upper()}{baseline[1:]}" + own
+    ]
+
+
+def _cold_server(cs: dict[str, Any]) -> list[str]:
+    parts = [
+        f"{name} {_s(u['cpu_s'])} of CPU, {u['rss_mb']} MB RSS (peak {u['peak_rss_mb']} MB)"
+        for name, u in cs["server_during_cold_start"].items()
+    ]
+    return [
+        "The API server's own cost while the agent starts (from the spawn to first sync done,"
+        " medians, `/proc/<pid>`): "
+        + "; ".join(parts)
+        + f". The machine's load average as the rounds started: {cs['load_average_at_rounds']}"
+        " (other work shares the machine; ratios drift less than times).",
         "",
     ]
 
@@ -369,6 +428,7 @@ def _churn(ch: dict[str, Any]) -> list[str]:
     rows = []
     windows = list(ch["windows"].values())
     delivery = all("delivery_p50_ms" in w for w in windows)  # (older result files lack it)
+    real = "api_server" in ch
     for w in windows:
         goal = ""
         if "goal_p99_met" in w:
@@ -376,25 +436,64 @@ def _churn(ch: dict[str, Any]) -> list[str]:
                 f"p99 <= {w['goal_p99_ms']:g} ms: {_met(w['goal_p99_met'])};"
                 f" CPU <= {w['goal_cpu_percent']:g}%: {_met(w['goal_cpu_met'])}"
             )
-        rows.append(
-            f"| {w['rate_per_s']:,.0f}/s | {w['min_sync_interval_s']:g} s | {w['p50_ms']:.1f}"
-            f" / {w['p99_ms']:.1f} / {w['max_ms']:.1f} | {w['syncs_per_s']:g}"
-            f" | {w['messages_per_s']:,.0f} | {w['bytes_per_s'] / 1e3:,.1f} kB"
-            f" | {w['agent_cpu_percent']:.0f}% | {goal} |"
+        cells = [
+            f"{w['rate_per_s']:,.0f}/s",
+            *([f"{w['achieved_per_s']:,.0f}/s"] if real else []),
+            f"{w['min_sync_interval_s']:g} s",
+            f"{w['p50_ms']:.1f} / {w['p99_ms']:.1f} / {w['max_ms']:.1f}",
+            *([f"{w['delivery_p50_ms']:.1f} / {w['delivery_p99_ms']:.1f}"] if delivery else []),
+            f"{w['syncs_per_s']:g}",
+            f"{w['messages_per_s']:,.0f}",
+            f"{w['bytes_per_s'] / 1e3:,.1f} kB",
+            f"{w['agent_cpu_percent']:.0f}%",
+            *([" + ".join(f"{v:.0f}%" for v in w["server_cpu_percent"].values())] if real else []),
+            goal,
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    header = [
+        "changes",
+        *(["sent"] if real else []),
+        "min-sync-interval",
+        "p50 / p99 / max ms",
+        *(["delivery p50 / p99 ms"] if delivery else []),
+        "syncs/s",
+        "OpenFlow msgs/s",
+        "bytes/s",
+        "agent CPU",
+        *(["kube-apiserver + etcd CPU"] if real else []),
+        "goal",
+    ]
+    if real:
+        load = ch["load"]
+        source = (
+            " in kube-apiserver (created as the admin before anything is timed:"
+            f" {load['objects']:,} objects in {_s(load['seconds'])}) and installed by the agent"
+            " (reading with the shipped RBAC's ServiceAccount token), then a steady stream of"
+            " EndpointSlice updates written to kube-apiserver as the admin (JSON merge patches,"
+            f" {ch['connections']} connections with a request in flight each: sent is the rate"
+            " the server took) and reaching the agent through its watch"
         )
-        if delivery:
-            rows[-1] = rows[-1].replace(
-                f" | {w['syncs_per_s']:g} |",
-                f" | {w['delivery_p50_ms']:.1f} / {w['delivery_p99_ms']:.1f}"
-                f" | {w['syncs_per_s']:g} |",
-                1,
-            )
+        delivered = (
+            " Of the latency, the watch's delivery: from the send to the agent's informer"
+            " handler (kube-apiserver's write, etcd, its watch cache and stream, the agent's"
+            " decode). CPU of kube-apiserver and etcd: the same, over the window."
+        )
+    else:
+        source = (
+            " installed from the fake API, then a steady stream of EndpointSlice updates"
+            " through its watch"
+        )
+        delivered = (
+            " Of the latency, the watch's delivery: from the send to the agent's informer"
+            " handler (the fake API and the generator share the bench's process, whose"
+            " setup heap is frozen out of its collector)."
+        )
     return [
         "### Endpoint churn (`churn`)",
         "",
-        f"{ch['services']:,} Services x {ch['endpoints_per_service']} endpoints installed"
-        " from the fake API, then a steady stream of EndpointSlice updates through its watch"
-        " (one endpoint change each, on a Service picked at random: a pod goes, or a new pod"
+        f"{ch['services']:,} Services x {ch['endpoints_per_service']} endpoints"
+        + source
+        + " (one endpoint change each, on a Service picked at random: a pod goes, or a new pod"
         f" comes), {ch['seconds_per_window']:g} s a window. Latency: from the update's send"
         " to the reply to the commit of the sync that consumed it. CPU: the agent's, all its"
         f" threads, as a share of one core (idle: {ch['idle_cpu_percent']:.1f}%)."
@@ -404,28 +503,41 @@ def _churn(ch: dict[str, Any]) -> list[str]:
             if "default_min_sync_interval_s" in ch
             else ""
         )
-        + (
-            " Of the latency, the watch's delivery: from the send to the agent's informer"
-            " handler (the fake API and the generator share the bench's process, whose"
-            " setup heap is frozen out of its collector)."
-            if delivery
-            else ""
-        ),
+        + (delivered if delivery else "")
+        + _from_file(ch),
         "",
-        "| changes | min-sync-interval | p50 / p99 / max ms"
-        + (" | delivery p50 / p99 ms" if delivery else "")
-        + " | syncs/s | OpenFlow msgs/s | bytes/s | agent CPU | goal |",
-        "|---|---|---|---|---|---|---|---|" + ("---|" if delivery else ""),
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
         *rows,
         "",
     ]
 
 
+def _from_file(result: dict[str, Any]) -> str:
+    """Where a scenario's figures come from its own run, not the ``all`` run's."""
+    if not result.get("from_file"):
+        return ""
+    clean = "" if result.get("clean") else ", tree not clean"
+    return (
+        f" From `results/{result['from_file']}` (its own run, commit"
+        f" `{str(result['commit'])[:12]}`{clean})."
+    )
+
+
+def _scale_server(r: dict[str, Any]) -> str:
+    api, etcd = r["server"]["kube-apiserver"], r["server"]["etcd"]
+    return (
+        f" {_s(api['cpu_s'])} + {_s(etcd['cpu_s'])} | {api['rss_mb']:,.0f} MB"
+        f" | {_s(r['load']['seconds'])} |"
+    )
+
+
 def _scale(sc: dict[str, Any], plot: str) -> list[str]:
+    real = "api_server" in sc
     rows = [
         f"| {r['services']:,} | {r['flows']:,} | {_s(r['cold_start_s'])}"
         f" | {_s(r['cold_start_cpu_s'])} | {_s(r['ofctl_s'])} | {r['ratio_vs_ofctl']:.2f}x"
-        f" | {r['rss_mb']} MB | {r['peak_rss_mb']} MB |"
+        f" | {r['rss_mb']} MB | {r['peak_rss_mb']} MB |" + (_scale_server(r) if real else "")
         for r in sc["sizes"]
     ]
     steps = [
@@ -433,8 +545,8 @@ def _scale(sc: dict[str, Any], plot: str) -> list[str]:
         f" per added Service ({t['vs_first_step']}x and {m['vs_first_step']}x the first step's)"
         for t, m in zip(sc["cold_start_cpu_growth"], sc["rss_growth"], strict=True)
     ]
-    own = ""
-    if sc.get("from_file"):
+    own = _from_file(sc)
+    if sc.get("all_failed_with"):
         own = (
             f" From `results/{sc['from_file']}` (its own run, commit `{str(sc['commit'])[:12]}`"
             f"{'' if sc.get('clean') else ', tree not clean'}): in the `all` run the scenario"
@@ -443,13 +555,23 @@ def _scale(sc: dict[str, Any], plot: str) -> list[str]:
     return [
         "### Scale (`scale`)",
         "",
-        "Cold start from the API (as above, one run a size) and the agent's memory as the"
-        " cluster grows (10 endpoints a Service)." + own,
+        f"Cold start from {'kube-apiserver' if real else 'the API'} (as above, one run a size)"
+        " and the agent's memory as the cluster grows (10 endpoints a Service)."
+        + (
+            " One kube-apiserver holds the cluster, grown to each size before the agent starts"
+            " (load: the time to create that step's Services and slices as the admin);"
+            " kube-apiserver's and etcd's CPU over the agent's cold start, kube-apiserver's RSS"
+            " at its end."
+            if real
+            else ""
+        )
+        + own,
         "",
         f"![cold start and RSS by cluster size](results/{Path(plot).name})",
         "",
-        "| Services | flows | cold start | agent CPU | ovs-ofctl | ratio | RSS | peak RSS |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Services | flows | cold start | agent CPU | ovs-ofctl | ratio | RSS | peak RSS |"
+        + (" kube-apiserver + etcd CPU | kube-apiserver RSS | load |" if real else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|---|---|" if real else ""),
         *rows,
         "",
         *_scale_goals(sc),
@@ -913,7 +1035,10 @@ def render(report: dict[str, Any], source: str, quick_report: dict[str, Any] | N
         "sudo .venv/bin/python -m bench full-sync           # one scenario",
         "```",
         "",
-        "Root is needed for the private OVS sandbox and the network namespaces. Each run writes"
+        "Root is needed for the private OVS sandbox and the network namespaces. `cold-start`,"
+        " `churn` and `scale` also start etcd and kube-apiserver of the pinned release"
+        " (`ovsproxy.lab.controlplane`; `scripts/setup.sh` builds them once per machine) and"
+        " create their cluster in it before any clock starts. Each run writes"
         " `bench/results/<date>-<scenario>[-quick].json` and `.md`, `all` also"
         " `<date>-all[-quick].json`, and `incremental`, `scale` and `chaos` their plots. Every"
         " result file records the commit it measured and whether the tree was clean."
@@ -981,8 +1106,32 @@ def _newest_result(report: dict[str, Any], result: Path, name: str) -> None:
     }
 
 
+def _real_api_result(report: dict[str, Any], result: Path, name: str) -> None:
+    """Where the ``all`` run's scenario read the fake API alone, the newest full-size result
+    of ``name`` from the real API server (its own run, with its own commit), if there is one."""
+    if name in report and "api_server" in report[name]:
+        return
+    found = [
+        p
+        for p in sorted(result.parent.glob(f"*-{name}.json"))
+        if "api_server" in json.loads(p.read_text()).get(name, {})
+    ]
+    if not found:
+        return
+    payload = json.loads(found[-1].read_text())
+    report[name] = {
+        **payload[name],
+        "from_file": found[-1].name,
+        "outside_all": True,
+        "commit": payload.get("commit"),
+        "clean": payload.get("tree_clean"),
+    }
+
+
 def render_files(result: Path, quick: Path | None = None) -> str:
     report = json.loads(result.read_text())
+    for name in ("cold-start", "churn", "scale"):
+        _real_api_result(report, result, name)
     _own_result(report, result, "scale")
     _newest_result(report, result, "chaos")
     _newest_result(report, result, "soak")

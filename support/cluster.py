@@ -26,7 +26,11 @@ ENDPOINT_PORT = 8080
 CLUSTER_IP_BASE = int(ipaddress.IPv4Address("172.16.0.0"))
 ENDPOINT_BASE = int(ipaddress.IPv4Address("10.0.1.0"))
 NAMESPACE = "bench"
-SERVICE_CIDR = "172.16.0.0/16"  # bench.dp.cluster's ClusterIPs
+# bench.dp.cluster's ClusterIPs: room for 1,048,574 Services, and as large a range as
+# kube-apiserver takes (20 bits of host part)
+SERVICE_CIDR = "172.16.0.0/12"
+# managed-by of the slices the EndpointSlice controller writes (what a list of them holds)
+CONTROLLER = "endpointslice-controller.k8s.io"
 SERVICES_PER_FILE = 1000
 _CREATED = "2026-11-30T10:00:00Z"
 _SUFFIX = "abcdefghijklmnopqrstuvwxyz0123456789"
@@ -131,14 +135,18 @@ def slice_object(
     *,
     server_fields: bool = True,
     annotations: dict[str, str] | None = None,
+    managed_by: str = CONTROLLER,
 ) -> dict[str, Any]:
+    """Service ``i``'s EndpointSlice; with ``server_fields``, as the EndpointSlice controller
+    wrote it and the API server lists it, else what a writer sends (``annotations`` are
+    added either way; ``managed_by``: its managed-by label)."""
     service = f"svc-{i}"
     meta: dict[str, Any] = {
         "name": slice_name(i),
         "namespace": NAMESPACE,
         "labels": {
             "app": service,
-            "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+            "endpointslice.kubernetes.io/managed-by": managed_by,
             "kubernetes.io/service-name": service,
         },
     }
@@ -149,10 +157,7 @@ def slice_object(
             resourceVersion="1",
             generation=1,
             creationTimestamp=_CREATED,
-            annotations={
-                "endpoints.kubernetes.io/last-change-trigger-time": _CREATED,
-                **(annotations or {}),
-            },
+            annotations={"endpoints.kubernetes.io/last-change-trigger-time": _CREATED},
             ownerReferences=[
                 {
                     "apiVersion": "v1",
@@ -195,6 +200,8 @@ def slice_object(
                 }
             ],
         )
+    if annotations:
+        meta["annotations"] = {**meta.get("annotations", {}), **annotations}
     return {
         "metadata": meta,
         "addressType": "IPv4",
@@ -203,20 +210,20 @@ def slice_object(
     }
 
 
+def endpoints_of(i: int, endpoints: int) -> list[dict[str, Any]]:
+    """Service ``i``'s ``endpoints`` endpoints (pods ``i * endpoints`` onwards)."""
+    return [
+        endpoint_object(i, ip, i * endpoints + j) for j, ip in enumerate(endpoint_ips(i, endpoints))
+    ]
+
+
 def cluster_objects(
     services: int, endpoints: int, *, server_fields: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(Services, EndpointSlices) of bench.dp.cluster(services, endpoints)."""
     svcs = [service_object(i, server_fields=server_fields) for i in range(services)]
     slices = [
-        slice_object(
-            i,
-            [
-                endpoint_object(i, ip, i * endpoints + j)
-                for j, ip in enumerate(endpoint_ips(i, endpoints))
-            ],
-            server_fields=server_fields,
-        )
+        slice_object(i, endpoints_of(i, endpoints), server_fields=server_fields)
         for i in range(services)
     ]
     return svcs, slices

@@ -1,6 +1,7 @@
-"""The benchmarks' API server (bench.kubeapi) pages lists as the API server does, and the
-informer reads its cluster whole; the test fake omits remainingItemCount for a selected list
-as the API server does."""
+"""The benchmarks' fake API server (bench.kubeapi, their second baseline beside kube-apiserver)
+pages lists as the API server does; the test fake omits remainingItemCount for a selected list
+as the API server does. (The informer reading the benchmarks' cluster whole: from the real
+kube-apiserver, test_kubeload.py.)"""
 
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ from support import cluster
 from support.k8s_fake import FakeKubeApi
 
 from bench import kubeapi
-from ovsproxy.proxy.tracker import ChangeTracker
 from ovsproxy.sources.convert import PROXY_LABEL_SELECTOR
-from ovsproxy.sources.kubernetes import KubernetesSource
 
 
 def _get(url: str) -> dict:
@@ -62,25 +61,3 @@ async def test_the_fake_counts_remaining_items_only_without_a_selector() -> None
         assert plain["metadata"]["remainingItemCount"] == 2
         assert "remainingItemCount" not in selected["metadata"]
         assert selected["metadata"]["continue"]
-
-
-async def test_the_informer_reads_the_bench_cluster_whole(tmp_path) -> None:
-    api = kubeapi.ServingKubeApi()
-    await api.start()
-    try:
-        services, slices = cluster.cluster_objects(1_100, 3)
-        api.load("services", services)
-        api.load("endpointslices", slices)
-        tracker = ChangeTracker()
-        source = KubernetesSource(tracker, kubeconfig=api.kubeconfig(tmp_path / "kubeconfig"))
-        await source.start()
-        try:
-            await asyncio.wait_for(source.wait_synced(), 30)
-            states = tracker.snapshot()
-            assert len(states) == 1_100
-            assert all(len(s.endpoints) == 3 for s in states.values())
-            assert source.endpoint_slices.stats.pages == 3
-        finally:
-            await source.stop()
-    finally:
-        await api.stop()
