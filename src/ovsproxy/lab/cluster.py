@@ -41,7 +41,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -58,7 +58,14 @@ from ovsproxy.lab.manifests import LabEndpoint, LabPort, LabService, addresses, 
 from ovsproxy.lab.ports import reserve_port
 from ovsproxy.model import IPAddress
 from ovsproxy.ovs import sandbox as sb
-from ovsproxy.ovs.namespaces import NETNS_PREFIX, add_netns, netns_exists, start_time
+from ovsproxy.ovs.namespaces import (
+    NETNS_PREFIX,
+    add_netns,
+    load_record,
+    netns_exists,
+    save_record,
+    start_time,
+)
 from ovsproxy.ovs.sandbox import Pod, Sandbox, SandboxRecord
 
 log = logging.getLogger(__name__)
@@ -122,17 +129,11 @@ class LabRecord:
         return LAB_REGISTRY / f"{self.name}.json"
 
     def save(self) -> None:
-        LAB_REGISTRY.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(self.path)
+        save_record(self.path, self)
 
     @classmethod
     def load(cls, path: Path) -> LabRecord | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
+        return load_record(cls, path)
 
     def is_leftover(self) -> bool:
         if not self.persistent:

@@ -36,13 +36,13 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
 from ovsproxy.lab.ports import reserve_port
 from ovsproxy.ovs import sandbox as sb
-from ovsproxy.ovs.namespaces import start_time
+from ovsproxy.ovs.namespaces import load_record, save_record, start_time
 
 try:  # lightkube >= 1.0 builds on httpx2, older releases on httpx
     import httpx2 as httpx
@@ -113,17 +113,11 @@ class ControlPlaneRecord:
         return REGISTRY / f"{self.name}.json"
 
     def save(self) -> None:
-        REGISTRY.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(self.path)
+        save_record(self.path, self)
 
     @classmethod
     def load(cls, path: Path) -> ControlPlaneRecord | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
+        return load_record(cls, path)
 
     def is_leftover(self) -> bool:
         if self.persistent:

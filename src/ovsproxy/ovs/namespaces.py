@@ -32,12 +32,13 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 NETNS_PREFIX = "ovsp-"
 NETNS_DIR = Path("/run/netns")
+R = TypeVar("R")
 RUN_DIR = Path(os.environ.get("OVSPROXY_RUN_DIR", "/run/ovsproxy"))
 NETNS_REGISTRY = RUN_DIR / "netns"
 # An unrecorded namespace younger than this may be a live run's that records after creating
@@ -47,6 +48,23 @@ ORPHAN_GRACE = 600.0
 
 def netns_exists(name: str) -> bool:
     return (NETNS_DIR / name).exists()
+
+
+def save_record(path: Path, record: Any) -> None:
+    """Write a registry record (a dataclass) as JSON, atomically: a reader (another run's
+    sweep) never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2))
+    tmp.replace(path)
+
+
+def load_record(cls: type[R], path: Path) -> R | None:
+    """A registry record as ``save_record`` wrote it, or None when it is gone or unreadable."""
+    try:
+        return cls(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def start_time(pid: int) -> int | None:
@@ -112,18 +130,11 @@ class NetnsRecord:
         return NETNS_REGISTRY / f"{name}.json"
 
     def save(self) -> None:
-        NETNS_REGISTRY.mkdir(parents=True, exist_ok=True)
-        path = self.path_of(self.name)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        tmp.replace(path)
+        save_record(self.path_of(self.name), self)
 
     @classmethod
     def load(cls, path: Path) -> NetnsRecord | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
+        return load_record(cls, path)
 
     def is_leftover(self) -> bool:
         return start_time(self.owner_pid) != self.owner_started

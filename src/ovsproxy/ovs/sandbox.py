@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import os
 import secrets
@@ -31,7 +30,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self, TypeVar
 
@@ -39,7 +38,9 @@ from ovsproxy.ovs.namespaces import (
     NETNS_PREFIX,
     add_netns,
     delete_netns,
+    load_record,
     netns_exists,
+    save_record,
     start_time,
     sweep_orphan_netns,
 )
@@ -166,17 +167,11 @@ class SandboxRecord:
         return REGISTRY / f"{self.name}.json"
 
     def save(self) -> None:
-        REGISTRY.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(self.path)
+        save_record(self.path, self)
 
     @classmethod
     def load(cls, path: Path) -> SandboxRecord | None:
-        try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
+        return load_record(cls, path)
 
     def processes_alive(self) -> bool:
         return bool(self.pids) and all(pid_alive(p, self.rundir) for p in self.pids.values())
