@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.controlplane import apply_object
 from support.k8s_fake import FakeKubeApi
 from support.tcpcut import Forwarder
 
@@ -69,25 +70,6 @@ def endpoint_slice(i: int, ns: str, *addresses: str) -> dict[str, Any]:
     }
 
 
-def object_path(obj: dict[str, Any]) -> str:
-    meta = obj["metadata"]
-    group = obj["apiVersion"]
-    base = f"/api/{group}" if "/" not in group else f"/apis/{group}"
-    plural = {"Service": "services", "EndpointSlice": "endpointslices"}[obj["kind"]]
-    return f"{base}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"
-
-
-def apply(api: ControlPlane, obj: dict[str, Any]) -> dict[str, Any]:
-    """Server-side apply as one field manager: what it no longer names (a label) goes."""
-    return api.request(
-        "PATCH",
-        object_path(obj),
-        obj,
-        params={"fieldManager": "tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-
 def delete(api: ControlPlane, kind: str, ns: str, name: str) -> None:
     group = {"services": "/api/v1", "endpointslices": "/apis/discovery.k8s.io/v1"}[kind]
     api.request("DELETE", f"{group}/namespaces/{ns}/{kind}/{name}")
@@ -95,8 +77,8 @@ def delete(api: ControlPlane, kind: str, ns: str, name: str) -> None:
 
 def populate(api: ControlPlane, ns: str, count: int) -> None:
     for i in range(1, count + 1):
-        apply(api, service(i, ns))
-        apply(api, endpoint_slice(i, ns))
+        apply_object(api, service(i, ns))
+        apply_object(api, endpoint_slice(i, ns))
 
 
 async def until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -202,8 +184,8 @@ async def test_watch_events_reach_the_tracker(cp, agent_kubeconfig, ns) -> None:
     try:
         tracker.checkpoint()
         await until(lambda: watching(source))
-        apply(cp, service(4, ns))
-        apply(cp, endpoint_slice(2, ns, "10.244.1.2", "10.244.2.2"))
+        apply_object(cp, service(4, ns))
+        apply_object(cp, endpoint_slice(2, ns, "10.244.1.2", "10.244.2.2"))
         delete(cp, "services", ns, "svc-3")
         await until(lambda: tracker.pending == 3)
         changes = {n.name: c for n, c in tracker.checkpoint().items() if n.namespace == ns}
@@ -232,10 +214,10 @@ async def test_watch_expiry_while_services_are_deleted(cp, agent_kubeconfig, ns,
             for i in range(1, 11):
                 delete(cp, "services", ns, f"svc-{i}")
                 delete(cp, "endpointslices", ns, f"svc-{i}-abcde")
-            apply(cp, service(11, ns, port=8011))
-            apply(cp, endpoint_slice(12, ns, "10.244.1.12", "10.244.9.12"))
+            apply_object(cp, service(11, ns, port=8011))
+            apply_object(cp, endpoint_slice(12, ns, "10.244.1.12", "10.244.9.12"))
             for i in (31, 32, 33):
-                apply(cp, service(i, ns))
+                apply_object(cp, service(i, ns))
             cp.compact()  # ...and falls out of etcd's history
             path.resume()
             await until(lambda: source.services.stats.lists == 2, timeout=30)
@@ -275,7 +257,7 @@ async def test_a_restarted_apiserver_is_watched_again_from_where_it_was(
         watches = source.services.stats.watches
         await asyncio.to_thread(cp.restart_apiserver)
         await until(lambda: source.services.stats.watches > watches, timeout=30)
-        apply(cp, service(4, ns))
+        apply_object(cp, service(4, ns))
         delete(cp, "services", ns, "svc-3")
         await until(lambda: tracker.pending == 2, timeout=10)
         changes = {n.name: c for n, c in tracker.checkpoint().items()}
@@ -296,13 +278,13 @@ async def test_bookmarks_move_the_resume_point_past_changes_the_watch_never_sees
     api, ns = control_plane, kube_namespace
     kubeconfig = api.ovsproxy_kubeconfig(tmp_path / "agent.kubeconfig")
     for i in (1, 2):
-        apply(api, service(i, ns))
+        apply_object(api, service(i, ns))
     seen: list[Seen] = []
     tracker, source = await started(kubeconfig, seen=seen, watch_timeout=(6.0, 6.0))
     try:
         await until(lambda: watching(source))
         for i in range(50, 60):
-            apply(api, service(i, ns, labels=HIDDEN))
+            apply_object(api, service(i, ns, labels=HIDDEN))
         head = int(api.request("GET", "/api/v1/services")["metadata"]["resourceVersion"])
         await until(lambda: source.services.stats.bookmarks >= 1, timeout=15)
         assert int(source.services.resource_version or 0) >= head
@@ -317,14 +299,14 @@ async def test_bookmarks_move_the_resume_point_past_changes_the_watch_never_sees
 
 async def test_service_proxy_name_label_hides_a_service(cp, agent_kubeconfig, ns) -> None:
     populate(cp, ns, 2)
-    apply(cp, service(3, ns, labels=HIDDEN))
+    apply_object(cp, service(3, ns, labels=HIDDEN))
     tracker, source = await started(agent_kubeconfig)
     try:
         assert service_names(tracker, ns) == {"svc-1", "svc-2"}
         await until(lambda: watching(source))
-        apply(cp, service(1, ns, labels=HIDDEN))
+        apply_object(cp, service(1, ns, labels=HIDDEN))
         await until(lambda: service_names(tracker, ns) == {"svc-2"})  # left the selection
-        apply(cp, service(3, ns))
+        apply_object(cp, service(3, ns))
         await until(lambda: service_names(tracker, ns) == {"svc-2", "svc-3"})  # joined it
     finally:
         await source.stop()
@@ -337,10 +319,10 @@ async def test_a_named_proxy_handles_only_services_labelled_with_its_name(
     select Services (and their slices) labelled with that name, and nothing else."""
     mine = {SERVICE_PROXY_NAME_LABEL: "ovsproxy"}
     for i, labels in ((1, {}), (2, mine), (3, HIDDEN)):
-        apply(cp, service(i, ns, labels=labels))
+        apply_object(cp, service(i, ns, labels=labels))
         obj = endpoint_slice(i, ns)
         obj["metadata"]["labels"].update(labels)  # the EndpointSlice controller copies them
-        apply(cp, obj)
+        apply_object(cp, obj)
     seen: list[Seen] = []
     tracker, source = await started(agent_kubeconfig, seen=seen, service_proxy_name="ovsproxy")
     try:
@@ -351,9 +333,9 @@ async def test_a_named_proxy_handles_only_services_labelled_with_its_name(
             f"{SERVICE_PROXY_NAME_LABEL}=ovsproxy,!service.kubernetes.io/headless"
         )
         await until(lambda: watching(source))
-        apply(cp, service(1, ns, labels=mine))
+        apply_object(cp, service(1, ns, labels=mine))
         await until(lambda: service_names(tracker) == {"svc-1", "svc-2"})  # joined
-        apply(cp, service(2, ns))
+        apply_object(cp, service(2, ns))
         await until(lambda: service_names(tracker) == {"svc-1"})  # left
     finally:
         await source.stop()
@@ -449,11 +431,11 @@ async def test_the_store_keeps_only_resource_versions(cp, agent_kubeconfig, ns) 
     """The real server sends managedFields and the rest; the store keeps each object's
     resourceVersion, by key, and nothing else."""
     for i in (1, 2):
-        apply(cp, service(i, ns))
+        apply_object(cp, service(i, ns))
     tracker, source = await started(agent_kubeconfig)
     try:
         await until(lambda: watching(source))
-        apply(cp, service(3, ns))  # through the watch
+        apply_object(cp, service(3, ns))  # through the watch
         informer = source.services
         await until(lambda: len([k for k in informer.store if k[0] == ns]) == 3)
         listed = cp.request("GET", "/api/v1/services")["items"]
