@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import ipaddress
 import statistics
 import subprocess
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from support import cluster
+from support.kubelet_probe import Prober
 
 from bench import agentrun, dp
 from ovsproxy.httpserver import raise_open_files_limit
@@ -44,8 +44,6 @@ DESCRIPTION = "/healthz and a Service change under /status+/dump readers and slo
 
 ENDPOINTS = 10
 PROBE_PERIOD = 0.5
-PROBE_TIMEOUT = 1.0  # the kubelet's default
-KUBELET = "127.0.0.2"  # the probes' source address; the slow clients come from 127.0.0.1
 
 
 def _get(url: str, timeout: float) -> tuple[int, int]:
@@ -54,20 +52,6 @@ def _get(url: str, timeout: float) -> tuple[int, int]:
             return response.status, len(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, 0
-
-
-def _probe(port: int) -> bool:
-    """A kubelet's GET /healthz: from the node's address (``KUBELET``), not the attackers'."""
-    connection = http.client.HTTPConnection(
-        "127.0.0.1", port, timeout=PROBE_TIMEOUT, source_address=(KUBELET, 0)
-    )
-    try:
-        connection.request("GET", "/healthz")
-        response = connection.getresponse()
-        response.read()
-        return response.status == 200
-    finally:
-        connection.close()
 
 
 def _curl(url: str) -> tuple[int, int]:
@@ -83,47 +67,19 @@ def _curl(url: str) -> tuple[int, int]:
     return int(code or 0), int(size or 0)
 
 
-class _Prober:
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.times: list[float] = []
-        self.failed = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> _Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            start = time.monotonic()
-            try:
-                ok = _probe(self.port)
-            except OSError:
-                ok = False
-            took = time.monotonic() - start
-            self.times.append(took)
-            self.failed += not ok
-            self._stop.wait(max(0.0, PROBE_PERIOD - took))
-
-    def figures(self, idle_p99: float | None = None) -> dict[str, Any]:
-        times = sorted(self.times)
-        p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else 0.0
-        out: dict[str, Any] = {
-            "probes": len(times),
-            "probes_failed": self.failed,
-            "probe_median_ms": round(statistics.median(times) * 1e3, 1) if times else None,
-            "probe_p99_ms": round(p99 * 1e3, 1),
-            "probe_slowest_ms": round(times[-1] * 1e3, 1) if times else None,
-        }
-        if idle_p99:
-            out["p99_vs_idle"] = round(p99 / idle_p99, 1)
-        return out
+def _figures(prober: Prober, idle_p99: float | None = None) -> dict[str, Any]:
+    times = sorted(prober.times)
+    p99 = times[min(len(times) - 1, int(len(times) * 0.99))] if times else 0.0
+    out: dict[str, Any] = {
+        "probes": len(times),
+        "probes_failed": prober.failed,
+        "probe_median_ms": round(statistics.median(times) * 1e3, 1) if times else None,
+        "probe_p99_ms": round(p99 * 1e3, 1),
+        "probe_slowest_ms": round(times[-1] * 1e3, 1) if times else None,
+    }
+    if idle_p99:
+        out["p99_vs_idle"] = round(p99 / idle_p99, 1)
+    return out
 
 
 def _installed(sb: Any, ip: str) -> bool:
@@ -222,11 +178,11 @@ async def _phases(
     last_ip = str(ipaddress.IPv4Address(cluster.CLUSTER_IP_BASE + services))
     await asyncio.to_thread(_wait_ready, sb, proc, last_ip, health, log_path)
 
-    with _Prober(health_port) as idle:
+    with Prober(health_port, PROBE_PERIOD) as idle:
         await asyncio.sleep(5)
-    idle_p99 = idle.figures()["probe_p99_ms"] / 1e3
+    idle_p99 = _figures(idle)["probe_p99_ms"] / 1e3
     report: dict[str, Any] = {"services": services, "endpoints": ENDPOINTS}
-    report["idle"] = idle.figures()
+    report["idle"] = _figures(idle)
 
     # 1. readers
     duration = 10.0 if quick else 60.0
@@ -248,7 +204,7 @@ async def _phases(
     ]
     new_svcs, new_slices = cluster.cluster_objects(services + 1, ENDPOINTS)
     change_ip = str(ipaddress.IPv4Address(cluster.CLUSTER_IP_BASE + services + 1))
-    with _Prober(health_port) as prober:
+    with Prober(health_port, PROBE_PERIOD) as prober:
         for thread in threads:
             thread.start()
         await asyncio.sleep(duration / 2)
@@ -267,7 +223,7 @@ async def _phases(
     report["readers"] = {
         "clients": len(threads),
         "seconds": duration,
-        **prober.figures(idle_p99),
+        **_figures(prober, idle_p99),
         "change_installed_s": round(change_s, 3),
         **{
             f"{path[1:]}_reads": len(times)
@@ -288,7 +244,7 @@ async def _phases(
     lines_before = await asyncio.to_thread(_log_lines, log_path)
     counts = {"connections": 0, "connect_failed": 0}
     most = 0
-    with _Prober(health_port) as prober:
+    with Prober(health_port, PROBE_PERIOD) as prober:
         halt = asyncio.Event()
         tasks = [asyncio.create_task(_trickle(health_port, halt, counts)) for _ in range(clients)]
         end = time.monotonic() + seconds
@@ -300,7 +256,7 @@ async def _phases(
     report["slow_clients"] = {
         "clients": clients,
         "seconds": seconds,
-        **prober.figures(idle_p99),
+        **_figures(prober, idle_p99),
         "connections": counts["connections"],
         "connect_failed": counts["connect_failed"],
         "most_descriptors_held": most,

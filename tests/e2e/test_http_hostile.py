@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.client
 import ipaddress
 import resource
 import socket
@@ -31,16 +30,15 @@ from pathlib import Path
 import pytest
 import yaml
 from support import cluster
+from support.kubelet_probe import PROBE_TIMEOUT, Prober
 
 from ovsproxy.ovs.sandbox import Pod, Sandbox
 from tests.e2e.harness import AgentProcess, copy_examples, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.ovs, pytest.mark.shared_sandbox]
 
-PROBE_TIMEOUT = 1.0  # the kubelet's default probe timeout
 CAP = 64  # ovsproxy.httpserver.Limits.max_connections
 ACCEPT_BATCH = 128  # ovsproxy.httpserver.ACCEPT_BATCH: asyncio accepts that many at a time
-KUBELET = "127.0.0.2"  # the probes' source address: the node's, not the attacking pod's
 
 
 SERVICES = 2000  # support.cluster's: Service i has ClusterIP 172.16.0.1 + i, 10 endpoints
@@ -58,20 +56,6 @@ def change_yaml() -> str:
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
-def probe_get(port: int, path: str, timeout: float) -> int:
-    """GET from the kubelet's address (``KUBELET``), as a kubelet probes a host-network pod."""
-    connection = http.client.HTTPConnection(
-        "127.0.0.1", port, timeout=timeout, source_address=(KUBELET, 0)
-    )
-    try:
-        connection.request("GET", path)
-        response = connection.getresponse()
-        response.read()
-        return response.status
-    finally:
-        connection.close()
-
-
 def get(url: str, timeout: float = 5, host: str | None = None) -> tuple[int, bytes]:
     request = urllib.request.Request(url, headers={"Host": host} if host else {})
     try:
@@ -79,40 +63,6 @@ def get(url: str, timeout: float = 5, host: str | None = None) -> tuple[int, byt
             return response.status, response.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
-
-
-class Prober:
-    """A kubelet: GET /healthz every ``period`` on a new connection, 1 s timeout."""
-
-    def __init__(self, port: int, period: float = 0.25) -> None:
-        self.port = port
-        self.period = period
-        self.results: list[tuple[float, bool, float]] = []  # (when, ok, seconds)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Prober:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            start = time.monotonic()
-            try:
-                ok = probe_get(self.port, "/healthz", PROBE_TIMEOUT) == 200
-            except OSError:
-                ok = False
-            took = time.monotonic() - start
-            self.results.append((start, ok, took))
-            self._stop.wait(max(0.0, self.period - took))
-
-    @property
-    def failed(self) -> int:
-        return sum(1 for _, ok, _ in self.results if not ok)
 
 
 def installed(sandbox: Sandbox, ip: str) -> bool:
