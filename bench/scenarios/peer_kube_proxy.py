@@ -446,7 +446,7 @@ class Usage:
                 comm = _comm(child)
                 if comm is None or comm == own:
                     continue  # forked, not yet exec'd: the parent's pages, not the child's
-                status = _status(child)
+                status = agentrun.proc_status(child)
                 self.children_peak_kb = max(self.children_peak_kb, status.get("VmHWM", 0))
                 self.children_seen.add(comm)
 
@@ -464,15 +464,6 @@ def _children(pid: int) -> list[int]:
         for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError):
                 out += [int(c) for c in (task / "children").read_text().split()]
-    return out
-
-
-def _status(pid: int) -> dict[str, int]:
-    out = {}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                out[line.split(":")[0]] = int(line.split()[1])
     return out
 
 
@@ -541,7 +532,7 @@ class Proxy:
                 time.sleep(0.05)
         answered = answering.result()
         cpu = cpu_with_children(self.proc.pid)
-        own = _status(self.proc.pid)
+        own = agentrun.proc_status(self.proc.pid)
         healthy = self.healthy()
         return {
             "ready_s": round(ready - self.spawned, 3),
@@ -558,7 +549,7 @@ class Proxy:
         return bool(self.node.in_node(healthz, self.healthz_url))
 
     def cost(self) -> dict[str, float]:
-        own = _status(self.proc.pid)
+        own = agentrun.proc_status(self.proc.pid)
         return {
             "cpu_s": round(cpu_with_children(self.proc.pid), 2),
             "peak_rss_mb": round(own.get("VmHWM", 0) / 1024, 1),
@@ -639,7 +630,7 @@ class Ours(Proxy):
         result = super().start(min_sync, sample)
         vswitchd = self.sb.record.pids["ovs-vswitchd"] if self.sb.record else 0
         result["ovs_cpu_s"] = round((dp.ovs_cpu(self.sb) or 0.0) - cpu, 2)
-        result["ovs_peak_rss_mb"] = round(_status(vswitchd).get("VmHWM", 0) / 1024, 1)
+        result["ovs_peak_rss_mb"] = round(agentrun.proc_status(vswitchd).get("VmHWM", 0) / 1024, 1)
         return result
 
 
