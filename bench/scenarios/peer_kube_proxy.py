@@ -605,7 +605,7 @@ class Ours(Proxy):
                 except ValueError:
                     continue
                 message = str(entry.get("msg", ""))
-                if message.startswith("health and metrics on http://"):
+                if message.startswith("metrics on http://"):  # the operator's listener
                     address = message.split("http://", 1)[1].split("/", 1)[0]
                     self._port = int(address.rsplit(":", 1)[1])
                 if message.startswith("first sync done") and self._port is not None:

@@ -194,7 +194,10 @@ def split(target: str) -> tuple[str, int]:
 def all_answer(cluster: Cluster, netns: str, target: str, label: str, pods: set[str]) -> None:
     host, port = split(target)
     out = http(cluster.rig, netns, host, REQUESTS, port=port)
-    assert out["failed"] == 0, (label, target, out["failures"], out)
+    # The rig's evidence (conntrack of a failed request, counter deltas, drop flows, every
+    # agent's state) in full: pytest would cut it short in the dict it shows.
+    evidence = json.dumps(out.get("evidence"), indent=1, default=str)
+    assert out["failed"] == 0, (label, target, out["failures"], evidence)
     assert set(out["counts"]) == pods, (label, target, out["counts"])
 
 
