@@ -19,8 +19,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ from ovsproxy.lab.cluster import LAB_REGISTRY, LabRecord
 from ovsproxy.lab.controlplane import REGISTRY as CONTROL_PLANE_REGISTRY
 from ovsproxy.lab.controlplane import ControlPlaneRecord
 from ovsproxy.lab.evidence import RigNode, attached_rig
+from ovsproxy.lab.manifests import endpoint_text
 from ovsproxy.netns import enter_netns
 from ovsproxy.ovs.sandbox import netns_exists, pid_alive
 from ovsproxy.ovs.traffic import RequestFailed, http_once
@@ -191,6 +194,38 @@ def split(target: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def programmed(cluster: Cluster, service: str, pods: set[str], timeout: float = 30) -> None:
+    """Until every node's agent programs exactly ``pods`` (both families, port 8080) as the
+    endpoints of ``lab/<service>:http/TCP``. Each agent follows the API server on its own: a
+    test that waited for one node's answer (``wait_answers``) must not take the others' for
+    granted (a full-suite run, two workers beside three agents, saw node-2's agent still
+    rejecting a second after node-1's answered)."""
+    want = {
+        endpoint_text(ip_address(ip), 8080)
+        for node in cluster.status["nodes"]
+        for pod in node["pods"]
+        if pod["name"] in pods
+        for ip in pod["ips"]
+    }
+    deadline = time.monotonic() + timeout
+    for node in cluster.status["nodes"]:
+        while True:
+            with urllib.request.urlopen(f"{node['agent']['metrics']}/status", timeout=10) as got:
+                status = json.loads(got.read())
+            have = next(
+                (
+                    set(entry["endpoints"])
+                    for entry in status["services"]
+                    if entry["name"] == f"lab/{service}:http/TCP"
+                ),
+                None,
+            )
+            if have == want:
+                break
+            assert time.monotonic() < deadline, (node["name"], service, have, want)
+            time.sleep(0.05)
+
+
 def all_answer(cluster: Cluster, netns: str, target: str, label: str, pods: set[str]) -> None:
     host, port = split(target)
     out = http(cluster.rig, netns, host, REQUESTS, port=port)
@@ -243,6 +278,7 @@ def test_kubectl_clusterip_answers_from_every_node(
     cluster: Cluster, hello: dict[str, dict[str, Any]], family: str
 ) -> None:
     for name in ("hello", "hello-nodeport"):
+        programmed(cluster, name, WEB_PODS)
         target = url(cluster_ip(hello[name], family))
         for label, netns in cluster.clients():
             all_answer(cluster, netns, target, f"{name} from {label}", WEB_PODS)
@@ -256,6 +292,7 @@ def test_kubectl_nodeport_answers_on_every_node_ip(
     IP, and so does every node's pod."""
     port = node_port(hello["hello-nodeport"])
     assert 30000 <= port <= 32767, port
+    programmed(cluster, "hello-nodeport", WEB_PODS)
     for ip in cluster.node_ips(family):
         target = url(ip, port)
         all_answer(cluster, cluster.external, target, "external client", WEB_PODS)
@@ -312,6 +349,7 @@ def test_service_without_selector_and_its_endpointslices(cluster: Cluster) -> No
     cluster.kubectl("apply", "-f", "-", input=json.dumps(listed))
     try:
         service = cluster.get("service", "by-hand")
+        programmed(cluster, "by-hand", set(chosen))
         for family in ("IPv4", "IPv6"):
             target = url(cluster_ip(service, family))
             wait_answers(cluster, cluster.clients()[0][1], target)
